@@ -1,0 +1,116 @@
+"""One exception hierarchy, caught once at the CLI and printed as one line.
+
+Exit codes: 2 for bad input (the user can fix the command or the files), 1 for a
+failed build or test, 3 when the environment lacks something (Docker, disk).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class PipelineError(Exception):
+    exit_code = 1
+
+    def lines(self) -> list[str]:
+        """What the CLI prints on stderr, one problem per line."""
+        return [str(self)]
+
+
+class UsageError(PipelineError):
+    """Bad command-line input: unknown row, flag or file."""
+
+    exit_code = 2
+
+
+@dataclass
+class Problem:
+    """One thing wrong in a matrix file, with where it is."""
+
+    where: str  # e.g. "rows[3].cudnn"
+    message: str
+    line: int | None = None
+
+    def __str__(self) -> str:
+        at = f"line {self.line}: " if self.line else ""
+        return f"{at}{self.where}: {self.message}" if self.where else f"{at}{self.message}"
+
+
+@dataclass
+class MatrixError(PipelineError):
+    """Every problem of one matrix file, so a user fixes them in one pass."""
+
+    path: str
+    problems: list[Problem] = field(default_factory=list)
+    exit_code = 2
+
+    def __post_init__(self) -> None:
+        super().__init__(self.path)
+
+    def __str__(self) -> str:
+        n = len(self.problems)
+        return f"{self.path}: {n} problem{'s' if n != 1 else ''}"
+
+    def lines(self) -> list[str]:
+        return [f"{self.path}: {p}" for p in self.problems]
+
+
+class LockError(PipelineError):
+    """A lock is missing, stale, or disagrees with the torch wheel's metadata."""
+
+    exit_code = 2
+
+
+class ResolveError(PipelineError):
+    """The package index could not resolve a row (network, or no such version)."""
+
+    exit_code = 1
+
+
+class RenderError(PipelineError):
+    """Rendered Dockerfiles drifted from templates/ and matrix.yaml."""
+
+    exit_code = 2
+
+
+class EnvironmentProblem(PipelineError):
+    """The machine lacks something we need: a Docker daemon, a BuildKit client, disk."""
+
+    exit_code = 3
+
+
+@dataclass
+class BuildError(PipelineError):
+    """A build step failed; carries where the full log is and its tail."""
+
+    step: str
+    log_path: str
+    tail: str = ""
+    exit_code = 1
+
+    def __post_init__(self) -> None:
+        super().__init__(self.step)
+
+    def __str__(self) -> str:
+        return f"build failed at {self.step}; full log: {self.log_path}"
+
+    def lines(self) -> list[str]:
+        out = [str(self)]
+        if self.tail:
+            out += ["--- last lines of the log ---", self.tail.rstrip()]
+        return out
+
+
+@dataclass
+class TestFailure(PipelineError):
+    """The candidate image failed its smoke or structure tests; no tag moved."""
+
+    suite: str
+    detail: str
+    log_path: str
+    exit_code = 1
+
+    def __post_init__(self) -> None:
+        super().__init__(self.suite)
+
+    def __str__(self) -> str:
+        return f"{self.suite} failed: {self.detail}; full log: {self.log_path}; no tag moved"

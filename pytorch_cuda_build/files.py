@@ -1,0 +1,42 @@
+"""Atomic writes: a reader (or a killed run) never sees a half-written file under images/."""
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+from .errors import EnvironmentProblem
+
+
+def write_atomic(path: Path, text: str) -> bool:
+    """Write text to path via a temp file and rename; return whether the content changed."""
+    if path.exists() and path.read_text() == text:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        if e.errno == errno.ENOSPC:
+            raise EnvironmentProblem(f"no space left on device writing {path}; nothing was changed") from None
+        raise
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return True
+
+
+def sha256_text(*texts: str) -> str:
+    h = hashlib.sha256()
+    for t in texts:
+        h.update(t.encode())
+        h.update(b"\0")
+    return h.hexdigest()

@@ -1,0 +1,332 @@
+"""Stage 1: load matrix.yaml, the single source of truth, in three steps.
+
+parse (YAML, with line numbers) -> validate (schema, every problem at once) ->
+complete (one `Image` per row and flavor, with its name, tags and platform facts).
+Everything downstream (locks, Dockerfiles, tags, labels, README table, CI fan-out)
+derives from the `Image` objects made here.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import MatrixError, Problem, UsageError
+
+FULL_VERSION = re.compile(r"^\d+\.\d+\.\d+(\+[a-z0-9.]+)?$")
+MINOR_VERSION = re.compile(r"^\d+\.\d+$")
+DOTTED = re.compile(r"^\d+(\.\d+){1,3}$")
+FLAVORS = ("runtime", "devel")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _version(pattern: re.Pattern[str], what: str):
+    def check(value: Any) -> str:
+        text = str(value)
+        if not pattern.match(text):
+            raise ValueError(f"{text!r} is not a valid {what}")
+        return text
+
+    return check
+
+
+class OSBase(_Strict):
+    """Where a row's root filesystem comes from: built locally, or a pinned registry image."""
+
+    kind: Literal["debootstrap", "registry"]
+    python: str
+    suite: str | None = None
+    mirror: str | None = None
+    variant: str = "minbase"
+    image: str | None = None  # registry kind: name@sha256:<digest>
+
+    _py = field_validator("python", mode="before")(_version(MINOR_VERSION, "Python version (X.Y)"))
+
+    @field_validator("image")
+    @classmethod
+    def _pinned(cls, value: str | None) -> str | None:
+        if value is not None and not re.search(r"@sha256:[0-9a-f]{64}$", value):
+            raise ValueError(f"{value!r} must be pinned by digest (name@sha256:<64 hex>)")
+        return value
+
+
+class Platform(_Strict):
+    """A CUDA platform an image promises the host: the driver it needs."""
+
+    driver_min: str
+
+    _drv = field_validator("driver_min", mode="before")(_version(re.compile(r"^\d+(\.\d+){0,2}$"), "driver version"))
+
+
+class Defaults(_Strict):
+    os: str
+    index: str = "https://pypi.org/simple"
+    flavors: tuple[Literal["runtime", "devel"], ...] = ("runtime",)
+    extra_requirements: tuple[str, ...] = ()
+
+
+class Row(_Strict):
+    torch: str
+    cuda: str = Field(description="CUDA platform the image promises the host")
+    wheel_cuda: str = Field(description="CUDA build of the torch wheel (torch.version.cuda)")
+    cudnn: str
+    nccl: str
+    deepspeed: str
+    os: str | None = None
+    index: str | None = None
+    flavors: tuple[Literal["runtime", "devel"], ...] | None = None
+    default: bool = False
+    note: str | None = None
+
+    _torch = field_validator("torch", "deepspeed", mode="before")(_version(FULL_VERSION, "full version (X.Y.Z)"))
+    _cuda = field_validator("cuda", "wheel_cuda", mode="before")(_version(MINOR_VERSION, "CUDA version (X.Y)"))
+    _libs = field_validator("cudnn", "nccl", mode="before")(_version(DOTTED, "version"))
+
+
+class MatrixFile(_Strict):
+    repository: str = "pytorch-cuda"
+    defaults: Defaults
+    oses: dict[str, OSBase]
+    platforms: dict[str, Platform]
+    rows: list[Row] = Field(min_length=1)
+
+    @field_validator("platforms", mode="before")
+    @classmethod
+    def _platform_keys(cls, value: Any) -> Any:
+        # YAML reads 12.1 as a float; a platform key is a version string.
+        return {str(k): v for k, v in value.items()} if isinstance(value, dict) else value
+
+    @field_validator("repository")
+    @classmethod
+    def _repo(cls, value: str) -> str:
+        if not re.match(r"^[a-z0-9]+([._/-][a-z0-9]+)*$", value):
+            raise ValueError(f"{value!r} is not a valid image repository name")
+        return value
+
+
+@dataclass(frozen=True)
+class Image:
+    """One buildable image: a matrix row in one flavor, with everything filled in."""
+
+    repository: str
+    torch: str
+    cuda: str
+    wheel_cuda: str
+    cudnn: str
+    nccl: str
+    deepspeed: str
+    python: str
+    os_name: str
+    os: OSBase
+    index: str
+    flavor: str
+    default: bool
+    driver_min: str
+    extra_requirements: tuple[str, ...]
+    note: str | None
+
+    @property
+    def torch_minor(self) -> str:
+        return ".".join(self.torch.split("+")[0].split(".")[:2])
+
+    @property
+    def name(self) -> str:
+        """Directory under images/ and the immutable tag, e.g. 2.7.1-cuda12.1-runtime."""
+        return f"{self.torch.replace('+', '-')}-cuda{self.cuda}-{self.flavor}"
+
+    @property
+    def lock_key(self) -> tuple[str, ...]:
+        """Rows with equal keys resolve to the same lock (and share the torch layer)."""
+        return (self.torch, self.deepspeed, self.python, self.index, *self.extra_requirements)
+
+    @property
+    def tags(self) -> list[str]:
+        """The immutable tag first, then the aliases it moves."""
+        suffix = "" if self.flavor == "runtime" else f"-{self.flavor}"
+        tags = [self.name, f"v{self.torch_minor}-cuda{self.cuda}{suffix}"]
+        if self.default:
+            tags.append(f"v{self.torch_minor}{suffix}")
+        return tags
+
+    def refs(self) -> list[str]:
+        return [f"{self.repository}:{t}" for t in self.tags]
+
+    @property
+    def require_cuda(self) -> str:
+        """NVIDIA_REQUIRE_CUDA: the container runtime refuses hosts whose driver cannot run it."""
+        return f"cuda>={self.cuda}"
+
+
+@dataclass(frozen=True)
+class Matrix:
+    path: Path
+    repository: str
+    images: tuple[Image, ...]
+
+    def select(self, torch: str | None, cuda: str | None, flavor: str = "runtime") -> Image:
+        """The one image a `--torch/--cuda/--flavor` selection names, or a UsageError listing what exists."""
+        if torch is None:
+            raise UsageError("--torch is required (e.g. --torch 2.7); `build.py list` shows the matrix")
+        if flavor not in FLAVORS:
+            raise UsageError(f"unknown --flavor {flavor!r}; allowed: {', '.join(FLAVORS)}")
+        same_torch = [i for i in self.images if torch in (i.torch, i.torch_minor)]
+        if not same_torch:
+            known = sorted({i.torch_minor for i in self.images}, key=_vkey)
+            raise UsageError(f"no row for torch {torch}; torch versions in {self.path.name}: {', '.join(known)}")
+        hits = [i for i in same_torch if i.flavor == flavor and (cuda is None and i.default or i.cuda == cuda)]
+        if cuda is None and not hits:
+            hits = [i for i in same_torch if i.flavor == flavor]
+            if len(hits) == 1:
+                return hits[0]
+            raise UsageError(f"torch {torch} has no default row; pick --cuda from: {_choices(same_torch)}")
+        if not hits:
+            raise UsageError(f"no row for torch {torch} with CUDA {cuda} ({flavor}); rows for torch {torch}: {_choices(same_torch)}")
+        return hits[0]
+
+    def by_name(self, name: str) -> Image:
+        for image in self.images:
+            if image.name == name:
+                return image
+        raise UsageError(f"no image named {name!r} in {self.path.name}")
+
+
+def _choices(images: list[Image]) -> str:
+    return ", ".join(sorted({f"cuda {i.cuda} ({i.flavor}{', default' if i.default else ''})" for i in images}))
+
+
+def _vkey(v: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", v))
+
+
+# ---- parse -------------------------------------------------------------------
+
+
+def _line_map(node: yaml.Node, path: tuple[Any, ...] = (), out: dict | None = None) -> dict:
+    """Map every key path in the YAML document to its 1-based line number."""
+    out = {} if out is None else out
+    out[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            child = path + (key.value,)
+            out[child] = key.start_mark.line + 1
+            _line_map(value, child, out)
+            out[child] = key.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _line_map(item, path + (i,), out)
+    return out
+
+
+class _NoDuplicateKeys(yaml.SafeLoader):
+    """A repeated key in a mapping is an error, not a silent overwrite."""
+
+    def construct_mapping(self, node, deep=False):  # type: ignore[override]
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line {seen[key]})", key_node.start_mark
+                )
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse(path: Path) -> tuple[Any, dict]:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UsageError(f"cannot read matrix file {path}: {e.strerror}") from None
+    try:
+        node = yaml.compose(text, Loader=_NoDuplicateKeys)
+        data = yaml.load(text, Loader=_NoDuplicateKeys)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = mark.line + 1 if mark else None
+        reason = getattr(e, "problem", None) or str(e)
+        raise MatrixError(str(path), [Problem("", f"malformed YAML: {reason}", line)]) from None
+    if node is None or not isinstance(data, dict):
+        raise MatrixError(str(path), [Problem("", "expected a mapping with defaults, oses, platforms and rows", 1)])
+    return data, _line_map(node)
+
+
+# ---- validate and complete -----------------------------------------------------
+
+
+def _schema_problems(err: ValidationError, lines: dict) -> list[Problem]:
+    problems = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        line = next((lines[loc[:n]] for n in range(len(loc), -1, -1) if loc[:n] in lines), None)
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        problems.append(Problem(where, msg, line))
+    return problems
+
+
+def _row_problems(spec: MatrixFile, lines: dict) -> list[Problem]:
+    problems: list[Problem] = []
+    seen: dict[tuple, int] = {}
+    defaults: dict[str, int] = {}
+    for i, row in enumerate(spec.rows):
+        at = lines.get(("rows", i))
+        where = f"rows[{i}]"
+        os_name = row.os or spec.defaults.os
+        if os_name not in spec.oses:
+            problems.append(Problem(where + ".os", f"unknown OS {os_name!r}; defined: {', '.join(spec.oses)}", at))
+        if row.cuda not in spec.platforms:
+            problems.append(Problem(where + ".cuda", f"unknown CUDA platform {row.cuda}; defined: {', '.join(spec.platforms)}", at))
+        if row.cuda.split(".")[0] != row.wheel_cuda.split(".")[0]:
+            problems.append(Problem(where, f"wheel CUDA {row.wheel_cuda} and platform CUDA {row.cuda} differ in major version; minor-version compatibility does not cross majors", at))
+        elif _vkey(row.wheel_cuda) != _vkey(row.cuda) and not row.note:
+            problems.append(Problem(where + ".note", f"platform CUDA {row.cuda} uses the CUDA {row.wheel_cuda} wheel: say why in a note", at))
+        key = (row.torch, row.cuda)
+        if key in seen:
+            problems.append(Problem(where, f"duplicate row torch {row.torch} cuda {row.cuda} (first at line {seen[key]})", at))
+        seen.setdefault(key, at or 0)
+        if row.default:
+            minor = ".".join(row.torch.split(".")[:2])
+            if minor in defaults:
+                problems.append(Problem(where + ".default", f"second default for torch {minor} (first at line {defaults[minor]})", at))
+            defaults.setdefault(minor, at or 0)
+    return problems
+
+
+def _complete(spec: MatrixFile, path: Path) -> Matrix:
+    images = []
+    for row in spec.rows:
+        os_name = row.os or spec.defaults.os
+        base = spec.oses[os_name]
+        for flavor in row.flavors or spec.defaults.flavors:
+            images.append(
+                Image(
+                    repository=spec.repository, torch=row.torch, cuda=row.cuda, wheel_cuda=row.wheel_cuda,
+                    cudnn=row.cudnn, nccl=row.nccl, deepspeed=row.deepspeed, python=base.python,
+                    os_name=os_name, os=base, index=row.index or spec.defaults.index, flavor=flavor,
+                    default=row.default, driver_min=spec.platforms[row.cuda].driver_min,
+                    extra_requirements=spec.defaults.extra_requirements, note=row.note,
+                )
+            )
+    return Matrix(path=path, repository=spec.repository, images=tuple(images))
+
+
+def load(path: Path) -> Matrix:
+    """Parse, validate and complete a matrix file; raise MatrixError with every problem."""
+    data, lines = parse(path)
+    try:
+        spec = MatrixFile.model_validate(data)
+    except ValidationError as e:
+        raise MatrixError(str(path), _schema_problems(e, lines)) from None
+    problems = _row_problems(spec, lines)
+    if problems:
+        raise MatrixError(str(path), problems)
+    return _complete(spec, path)

@@ -1,0 +1,138 @@
+"""Stage 4: render images/<image>/Dockerfile and manifest.json, offline and deterministic.
+
+Inputs are committed files only (matrix.yaml, the locks, templates/, Dockerfile.base),
+so `render --check` in CI catches any drift between them and the committed output.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import jinja2
+
+from . import lock
+from .errors import RenderError
+from .files import write_atomic
+from .matrix import Image, Matrix
+
+LABEL_PREFIX = "io.pytorch-cuda"
+WHEELHOUSE_CACHE_ID = "pytorch-cuda-wheelhouse"
+RENDERED = ("Dockerfile", "manifest.json")
+_BASE_ARG = re.compile(r"^ARG BASE_IMAGE=\S+$", re.M)
+
+
+def rootfs_ref(image: Image) -> str:
+    """The local image a debootstrap base is imported as; named by its recipe's hash."""
+    recipe = lock.base_identity(image)
+    return f"{image.repository}-rootfs:{image.os.suite}-{recipe['recipe_sha256'][:12]}"
+
+
+def base_ref(image: Image) -> str:
+    return image.os.image if image.os.kind == "registry" and image.os.image else rootfs_ref(image)
+
+
+def base_stage(root: Path, image: Image) -> str:
+    text = (root / "Dockerfile.base").read_text()
+    if len(_BASE_ARG.findall(text)) != 1:
+        raise RenderError("Dockerfile.base must have exactly one `ARG BASE_IMAGE=<default>` line")
+    return _BASE_ARG.sub(f"ARG BASE_IMAGE={base_ref(image)}", text).rstrip("\n")
+
+
+def labels(image: Image, lock_meta: dict) -> list[tuple[str, str]]:
+    """Static OCI labels: every pin of the row. Revision and created come at build time."""
+    p = LABEL_PREFIX
+    return [
+        ("org.opencontainers.image.title", image.repository),
+        ("org.opencontainers.image.version", image.name),
+        ("org.opencontainers.image.description", f"PyTorch {image.torch} for CUDA {image.cuda} with DeepSpeed {image.deepspeed}"),
+        ("org.opencontainers.image.base.name", base_ref(image)),
+        (f"{p}.image", image.name),
+        (f"{p}.flavor", image.flavor),
+        (f"{p}.torch", image.torch),
+        (f"{p}.cuda-platform", image.cuda),
+        (f"{p}.torch-cuda", image.wheel_cuda),
+        (f"{p}.cudnn", image.cudnn),
+        (f"{p}.nccl", image.nccl),
+        (f"{p}.deepspeed", image.deepspeed),
+        (f"{p}.python", image.python),
+        (f"{p}.os", image.os_name),
+        (f"{p}.driver-min", image.driver_min),
+        (f"{p}.lock-sha256", lock_meta["files_sha256"]),
+    ]
+
+
+def manifest(image: Image, lock_meta: dict) -> dict:
+    """What the banner and the smoke suite compare the installed libraries against."""
+    return {
+        "repository": image.repository,
+        "image": image.name,
+        "flavor": image.flavor,
+        "torch": image.torch,
+        "cuda_platform": image.cuda,
+        "torch_cuda": image.wheel_cuda,
+        "cudnn": image.cudnn,
+        "nccl": image.nccl,
+        "python": image.python,
+        "deepspeed": image.deepspeed,
+        "os": image.os_name,
+        "driver_min": image.driver_min,
+        "lock_sha256": lock_meta["files_sha256"],
+        "prebuilt_ops": ["cpu_adam", "shm_comm"],
+        "tags": image.tags,
+    }
+
+
+def _env(root: Path) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(root / "templates"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=False,
+        autoescape=False,
+    )
+    env.filters["split_lines"] = lambda s: s.splitlines()
+    return env
+
+
+def render_image(root: Path, image: Image) -> dict[str, str]:
+    meta = lock.read(root, image)
+    try:
+        dockerfile = _env(root).get_template("Dockerfile.j2").render(
+            image=image, base_stage=base_stage(root, image), labels=labels(image, meta), cache_id=WHEELHOUSE_CACHE_ID
+        )
+    except jinja2.TemplateError as e:
+        raise RenderError(f"templates/: {e}") from None
+    dockerfile = re.sub(r"\n{3,}", "\n\n", dockerfile).rstrip("\n") + "\n"
+    return {"Dockerfile": dockerfile, "manifest.json": json.dumps(manifest(image, meta), indent=2) + "\n"}
+
+
+def orphans(root: Path, matrix: Matrix) -> list[Path]:
+    """Directories under images/ that no matrix row produces any more."""
+    names = {i.name for i in matrix.images}
+    d = root / "images"
+    return sorted(p for p in d.iterdir() if p.is_dir() and p.name not in names) if d.exists() else []
+
+
+def write(root: Path, matrix: Matrix, images: list[Image], log=print) -> None:
+    outputs = [(image, render_image(root, image)) for image in images]  # all or nothing
+    for image, files in outputs:
+        changed = [n for n in RENDERED if write_atomic(lock.image_dir(root, image) / n, files[n])]
+        log(f"{image.name}: {'rendered ' + ', '.join(changed) if changed else 'unchanged'}")
+    if len(images) == len(matrix.images):
+        for stale in orphans(root, matrix):
+            shutil.rmtree(stale)
+            log(f"removed images/{stale.name}: no longer in {matrix.path.name}")
+
+
+def check(root: Path, matrix: Matrix, images: list[Image]) -> None:
+    drift = []
+    for image in images:
+        for name, text in render_image(root, image).items():
+            path = lock.image_dir(root, image) / name
+            if not path.exists() or path.read_text() != text:
+                drift.append(f"images/{image.name}/{name}")
+    drift += [f"images/{p.name} (not in {matrix.path.name})" for p in orphans(root, matrix)]
+    if drift:
+        raise RenderError(f"rendered files drifted: {', '.join(drift)}; run `python build.py render` and commit")
