@@ -1,7 +1,8 @@
 """One exception hierarchy, caught once at the CLI and printed as one line.
 
-Exit codes: 2 for bad input (the user can fix the command or the files), 1 for a
-failed build or test, 3 when the environment lacks something (Docker, disk).
+Exit codes: 2 for bad input and for a machine that lacks what we need (the user must
+fix the command, the files, Docker or the disk before retrying); 1 for a failed build
+or test.
 """
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ class RenderError(PipelineError):
 class EnvironmentProblem(PipelineError):
     """The machine lacks something we need: a Docker daemon, a BuildKit client, disk."""
 
-    exit_code = 3
+    exit_code = 2
 
 
 @dataclass

@@ -1,0 +1,76 @@
+"""The base of every image: a digest-pinned registry image, or a rootfs built locally.
+
+Our build hosts reach no container registry, so the default matrix builds its Debian
+root filesystem with debootstrap from the Debian mirror and imports it into Docker
+once, named after the recipe's hash so a changed recipe never reuses an old base.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import docker
+import docker.errors
+from filelock import FileLock
+
+from . import render
+from .errors import BuildError, EnvironmentProblem
+from .matrix import Image
+
+STATE_DIR = Path(os.environ.get("PYTORCH_CUDA_STATE", Path.home() / ".cache" / "pytorch-cuda"))
+
+
+def image_id(c: docker.DockerClient, ref: str) -> str | None:
+    try:
+        return c.images.get(ref).id
+    except docker.errors.ImageNotFound:
+        return None
+
+
+def ensure(c: docker.DockerClient, image: Image, log_dir: Path, log=print) -> str:
+    """The base image's ID, building the rootfs first if this machine lacks it."""
+    ref = render.base_ref(image)
+    found = image_id(c, ref)
+    if found:
+        return found
+    if image.os.kind == "registry":
+        raise EnvironmentProblem(f"base {ref} is not present locally; pull it first (docker pull {ref})")
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(STATE_DIR / "rootfs.lock")):  # two builds never debootstrap at once
+        return image_id(c, ref) or _debootstrap(image, ref, log_dir, log)
+
+
+def _debootstrap(image: Image, ref: str, log_dir: Path, log) -> str:
+    if os.geteuid() != 0:
+        raise EnvironmentProblem(f"building base {ref} with debootstrap needs root; run as root or pin a registry base")
+    if not shutil.which("debootstrap"):
+        raise EnvironmentProblem("debootstrap is not installed (Debian: apt-get install debootstrap)")
+    os_ = image.os
+    log_path = log_dir / "rootfs.log"
+    log(f"building base {ref}: debootstrap --variant={os_.variant} {os_.suite} {os_.mirror} (log: {log_path})")
+    with tempfile.TemporaryDirectory(prefix="pytorch-cuda-rootfs-") as tmp, open(log_path, "w") as out:
+        target = Path(tmp) / "rootfs"
+        cmd = ["debootstrap", f"--variant={os_.variant}", os_.suite, str(target), os_.mirror]
+        if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
+            raise BuildError("debootstrap of the base rootfs", str(log_path), _tail(log_path))
+        # Debootstrap leaves apt lists and caches; they are not part of the base's identity.
+        for junk in ("var/lib/apt/lists", "var/cache/apt/archives"):
+            shutil.rmtree(target / junk, ignore_errors=True)
+            (target / junk / "partial").mkdir(parents=True, exist_ok=True)
+        tar = subprocess.Popen(["tar", "--numeric-owner", "-C", str(target), "-c", "."], stdout=subprocess.PIPE)
+        imp = subprocess.run(["docker", "import", "-", ref], stdin=tar.stdout, stdout=out, stderr=subprocess.STDOUT)
+        tar.wait()
+        if tar.returncode != 0 or imp.returncode != 0:
+            raise BuildError("importing the base rootfs into Docker", str(log_path), _tail(log_path))
+    log(f"base {ref} ready")
+    return docker.from_env().images.get(ref).id
+
+
+def _tail(path: Path, n: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""

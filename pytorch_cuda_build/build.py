@@ -1,0 +1,166 @@
+"""Stage 5: build a candidate image with BuildKit, streaming the log.
+
+The build context is staged from committed files only (the image's lock files and
+manifest, and the in-image package), so nothing else in the checkout can leak into
+an image or change a cache key.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import lock
+from .docker_env import BuildClient
+from .errors import BuildError, EnvironmentProblem
+from .matrix import Image
+
+RUNTIME_PACKAGE = "pytorch_cuda_runtime"
+CONTEXT_FILES = ("requirements.lock", "deepspeed.lock", "manifest.json")
+# A cold build of one row needs the torch layer twice over (layer + extraction) and
+# the wheelhouse; refuse early rather than fail half-way with a full disk.
+MIN_FREE_BYTES = 25 * 1024**3
+
+
+@dataclass(frozen=True)
+class Source:
+    """Which commit an image comes from; its time is SOURCE_DATE_EPOCH."""
+
+    revision: str
+    epoch: int
+
+    @property
+    def created(self) -> str:
+        return dt.datetime.fromtimestamp(self.epoch, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def source(root: Path) -> Source:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True).stdout.strip()
+
+    rev = git("rev-parse", "HEAD") or "unknown"
+    epoch = int(git("log", "-1", "--format=%ct") or 0)
+    if rev != "unknown" and git("status", "--porcelain", "--untracked-files=no"):
+        rev += "-dirty"
+    return Source(rev, epoch)
+
+
+def candidate_ref(image: Image) -> str:
+    return f"{image.repository}-candidate:{image.name}"
+
+
+def stage_context(root: Path, image: Image, dest: Path) -> None:
+    src = lock.image_dir(root, image)
+    for name in CONTEXT_FILES:
+        if not (src / name).exists():
+            raise BuildError(f"staging the build context (images/{image.name}/{name} missing; run lock and render)", str(src))
+        shutil.copy2(src / name, dest / name)
+    shutil.copytree(
+        root / RUNTIME_PACKAGE, dest / RUNTIME_PACKAGE, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "tests")
+    )
+
+
+def check_disk(docker_root: str) -> None:
+    probe = Path(docker_root) if Path(docker_root).exists() else Path("/")
+    free = shutil.disk_usage(probe).free
+    if free < MIN_FREE_BYTES:
+        raise EnvironmentProblem(
+            f"no disk space for a build: {free / 1024**3:.1f} GiB free under {probe}, need {MIN_FREE_BYTES // 1024**3} GiB; "
+            "free some (python build.py prune)"
+        )
+
+
+def command(bc: BuildClient, root: Path, image: Image, context: Path, iidfile: Path, src: Source,
+            ca_bundle: str | None, no_cache: bool) -> list[str]:
+    cmd = [*bc.argv, "--progress=plain", "--file", str(lock.image_dir(root, image) / "Dockerfile"),
+           "--target", image.flavor, "--iidfile", str(iidfile), "--tag", candidate_ref(image),
+           "--label", f"org.opencontainers.image.revision={src.revision}",
+           "--label", f"org.opencontainers.image.created={src.created}"]
+    if ca_bundle:
+        cmd += ["--secret", f"id=ca,src={ca_bundle}"]
+    if no_cache:
+        cmd += ["--no-cache"]
+    return cmd + [str(context)]
+
+
+def run(bc: BuildClient, root: Path, image: Image, log_path: Path, ca_bundle: str | None,
+        no_cache: bool = False, echo=True) -> str:
+    """Build the candidate; return its image ID. The log streams and is kept in full."""
+    src = source(root)
+    with tempfile.TemporaryDirectory(prefix="pytorch-cuda-context-") as tmp:
+        context = Path(tmp) / "context"
+        context.mkdir()
+        stage_context(root, image, context)
+        iidfile = Path(tmp) / "iid"
+        cmd = command(bc, root, image, context, iidfile, src, ca_bundle, no_cache)
+        env = {**os.environ, **bc.env, "SOURCE_DATE_EPOCH": str(src.epoch)}
+        rc = _stream(cmd, env, log_path, echo)
+        if rc != 0:
+            raise BuildError(failed_step(log_path), str(log_path), tail(log_path))
+        return iidfile.read_text().strip()
+
+
+def _stream(cmd: list[str], env: dict[str, str], log_path: Path, echo: bool) -> int:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, errors="replace")
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log.write(line)
+                if echo:
+                    sys.stderr.write(line)
+            return proc.wait()
+        except BaseException:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+
+
+_STEP = re.compile(r"^#\d+ \[([^\]]+)\] (.*)$")
+
+
+def failed_step(log_path: Path) -> str:
+    """The Dockerfile step BuildKit reported as failed, e.g. `[python-env 2/2] RUN ...`."""
+    text = log_path.read_text(errors="replace")
+    m = re.search(r"^\s*>\s*\[([^\]]+)\]\s*(.+?):?\s*$", text, re.M)  # BuildKit's error summary
+    if m:
+        return f"step [{m.group(1)}] {m.group(2)[:100]}"
+    if "buildx component is missing" in text:
+        return "starting BuildKit (this docker client needs the buildx plugin; use --docker)"
+    return "docker build"
+
+
+def tail(log_path: Path, n: int = 25) -> str:
+    lines = log_path.read_text(errors="replace").splitlines()
+    return "\n".join(lines[-n:])
+
+
+class Timer:
+    """Wall time per pipeline stage, for the summary."""
+
+    def __init__(self) -> None:
+        self.stages: dict[str, float] = {}
+
+    def __call__(self, name: str):
+        timer = self
+
+        class _Span:
+            def __enter__(self):
+                self.t0 = time.monotonic()
+
+            def __exit__(self, *exc):
+                timer.stages[name] = timer.stages.get(name, 0.0) + time.monotonic() - self.t0
+
+        return _Span()

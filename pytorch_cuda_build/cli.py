@@ -1,0 +1,266 @@
+"""The command line: parse, run one pipeline stage or all of them, print errors once.
+
+    build.py [build] --torch 2.7 [--cuda 12.1] [--flavor runtime]   lock-check, render-check, build, test, tag
+    build.py list | lock [--check|--upgrade] | render [--check] | test | prune
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from . import base, build, docker_env, lock, matrix, render, tag, test
+from .errors import EnvironmentProblem, PipelineError, UsageError
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMANDS = ("build", "list", "lock", "render", "test", "prune")
+
+
+def log(msg: str) -> None:
+    print(f"==> {msg}", file=sys.stderr, flush=True)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line and exit 2, like every other bad input
+        raise UsageError(f"{message} (see --help)")
+
+
+def _selection(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--torch", required=required, help="torch minor (2.7) or full version (2.7.1)")
+    p.add_argument("--cuda", help="CUDA platform, e.g. 12.1; default: the torch minor's default row")
+    p.add_argument("--flavor", default="runtime", help="runtime (default) or devel")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="build.py", description="Build, test and tag pinned PyTorch + CUDA images from matrix.yaml.")
+    p.add_argument("--matrix", type=Path, default=ROOT / "matrix.yaml", help="matrix file (default: matrix.yaml)")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+
+    b = sub.add_parser("build", help="build, test and tag one row (the default command)")
+    _selection(b)
+    b.add_argument("--docker", help="Docker CLI to build with (default: $PYTORCH_CUDA_DOCKER, else detected)")
+    b.add_argument("--ca-bundle", help="CA bundle for HTTPS inside the build (default: pip's configured cert)")
+    b.add_argument("--no-test", action="store_true", help="build only; sets no public tag")
+    b.add_argument("--retest", action="store_true", help="test even if this image ID already passed")
+    b.add_argument("--no-cache", action="store_true", help="build without the layer cache")
+    b.add_argument("--require-gpu", action="store_true", help="fail instead of testing on the CPU when no GPU runtime exists")
+    b.add_argument("--dry-run", action="store_true", help="print the plan without calling Docker")
+    b.add_argument("--quiet", action="store_true", help="do not stream the build log (it is still saved)")
+
+    sub.add_parser("list", help="the matrix: what can be built, what is built")
+
+    lk = sub.add_parser("lock", help="resolve rows into images/<image>/ lock files (network)")
+    _selection(lk, required=False)
+    lk.add_argument("--check", action="store_true", help="fail if any lock is stale (offline)")
+    lk.add_argument("--upgrade", action="store_true", help="re-resolve and print the version changes")
+    lk.add_argument("--ca-bundle")
+
+    r = sub.add_parser("render", help="render images/<image>/Dockerfile (offline)")
+    r.add_argument("--check", action="store_true", help="fail on drift from templates/ and the locks")
+
+    t = sub.add_parser("test", help="run the smoke and structure tests against a built image")
+    _selection(t)
+    t.add_argument("--image", help="image reference or ID to test (default: the row's immutable tag)")
+    t.add_argument("--require-gpu", action="store_true")
+
+    pr = sub.add_parser("prune", help="remove candidate images and bound the build cache")
+    pr.add_argument("--keep-storage", default="40GB", help="build cache to keep (default 40GB)")
+    return p
+
+
+def default_ca_bundle() -> str | None:
+    """The CA file pip or requests is configured with, if any: corporate proxies need it."""
+    for var in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
+        if os.environ.get(var):
+            return os.environ[var]
+    try:
+        out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        if key.endswith(".cert"):
+            return value.strip("'\"")
+    return None
+
+
+def ca_bundle(given: str | None) -> str | None:
+    path = given or default_ca_bundle()
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError as e:
+        raise UsageError(f"cannot read CA bundle {path}: {e.strerror}") from None
+    return path
+
+
+def results_dir(image: matrix.Image) -> Path:
+    return ROOT / "build-results" / image.name
+
+
+# ---- commands ----------------------------------------------------------------
+
+
+def cmd_list(m: matrix.Matrix, args) -> int:
+    try:
+        c = docker_env.client()
+    except EnvironmentProblem:
+        c = None
+    rows = [("IMAGE", "TORCH", "CUDA", "WHEEL CUDA", "CUDNN", "NCCL", "DEEPSPEED", "PY", "LOCK", "BUILT", "TAGS")]
+    for i in m.images:
+        lock_ok = "ok" if not lock.problems(ROOT, i) else "STALE"
+        built = "?" if c is None else ("yes" if tag.current(c, i)[i.refs()[0]] else "no")
+        rows.append((i.name, i.torch, i.cuda, i.wheel_cuda, i.cudnn, i.nccl, i.deepspeed, i.python, lock_ok, built, " ".join(i.tags[1:])))
+    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+    return 0
+
+
+def cmd_lock(m: matrix.Matrix, args) -> int:
+    images = [m.select(args.torch, args.cuda, args.flavor)] if args.torch else list(m.images)
+    if args.check:
+        lock.check(ROOT, images)
+        print(f"locks current for {len(images)} image(s)")
+        return 0
+    before = {i.name: lock.read(ROOT, i).get("pins", {}) for i in images if (lock.image_dir(ROOT, i) / "lock.json").exists()}
+    stale = images if args.upgrade else [i for i in images if lock.problems(ROOT, i)]
+    if not stale:
+        print(f"locks current for {len(images)} image(s); use --upgrade to re-resolve")
+        return 0
+    lock.write(ROOT, m, stale, ca_bundle(args.ca_bundle), log=log)
+    for i in stale:
+        _print_changes(i, before.get(i.name, {}), lock.read(ROOT, i)["pins"])
+    render.write(ROOT, m, stale, log=log)
+    return 0
+
+
+def _print_changes(image: matrix.Image, old: dict, new: dict) -> None:
+    for name in sorted(set(old) | set(new)):
+        if old.get(name) != new.get(name):
+            print(f"{image.name}: {name} {old.get(name, '-')} -> {new.get(name, '-')}")
+
+
+def cmd_render(m: matrix.Matrix, args) -> int:
+    if args.check:
+        render.check(ROOT, m, list(m.images))
+        print(f"rendered files current for {len(m.images)} image(s)")
+    else:
+        render.write(ROOT, m, list(m.images), log=log)
+    return 0
+
+
+def _plan(image: matrix.Image) -> None:
+    d = lock.image_dir(ROOT, image)
+    print(f"row:        torch {image.torch} for CUDA platform {image.cuda} (wheel CUDA {image.wheel_cuda}), {image.flavor}")
+    print(f"pins:       cuDNN {image.cudnn}, NCCL {image.nccl}, DeepSpeed {image.deepspeed}, Python {image.python}")
+    if image.note:
+        print(f"note:       {image.note}")
+    print(f"base:       {render.base_ref(image)} ({image.os.kind}: {image.os_name})")
+    print(f"tags:       {' '.join(image.refs())}")
+    print(f"lock:       {d / 'requirements.lock'} (sha256 {lock.read(ROOT, image)['files_sha256'][:16]}...)")
+    print(f"dockerfile: {d / 'Dockerfile'}\n")
+    print((d / "Dockerfile").read_text())
+
+
+def cmd_build(m: matrix.Matrix, args) -> int:
+    image = m.select(args.torch, args.cuda, args.flavor)
+    lock.check(ROOT, [image])
+    render.check(ROOT, m, [image])
+    if args.dry_run:
+        _plan(image)
+        return 0
+    ca = ca_bundle(args.ca_bundle)
+    timer = build.Timer()
+    results = results_dir(image)
+    results.mkdir(parents=True, exist_ok=True)
+    with timer("engine"):
+        c = docker_env.ensure_engine(log)
+        bc = docker_env.build_client(args.docker)
+        build.check_disk(docker_env.root_dir(c))
+    with timer("base"):
+        base.ensure(c, image, results, log)
+    log(f"building {image.name} with {bc.description} (log: {results / 'build.log'})")
+    with timer("build"):
+        image_id = build.run(bc, ROOT, image, results / "build.log", ca, args.no_cache, echo=not args.quiet)
+    if args.no_test:
+        log(f"built candidate {build.candidate_ref(image)} ({image_id[:19]}); --no-test: no public tag set")
+        return 0
+    before = tag.passed(image_id)
+    if before and not args.retest:
+        log(f"image {image_id[:19]} already passed its tests ({before['mode']}); not re-testing (--retest to force)")
+    else:
+        with timer("test"):
+            report = test.run(c, ROOT, image, image_id, results, args.require_gpu, log)
+        tag.record_pass(image, image_id, report)
+    with timer("tag"):
+        refs = tag.promote(c, image, image_id)
+        c.images.remove(build.candidate_ref(image), noprune=True)
+    _summary(c, image_id, refs, timer, results)
+    return 0
+
+
+def _summary(c, image_id: str, refs: list[str], timer: build.Timer, results: Path) -> None:
+    size = c.images.get(image_id).attrs.get("Size", 0)
+    summary = {"image_id": image_id, "tags": refs, "size_bytes": size, "seconds": {k: round(v, 1) for k, v in timer.stages.items()}}
+    (results / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"image:  {image_id}")
+    print(f"tags:   {' '.join(refs)}")
+    print(f"size:   {size / 1e9:.2f} GB")
+    print("time:   " + ", ".join(f"{k} {v:.1f}s" for k, v in timer.stages.items()))
+    print(f"logs:   {results}")
+
+
+def cmd_test(m: matrix.Matrix, args) -> int:
+    image = m.select(args.torch, args.cuda, args.flavor)
+    c = docker_env.ensure_engine(log)
+    ref = args.image or image.refs()[0]
+    try:
+        image_id = c.images.get(ref).id
+    except Exception:
+        raise UsageError(f"no image {ref} on this daemon; build it first (python build.py --torch {image.torch_minor} --cuda {image.cuda})") from None
+    report = test.run(c, ROOT, image, image_id, results_dir(image), args.require_gpu, log)
+    tag.record_pass(image, image_id, report)
+    print(f"{ref} ({image_id[:19]}) passed the smoke and structure tests")
+    return 0
+
+
+def cmd_prune(m: matrix.Matrix, args) -> int:
+    c = docker_env.ensure_engine(log)
+    bc = docker_env.build_client(None)
+    removed = 0
+    for img in c.images.list(name=f"{m.repository}-candidate"):
+        for ref in img.tags:
+            c.images.remove(ref, noprune=False)
+            removed += 1
+    c.images.prune(filters={"dangling": True})
+    docker_bin = bc.argv[0]
+    subprocess.run([docker_bin, "builder", "prune", "--force", "--keep-storage", args.keep_storage], env={**os.environ, **bc.env}, check=False, stdout=subprocess.DEVNULL)
+    print(f"removed {removed} candidate tag(s) and dangling images; build cache bounded to {args.keep_storage}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    skip = 2 if argv[:1] == ["--matrix"] else 1 if argv[:1] and argv[0].startswith("--matrix=") else 0
+    first = next((a for a in argv[skip:] if not a.startswith("-")), None)
+    if first not in COMMANDS and not {"-h", "--help"} & set(argv):
+        argv.insert(skip, "build")  # `build.py --torch 2.7` means `build.py build --torch 2.7`
+    try:
+        args = parser().parse_args(argv)
+        m = matrix.load(args.matrix)
+        handler = {"build": cmd_build, "list": cmd_list, "lock": cmd_lock, "render": cmd_render,
+                   "test": cmd_test, "prune": cmd_prune}[args.command]
+        return handler(m, args)
+    except PipelineError as e:
+        for line in e.lines():
+            print(f"error: {line}" if line == e.lines()[0] else line, file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted; no tag was moved", file=sys.stderr)
+        return 130

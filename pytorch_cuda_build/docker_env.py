@@ -1,0 +1,122 @@
+"""Find a Docker daemon and a BuildKit-capable client, starting the engine where we may.
+
+The Python SDK's builder has no BuildKit (no secrets, no cache mounts), so builds go
+through a Docker CLI; everything else (inspect, run, tag) goes through the SDK.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from .errors import EnvironmentProblem
+
+ENGINE_SCRIPT = Path(__file__).with_name("engine.sh")
+DOCKER_ENV = "PYTORCH_CUDA_DOCKER"
+
+
+def daemon_address() -> str:
+    return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+
+
+def client() -> docker.DockerClient:
+    """An SDK client whose daemon answers; raises EnvironmentProblem naming the address."""
+    try:
+        c = docker.from_env(timeout=600)
+        c.ping()
+        return c
+    except docker.errors.DockerException as e:
+        raise EnvironmentProblem(f"no Docker daemon answers at {daemon_address()}: {_short(e)}") from None
+
+
+def _short(e: Exception) -> str:
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return text[:200]
+
+
+def ensure_engine(log=print) -> docker.DockerClient:
+    """Run the project's engine setup (installs and starts dockerd as root on Debian), then connect."""
+    try:
+        return client()
+    except EnvironmentProblem:
+        if os.environ.get("DOCKER_HOST"):
+            raise  # a remote daemon is the user's to start
+    log(f"no Docker daemon at {daemon_address()}: running {ENGINE_SCRIPT.name}")
+    proc = subprocess.run(["bash", str(ENGINE_SCRIPT)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["engine setup failed"])[-1]
+        raise EnvironmentProblem(last.removeprefix("engine: "))
+    return client()
+
+
+@dataclass(frozen=True)
+class BuildClient:
+    """How to run a BuildKit build: the argv prefix and the environment it needs."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    description: str
+
+
+def _client_major(docker_bin: str) -> int | None:
+    try:
+        out = subprocess.run(
+            [docker_bin, "version", "--format", "{{.Client.Version}}"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+        return int(out.split(".")[0]) if out else None
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+def _has_buildx(docker_bin: str) -> bool:
+    try:
+        return subprocess.run([docker_bin, "buildx", "version"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def probe(docker_bin: str) -> BuildClient | None:
+    """A BuildKit route through this client: buildx if present, else its built-in BuildKit.
+
+    Docker CLIs from 23.0 on hand `DOCKER_BUILDKIT=1 docker build` to buildx and fail
+    without it; older CLIs carry BuildKit themselves.
+    """
+    if _has_buildx(docker_bin):
+        return BuildClient((docker_bin, "buildx", "build", "--load"), {}, f"{docker_bin} buildx")
+    major = _client_major(docker_bin)
+    if major is not None and major < 23:
+        return BuildClient((docker_bin, "build"), {"DOCKER_BUILDKIT": "1"}, f"{docker_bin} (built-in BuildKit)")
+    return None
+
+
+def build_client(override: str | None = None) -> BuildClient:
+    """The client to build with: --docker, then $PYTORCH_CUDA_DOCKER, then the first that works."""
+    chosen = override or os.environ.get(DOCKER_ENV)
+    if chosen:
+        path = shutil.which(chosen)
+        found = probe(path) if path else None
+        if not found:
+            raise EnvironmentProblem(f"{chosen} cannot build with BuildKit (no buildx plugin, and its built-in builder is not BuildKit)")
+        return found
+    candidates = [p for p in (shutil.which("docker"), "/usr/bin/docker", "/usr/local/bin/docker") if p and Path(p).exists()]
+    for path in dict.fromkeys(os.path.realpath(p) for p in candidates):
+        found = probe(path)
+        if found:
+            return found
+    raise EnvironmentProblem(
+        f"no BuildKit-capable Docker client among {', '.join(candidates) or 'PATH'}: install the buildx plugin, "
+        f"or point --docker / ${DOCKER_ENV} at a client that has BuildKit"
+    )
+
+
+def nvidia_runtime(c: docker.DockerClient) -> bool:
+    return "nvidia" in (c.info().get("Runtimes") or {})
+
+
+def root_dir(c: docker.DockerClient) -> str:
+    return c.info().get("DockerRootDir", "/var/lib/docker")

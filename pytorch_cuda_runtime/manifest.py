@@ -1,0 +1,98 @@
+"""The build-time manifest and pure helpers to compare versions and GPU archs.
+
+Pure standard library (no torch): used by the banner, the smoke orchestrator and
+unit tests alike.
+"""
+import json
+import os
+import re
+
+DEFAULT_PATH = "/opt/pytorch-cuda/manifest.json"
+DEFAULT_PREBUILT_OPS = ("cpu_adam", "shm_comm")
+
+
+def manifest_path():
+    return os.environ.get("PYTORCH_CUDA_MANIFEST") or DEFAULT_PATH
+
+
+def load(path=None):
+    """Return the manifest dict; raises OSError/ValueError with the path in it."""
+    path = path or manifest_path()
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return data
+
+
+def public_version(v):
+    """'2.7.1+cu126' -> '2.7.1': the local part names the build, not the release."""
+    return str(v).strip().split("+", 1)[0]
+
+
+def _parts(v):
+    return [int(x) for x in re.findall(r"\d+", public_version(v))]
+
+
+def versions_match(expected, actual):
+    """True when the two versions agree on every component both of them state.
+
+    The manifest may be more precise than a library can report (cuDNN
+    '9.5.1.17' vs 9.5.1 from torch) or less ('3.11' vs '3.11.2'), so compare the
+    common prefix, but require at least major.minor.
+    """
+    if expected is None or actual is None:
+        return expected == actual
+    e, a = _parts(expected), _parts(actual)
+    n = min(len(e), len(a))
+    if n < 2 and not (len(e) == len(a) == 1):
+        return False
+    return e[:n] == a[:n]
+
+
+def cudnn_version_string(v):
+    """torch.backends.cudnn.version() int -> 'X.Y.Z' (cuDNN 9 changed the encoding)."""
+    if v is None:
+        return None
+    v = int(v)
+    if v >= 90000:
+        return f"{v // 10000}.{(v % 10000) // 100}.{v % 100}"
+    return f"{v // 1000}.{(v % 1000) // 100}.{v % 100}"
+
+
+def version_tuple(v):
+    return tuple(_parts(v))
+
+
+def cap_to_sm(cap):
+    """'8.9' or (8, 9) -> 'sm_89'."""
+    if isinstance(cap, str):
+        major, minor = cap.strip().split(".")[:2]
+    else:
+        major, minor = cap
+    return f"sm_{int(major)}{int(minor)}"
+
+
+def arch_supported(cap, arch_list):
+    """(ok, how) for a device capability against torch's arch list.
+
+    A cubin for sm_XY runs on any device of the same major and minor >= Y, so
+    an sm_89 GPU is served by sm_86 code; PTX (compute_XY) JIT-compiles for
+    anything newer, at a start-up cost.
+    """
+    sm = cap_to_sm(cap)
+    major, minor = int(sm[3:-1]), int(sm[-1])
+    archs = set(arch_list or [])
+    if sm in archs:
+        return True, f"{sm} in arch list"
+    cubins = [(int(m.group(1)), int(m.group(2)), a) for a in archs
+              for m in [re.fullmatch(r"sm_(\d+)(\d)a?", a)] if m]
+    same = [c for c in cubins if c[0] == major and c[1] <= minor]
+    if same:
+        return True, f"{sm} runs {max(same)[2]} code (same major)"
+    ptx = [(int(m.group(1)), int(m.group(2)), a) for a in archs
+           for m in [re.fullmatch(r"compute_(\d+)(\d)", a)] if m]
+    ptx = [c for c in ptx if c[:2] <= (major, minor)]
+    if ptx:
+        return True, f"{sm} via PTX {max(ptx)[2]} (JIT at first use)"
+    return False, f"{sm} not in arch list {' '.join(sorted(archs))}"

@@ -1,0 +1,1 @@
+"""Smoke suite: `python -m pytorch_cuda_runtime.smoke` (see cli.py)."""

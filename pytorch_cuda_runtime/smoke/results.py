@@ -1,0 +1,86 @@
+"""Check results: one record per (check, run, rank), a table and a JSON report.
+
+Workers (one process per rank) write their records to a JSON file after every
+check, so a rank killed by a timeout still leaves what it had proven.
+"""
+import json
+import os
+
+PASS, FAIL, SKIP, INFO = "PASS", "FAIL", "SKIPPED", "INFO"
+
+
+def record(check, status, run="", rank=None, expected=None, actual=None, detail=""):
+    return {"check": check, "status": status, "run": run, "rank": rank,
+            "expected": expected, "actual": actual, "detail": detail}
+
+
+def describe(r):
+    """One line that says what was expected and what was seen."""
+    parts = []
+    if r["status"] == FAIL and (r["expected"] is not None or r["actual"] is not None):
+        parts.append(f"expected {r['expected']!r}, got {r['actual']!r}")
+    elif r["actual"] is not None:
+        parts.append(str(r["actual"]))
+    if r["detail"]:
+        parts.append(r["detail"])
+    return "; ".join(parts)
+
+
+def table(records, width=100):
+    rows = [("CHECK", "RUN", "RANK", "STATUS", "DETAIL")]
+    for r in records:
+        rank = "-" if r["rank"] is None else str(r["rank"])
+        d = describe(r).replace("\n", " ")
+        rows.append((r["check"], r["run"] or "-", rank, r["status"],
+                     d if len(d) <= width else d[:width - 3] + "..."))
+    w = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join(f"{a:<{w[0]}}  {b:<{w[1]}}  {c:<{w[2]}}  {s:<{w[3]}}  {d}".rstrip()
+                     for a, b, c, s, d in rows)
+
+
+def summary(records):
+    out = {PASS: 0, FAIL: 0, SKIP: 0, INFO: 0}
+    for r in records:
+        out[r["status"]] = out.get(r["status"], 0) + 1
+    return out
+
+
+def failed(records):
+    return any(r["status"] == FAIL for r in records)
+
+
+def write_report(path, payload):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=2, default=str)
+    os.replace(tmp, path)
+
+
+class Recorder:
+    """Per-rank collector used inside worker processes."""
+
+    def __init__(self, out_dir, run, rank):
+        self.path = os.path.join(out_dir, f"rank{rank}.json") if out_dir else None
+        self.run, self.rank, self.records = run, rank, []
+
+    def add(self, check, status, expected=None, actual=None, detail=""):
+        self.records.append(record(check, status, self.run, self.rank, expected, actual, detail))
+        if self.path:  # flush every time: survive being killed later
+            write_report(self.path, self.records)
+
+    def check(self, check, ok, expected=None, actual=None, detail=""):
+        self.add(check, PASS if ok else FAIL, expected, actual, detail)
+        return ok
+
+    def info(self, check, actual, detail=""):
+        self.add(check, INFO, actual=actual, detail=detail)
+
+
+def read_rank_files(out_dir):
+    recs = []
+    for name in sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []:
+        if name.startswith("rank") and name.endswith(".json"):
+            with open(os.path.join(out_dir, name), encoding="utf-8") as f:
+                recs.extend(json.load(f))
+    return recs

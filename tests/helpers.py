@@ -1,0 +1,46 @@
+"""Assertion helpers shared by the test tiers: show the command and its output on failure."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_image(image_ref: str, cmd: list[str], opts: tuple[str, ...] = (), timeout: int = 120) -> subprocess.CompletedProcess:
+    """`docker run --rm` with a timeout; output captured for the assertion message."""
+    return subprocess.run(["docker", "run", "--rm", *opts, image_ref, *cmd], capture_output=True, text=True, timeout=timeout)
+
+
+def shown(proc: subprocess.CompletedProcess) -> str:
+    return f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+
+
+def project_copy(dest: Path) -> Path:
+    """A throwaway copy of the project (committed inputs and code) that a test may break.
+
+    Its .venv links to ours, so its build.py runs at once without a new virtualenv.
+    """
+    import shutil
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("matrix.yaml", "Dockerfile.base", "build.py"):
+        shutil.copy2(ROOT / name, dest / name)
+    for name in ("images", "templates", "pytorch_cuda_build", "pytorch_cuda_runtime", "tests"):
+        shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (dest / ".venv").symlink_to(ROOT / ".venv")
+    return dest
+
+
+def run_build_py(root: Path, *args: str, env: dict | None = None, timeout: int = 3600) -> subprocess.CompletedProcess:
+    """Run a project's build.py with our virtualenv, as a user would."""
+    import os
+    import sys
+
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, str(root / "build.py"), *args], capture_output=True, text=True,
+                          env=full_env, timeout=timeout, cwd=root)
+
+
+def tree_snapshot(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}

@@ -1,0 +1,141 @@
+"""What must be true of every image, checked on the image itself (pytest-testinfra).
+
+Facts come from the artefact: labels are compared with the committed lock, versions
+with what the installed wheels report, not with what the matrix claims.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import ROOT, run_image, shown
+
+pytestmark = pytest.mark.docker
+
+COMMANDS = ["python", "torchrun", "deepspeed", "ds_report", "zero_to_fp32", "pdsh", "ssh",
+            "tini", "pytorch-cuda-smoke", "pytorch-cuda-banner", "pytorch-cuda-entrypoint"]
+
+
+def test_default_user_is_non_root_with_writable_workspace(host):
+    assert host.user().name == "trainer"
+    assert host.user().uid == 1000
+    ws = host.file("/workspace")
+    assert ws.is_directory and ws.user == "trainer"
+    assert host.run("touch /workspace/.probe && rm /workspace/.probe").rc == 0
+
+
+def test_runs_as_root_when_asked(image_ref):
+    proc = run_image(image_ref, ["id", "-u"], ("--user", "0", "-e", "PYTORCH_CUDA_NO_BANNER=1"))
+    assert proc.returncode == 0 and proc.stdout.strip() == "0", shown(proc)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_command_on_path(host, command):
+    assert host.exists(command), f"{command} is not on PATH"
+
+
+def test_entrypoint_and_cmd(image_attrs):
+    config = image_attrs["Config"]
+    assert config["Entrypoint"] == ["/usr/bin/tini", "--", "pytorch-cuda-entrypoint"]
+    assert config["Cmd"] == ["bash"]
+    assert config["User"] == "trainer"
+    assert config["WorkingDir"] == "/workspace"
+
+
+def test_nvidia_environment(host, row):
+    env = host.environment()
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert set(env["NVIDIA_DRIVER_CAPABILITIES"].split(",")) >= {"compute", "utility"}
+    assert env["NVIDIA_REQUIRE_CUDA"] == f"cuda>={row.cuda}"
+    assert env["PATH"].startswith("/opt/venv/bin:")
+
+
+def test_labels_equal_the_lock(image_attrs, expected_labels):
+    labels = image_attrs["Config"]["Labels"]
+    wrong = {k: (v, labels.get(k)) for k, v in expected_labels.items() if labels.get(k) != v}
+    assert not wrong, f"label: (expected, actual): {wrong}"
+    assert labels.get("org.opencontainers.image.revision")
+    assert labels.get("org.opencontainers.image.created", "").endswith("Z")
+
+
+def test_manifest_equals_rendered(host, row):
+    from pytorch_cuda_build import render
+
+    baked = json.loads(host.file("/opt/pytorch-cuda/manifest.json").content_string)
+    committed = json.loads((ROOT / "images" / row.name / "manifest.json").read_text())
+    assert {k: v for k, v in baked.items() if k in committed} == committed
+    assert render.manifest(row, {"files_sha256": committed["lock_sha256"]}) == committed
+
+
+def test_installed_versions_come_from_the_lock(host, lock_meta):
+    """Every package pip reports installed is the version the lock pins (and nothing unpinned)."""
+    out = host.check_output("pip list --format=json --disable-pip-version-check")
+    installed = {p["name"].lower().replace("_", "-"): p["version"] for p in json.loads(out)}
+    pins = lock_meta["pins"]
+    # The venv's own pip and setuptools predate the lock; everything else must be pinned.
+    extra = {n: v for n, v in installed.items() if n not in pins and n not in ("pip", "setuptools")}
+    assert not extra, f"installed but not in the lock: {extra}"
+    differ = {n: (v, installed.get(n)) for n, v in pins.items() if installed.get(n) != v and n != "setuptools"}
+    assert not differ, f"lock pin vs installed: {differ}"
+
+
+def test_pip_check_passes(host):
+    cmd = host.run("pip check")
+    assert cmd.rc == 0, cmd.stdout + cmd.stderr
+
+
+def test_deepspeed_ops_prebuilt(host):
+    out = host.run("DS_ACCELERATOR=cpu ds_report")
+    assert out.rc == 0, out.stderr
+    for op in ("cpu_adam", "deepspeed_shm_comm"):
+        line = next((ln for ln in out.stdout.splitlines() if ln.startswith(op + " ")), "")
+        assert "[YES]" in line, f"{op} not prebuilt: {line!r}"
+
+
+def test_no_compiler_in_runtime_image(host, row):
+    if row.flavor != "runtime":
+        pytest.skip("devel images carry compilers on purpose")
+    for cc in ("gcc", "g++", "cc", "c++", "nvcc"):
+        assert not host.exists(cc), f"{cc} found in a runtime image"
+
+
+@pytest.mark.parametrize("path", ["/root/.cache", "/home/trainer/.cache", "/wheelhouse", "/dist", "/run/secrets"])
+def test_no_caches_or_secrets_left(root_host, path):
+    # BuildKit leaves mount targets behind as empty directories; their content must not ship.
+    files = root_host.run(f"find {path} -mindepth 1 2>/dev/null | head -5").stdout.strip()
+    assert not files, f"{path} is not empty in the image: {files}"
+
+
+def test_no_apt_lists_or_debs(root_host):
+    assert root_host.check_output("find /var/lib/apt/lists /var/cache/apt -type f -name '*_*' | wc -l") == "0"
+
+
+def test_history_and_config_carry_no_secret(image_attrs, docker_client, image_ref):
+    ca_paths = ("ca-certificates.crt", "/run/secrets", "PIP_CERT=/")
+    history = json.dumps(docker_client.api.history(image_ref))
+    config = json.dumps(image_attrs["Config"])
+    for needle in ca_paths[:1]:
+        assert needle not in config, f"{needle} in image config"
+    assert "src=" not in history and "BEGIN CERTIFICATE" not in history + config
+
+
+def test_zero_to_fp32_command_works(host):
+    out = host.run("zero_to_fp32 --help")
+    assert out.rc == 0 and "checkpoint" in out.stdout.lower(), out.stdout + out.stderr
+
+
+def test_banner_prints_versions_and_cpu_warning(image_ref, row):
+    proc = run_image(image_ref, ["true"], ("--shm-size", "64m"))
+    assert proc.returncode == 0, shown(proc)
+    banner = proc.stderr
+    for fact in (row.torch, row.cuda, row.wheel_cuda, row.deepspeed):
+        assert fact in banner, f"{fact} missing from banner:\n{banner}"
+    assert "--gpus all" in banner  # no GPU: says how to get one
+    assert "shm" in banner.lower()  # 64 MB /dev/shm: says how to fix it
+    assert proc.stdout == ""  # banner never pollutes stdout
+
+
+def test_banner_can_be_silenced(image_ref):
+    proc = run_image(image_ref, ["echo", "hi"], ("-e", "PYTORCH_CUDA_NO_BANNER=1"))
+    assert proc.returncode == 0 and proc.stdout == "hi\n" and proc.stderr == "", shown(proc)

@@ -1,0 +1,166 @@
+"""The CLI as users run it: one clear line, the right exit code, nothing half-written."""
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+
+import pytest
+from helpers import ROOT, project_copy, run_build_py, tree_snapshot
+
+from pytorch_cuda_build import build, docker_env, files
+from pytorch_cuda_build.errors import EnvironmentProblem
+
+NO_DOCKER = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+
+
+def one_error_line(proc: subprocess.CompletedProcess, code: int, text: str) -> None:
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and text in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_unknown_row_lists_rows():
+    proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.4", env=NO_DOCKER)
+    one_error_line(proc, 2, "rows for torch 2.7: cuda 12.1 (runtime, default), cuda 12.6 (runtime)")
+
+
+@pytest.mark.parametrize(("args", "text"), [
+    (["--torch", "9.9"], "no row for torch 9.9"),
+    (["--torch", "2.7", "--flavor", "slim"], "unknown --flavor 'slim'"),
+    (["--cuda", "12.1"], "the following arguments are required: --torch"),
+    (["--torch", "2.7", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    (["--matrix", "/nonexistent.yaml", "list"], "cannot read matrix file /nonexistent.yaml"),
+])
+def test_bad_arguments(args, text):
+    one_error_line(run_build_py(ROOT, *args, env=NO_DOCKER), 2, text)
+
+
+def test_dry_run_prints_the_plan_without_docker():
+    proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.1", "--dry-run", env=NO_DOCKER)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "pytorch-cuda:2.7.1-cuda12.1-runtime pytorch-cuda:v2.7-cuda12.1 pytorch-cuda:v2.7" in out
+    assert "wheel CUDA 12.6" in out and "torch 2.7 has no CUDA 12.1 build" in out
+    assert "FROM python-env AS runtime" in out
+
+
+def test_list_shows_every_row_without_docker():
+    proc = run_build_py(ROOT, "list", env=NO_DOCKER)
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.strip().splitlines()) == 1 + 13
+    assert "2.7.1-cuda12.1-runtime" in proc.stdout and "v2.7-cuda12.1 v2.7" in proc.stdout
+
+
+def test_matrix_errors_all_reported_at_once(tmp_path):
+    root = project_copy(tmp_path / "p")
+    text = (root / "matrix.yaml").read_text().replace("cudnn: 9.5.1.17", "cudnn: nine", 1).replace("nccl: 2.26.2", "ncl: 2.26.2", 1)
+    (root / "matrix.yaml").write_text(text)
+    proc = run_build_py(root, "list", env=NO_DOCKER)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0].endswith("3 problems") or len(lines) >= 3, proc.stderr
+    assert any("'nine' is not a valid version" in ln for ln in lines)
+    assert any("ncl: unknown key" in ln for ln in lines) and any("nccl: Field required" in ln for ln in lines)
+
+
+def test_stale_lock_refuses_to_build_and_writes_nothing(tmp_path):
+    root = project_copy(tmp_path / "p")
+    text = (root / "matrix.yaml").read_text().replace("deepspeed: 0.17.6\n    default: true", "deepspeed: 0.17.5\n    default: true")
+    (root / "matrix.yaml").write_text(text)
+    before = tree_snapshot(root / "images")
+    proc = run_build_py(root, "--torch", "2.7", "--cuda", "12.1", env=NO_DOCKER)
+    one_error_line(proc, 2, "lock is stale against matrix.yaml")
+    assert run_build_py(root, "lock", "--check", env=NO_DOCKER).returncode == 2
+    assert tree_snapshot(root / "images") == before
+
+
+def test_lock_refuses_a_matrix_that_disagrees_with_the_wheel(tmp_path):
+    """Real resolution against the index: the matrix claims the wrong NCCL for torch 2.7.1."""
+    root = project_copy(tmp_path / "p")
+    text = (root / "matrix.yaml").read_text().replace("nccl: 2.26.2", "nccl: 2.21.5")
+    (root / "matrix.yaml").write_text(text)
+    before = tree_snapshot(root / "images")
+    proc = run_build_py(root, "lock", "--torch", "2.7", "--cuda", "12.6", env=NO_DOCKER, timeout=600)
+    one_error_line(proc, 2, "NCCL 2.21.5 in matrix.yaml but torch 2.7.1's wheel requires 2.26.2")
+    assert tree_snapshot(root / "images") == before
+
+
+def test_render_check_fails_on_a_hand_edit(tmp_path):
+    root = project_copy(tmp_path / "p")
+    df = root / "images" / "2.7.1-cuda12.1-runtime" / "Dockerfile"
+    df.write_text(df.read_text() + "RUN echo hand-edit\n")
+    one_error_line(run_build_py(root, "render", "--check", env=NO_DOCKER), 2, "rendered files drifted")
+
+
+def test_unreadable_ca_bundle(tmp_path):
+    proc = run_build_py(ROOT, "--torch", "2.7", "--ca-bundle", str(tmp_path / "missing.pem"), env=NO_DOCKER)
+    one_error_line(proc, 2, f"cannot read CA bundle {tmp_path / 'missing.pem'}")
+
+
+def test_no_docker_daemon_names_the_address():
+    proc = run_build_py(ROOT, "--torch", "2.7", "--ca-bundle", "/dev/null", env=NO_DOCKER)
+    one_error_line(proc, 2, "no Docker daemon answers at unix:///nonexistent/docker.sock")
+
+
+# ---- BuildKit client detection, with fake clients --------------------------------
+
+def fake_docker(tmp_path, version: str, buildx: bool) -> str:
+    path = tmp_path / f"docker-{version}-{'bx' if buildx else 'nobx'}"
+    path.write_text(f"""#!/bin/sh
+case "$1" in
+  version) echo {version};;
+  buildx) {'echo buildx v0.20' if buildx else 'echo "docker: buildx is not a docker command" >&2; exit 1'};;
+esac
+""")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_new_client_without_buildx_is_refused(tmp_path):
+    assert docker_env.probe(fake_docker(tmp_path, "28.2.2", buildx=False)) is None
+
+
+def test_buildx_preferred_and_old_client_uses_builtin_buildkit(tmp_path):
+    bx = docker_env.probe(fake_docker(tmp_path, "28.2.2", buildx=True))
+    assert bx and bx.argv[1:] == ("buildx", "build", "--load")
+    old = docker_env.probe(fake_docker(tmp_path, "20.10.24+dfsg1", buildx=False))
+    assert old and old.argv[1:] == ("build",) and old.env == {"DOCKER_BUILDKIT": "1"}
+
+
+def test_override_must_be_buildkit_capable(tmp_path, monkeypatch):
+    bad = fake_docker(tmp_path, "28.2.2", buildx=False)
+    with pytest.raises(EnvironmentProblem, match="cannot build with BuildKit"):
+        docker_env.build_client(bad)
+    monkeypatch.setenv("PYTORCH_CUDA_DOCKER", fake_docker(tmp_path, "20.10.24", buildx=False))
+    assert docker_env.build_client().env == {"DOCKER_BUILDKIT": "1"}
+
+
+# ---- full disks, on a real tiny filesystem ---------------------------------------
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], check=True)
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_full_disk_leaves_the_old_file_whole(tiny_fs):
+    target = tiny_fs / "requirements.lock"
+    files.write_atomic(target, "old\n")
+    with pytest.raises(EnvironmentProblem, match="no space left on device"):
+        files.write_atomic(target, "x" * 200_000)
+    assert target.read_text() == "old\n"
+    assert [p.name for p in tiny_fs.iterdir()] == ["requirements.lock"]
+
+
+def test_build_refuses_to_start_on_a_full_disk(tiny_fs):
+    with pytest.raises(EnvironmentProblem, match=r"no disk space for a build: 0.0 GiB free"):
+        build.check_disk(str(tiny_fs))
+
+
