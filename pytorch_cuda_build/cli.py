@@ -12,11 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import base, build, docker_env, lock, matrix, render, tag, test
+from . import base, bench, build, docker_env, lock, matrix, render, tag, test
 from .errors import EnvironmentProblem, PipelineError, UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMANDS = ("build", "list", "lock", "render", "test", "prune")
+COMMANDS = ("build", "list", "lock", "render", "test", "prune", "selftest", "bench")
 
 
 def log(msg: str) -> None:
@@ -65,6 +65,13 @@ def parser() -> argparse.ArgumentParser:
     _selection(t)
     t.add_argument("--image", help="image reference or ID to test (default: the row's immutable tag)")
     t.add_argument("--require-gpu", action="store_true")
+
+    bn = sub.add_parser("bench", help="measure (never assert) the banner's start-up cost")
+    _selection(bn)
+    bn.add_argument("--runs", type=int, default=10)
+
+    st = sub.add_parser("selftest", help="this project's own test suite (sets up Docker first)")
+    st.add_argument("pytest_args", nargs=argparse.REMAINDER, help="extra pytest arguments")
 
     pr = sub.add_parser("prune", help="remove candidate images and bound the build cache")
     pr.add_argument("--keep-storage", default="40GB", help="build cache to keep (default 40GB)")
@@ -245,6 +252,29 @@ def cmd_prune(m: matrix.Matrix, args) -> int:
     return 0
 
 
+def cmd_bench(m: matrix.Matrix, args) -> int:
+    image = m.select(args.torch, args.cuda, args.flavor)
+    c = docker_env.ensure_engine(log)
+    ref = image.refs()[0]
+    if tag.current(c, image)[ref] is None:
+        raise UsageError(f"no image {ref}; build it first")
+    result = bench.banner(image, ref, args.runs, ROOT / "build-results" / "bench")
+    print(bench.markdown(result))
+    return 0
+
+
+def cmd_selftest(m: matrix.Matrix, args) -> int:
+    """Set up what the suite needs (Docker Engine, debootstrap, a registry), then run pytest.
+
+    pytest's exit code is returned as it is: 5 (no tests ran) is a failure, not a pass.
+    """
+    proc = subprocess.run(["bash", str(docker_env.ENGINE_SCRIPT), "--with-registry"])
+    if proc.returncode != 0:
+        raise EnvironmentProblem("could not set up Docker Engine for the test suite (see the engine: lines above)")
+    extra = [a for a in args.pytest_args if a != "--"]
+    return subprocess.run([sys.executable, "-m", "pytest", str(ROOT / "tests"), "-ra", *extra], cwd=ROOT).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     skip = 2 if argv[:1] == ["--matrix"] else 1 if argv[:1] and argv[0].startswith("--matrix=") else 0
@@ -255,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(argv)
         m = matrix.load(args.matrix)
         handler = {"build": cmd_build, "list": cmd_list, "lock": cmd_lock, "render": cmd_render,
-                   "test": cmd_test, "prune": cmd_prune}[args.command]
+                   "test": cmd_test, "prune": cmd_prune, "selftest": cmd_selftest, "bench": cmd_bench}[args.command]
         return handler(m, args)
     except PipelineError as e:
         for line in e.lines():

@@ -108,6 +108,27 @@ def render_image(root: Path, image: Image) -> dict[str, str]:
     return {"Dockerfile": dockerfile, "manifest.json": json.dumps(manifest(image, meta), indent=2) + "\n"}
 
 
+README_START, README_END = "<!-- matrix-table:start (build.py render) -->", "<!-- matrix-table:end -->"
+
+
+def matrix_table(matrix: Matrix) -> str:
+    """The README's matrix table, derived from matrix.yaml (never a second table)."""
+    rows = ["| image | torch | CUDA platform | wheel CUDA | cuDNN | NCCL | DeepSpeed | Python | driver >= | aliases |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for i in matrix.images:
+        aliases = ", ".join(f"`{t}`" for t in i.tags[1:])
+        rows.append(f"| `{i.name}` | {i.torch} | {i.cuda} | {i.wheel_cuda} | {i.cudnn} | {i.nccl} | {i.deepspeed} | "
+                    f"{i.python} | {i.driver_min} | {aliases} |")
+    return "\n".join(rows)
+
+
+def readme_with_table(text: str, matrix: Matrix) -> str:
+    start, end = text.find(README_START), text.find(README_END)
+    if start < 0 or end < start:
+        raise RenderError(f"README.md lacks the {README_START} ... {README_END} markers")
+    return text[: start + len(README_START)] + "\n" + matrix_table(matrix) + "\n" + text[end:]
+
+
 def orphans(root: Path, matrix: Matrix) -> list[Path]:
     """Directories under images/ that no matrix row produces any more."""
     names = {i.name for i in matrix.images}
@@ -121,6 +142,9 @@ def write(root: Path, matrix: Matrix, images: list[Image], log=print) -> None:
         changed = [n for n in RENDERED if write_atomic(lock.image_dir(root, image) / n, files[n])]
         log(f"{image.name}: {'rendered ' + ', '.join(changed) if changed else 'unchanged'}")
     if len(images) == len(matrix.images):
+        readme = root / "README.md"
+        if readme.exists() and write_atomic(readme, readme_with_table(readme.read_text(), matrix)):
+            log("README.md: matrix table updated")
         for stale in orphans(root, matrix):
             shutil.rmtree(stale)
             log(f"removed images/{stale.name}: no longer in {matrix.path.name}")
@@ -134,5 +158,8 @@ def check(root: Path, matrix: Matrix, images: list[Image]) -> None:
             if not path.exists() or path.read_text() != text:
                 drift.append(f"images/{image.name}/{name}")
     drift += [f"images/{p.name} (not in {matrix.path.name})" for p in orphans(root, matrix)]
+    readme = root / "README.md"
+    if len(images) == len(matrix.images) and readme.exists() and readme.read_text() != readme_with_table(readme.read_text(), matrix):
+        drift.append("README.md (matrix table)")
     if drift:
         raise RenderError(f"rendered files drifted: {', '.join(drift)}; run `python build.py render` and commit")

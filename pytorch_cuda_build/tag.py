@@ -34,7 +34,7 @@ def record_pass(image: Image, image_id: str, report: dict) -> None:
     TESTED.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(TESTED) + ".lock"):
         data = json.loads(TESTED.read_text()) if TESTED.exists() else {}
-        data[image_id] = {"image": image.name, "passed_at": int(time.time()), "mode": report.get("mode", "?")}
+        data[image_id] = {"image": image.name, "passed_at": int(time.time()), "mode": "gpu" if report.get("gpus") else "cpu"}
         write_atomic(TESTED, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 

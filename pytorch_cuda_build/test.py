@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -47,6 +48,9 @@ def smoke(c: docker.DockerClient, image: Image, image_id: str, results: Path, re
             log_path.write_bytes(container.logs())
             report_file = Path(out) / "report.json"
             report = json.loads(report_file.read_text()) if report_file.exists() else {}
+            if (Path(out) / "logs").is_dir():
+                shutil.rmtree(results / "smoke-logs", ignore_errors=True)
+                shutil.copytree(Path(out) / "logs", results / "smoke-logs")
         finally:
             container.remove(force=True)
     (results / "smoke-report.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -66,10 +70,15 @@ def _wait(container, timeout: int) -> int:
 def _failures(report: dict, code: int) -> str:
     if code == 124:
         return f"timed out after {SMOKE_TIMEOUT_S} s"
-    bad = [c for c in report.get("checks", []) if c.get("status") == "FAIL"]
+    bad = [r for r in report.get("results", []) if r.get("status") == "FAIL"]
     if not bad:
         return f"exit code {code}"
-    return "; ".join(f"{c.get('name')}: {c.get('detail', '')}"[:200] for c in bad[:3])
+    return "; ".join(_describe(r)[:200] for r in bad[:3]) + (f" (+{len(bad) - 3} more)" if len(bad) > 3 else "")
+
+
+def _describe(r: dict) -> str:
+    rank = f" rank {r['rank']}" if r.get("rank") is not None else ""
+    return f"{r.get('check')}{rank}: expected {r.get('expected')!r}, got {r.get('actual')!r} {r.get('detail') or ''}".strip()
 
 
 def structure(root: Path, image: Image, image_id: str, results: Path) -> None:

@@ -22,6 +22,12 @@ def load(path=None):
         data = json.load(f)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object")
+    # Facts measured from the installed torch at build time (its arch list) live beside
+    # the rendered manifest; the manifest's own keys win.
+    facts = os.path.join(os.path.dirname(path), "torch-facts.json")
+    if os.path.exists(facts):
+        with open(facts, encoding="utf-8") as f:
+            data = {**json.load(f), **data}
     return data
 
 
