@@ -12,11 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import base, bench, build, docker_env, lock, matrix, render, tag, test
+from . import base, bench, build, docker_env, lock, matrix, render, sbom, tag, test, verify
+from . import files
 from .errors import EnvironmentProblem, PipelineError, UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMANDS = ("build", "list", "lock", "render", "test", "prune", "selftest", "bench")
+COMMANDS = ("build", "list", "lock", "render", "test", "prune", "selftest", "bench", "sbom", "verify")
 
 
 def log(msg: str) -> None:
@@ -65,6 +66,15 @@ def parser() -> argparse.ArgumentParser:
     _selection(t)
     t.add_argument("--image", help="image reference or ID to test (default: the row's immutable tag)")
     t.add_argument("--require-gpu", action="store_true")
+
+    vf = sub.add_parser("verify", help="build a row twice without cache and compare the images file by file")
+    _selection(vf)
+    vf.add_argument("--docker")
+    vf.add_argument("--ca-bundle")
+
+    sb = sub.add_parser("sbom", help="CycloneDX SBOM (Python and Debian packages) of any local image")
+    sb.add_argument("image", help="image reference or ID")
+    sb.add_argument("--output", type=Path, help="file to write (default: stdout)")
 
     bn = sub.add_parser("bench", help="measure (never assert) the banner's start-up cost")
     _selection(bn)
@@ -205,6 +215,9 @@ def cmd_build(m: matrix.Matrix, args) -> int:
         with timer("test"):
             report = test.run(c, ROOT, image, image_id, results, args.require_gpu, log)
         tag.record_pass(image, image_id, report)
+    with timer("sbom"):
+        doc = sbom.generate(c, image_id)
+        files.write_atomic(results / "sbom.cdx.json", json.dumps(doc, indent=1, sort_keys=True) + "\n")
     with timer("tag"):
         refs = tag.promote(c, image, image_id)
         c.images.remove(build.candidate_ref(image), noprune=True)
@@ -252,6 +265,52 @@ def cmd_prune(m: matrix.Matrix, args) -> int:
     return 0
 
 
+def cmd_verify(m: matrix.Matrix, args) -> int:
+    image = m.select(args.torch, args.cuda, args.flavor)
+    lock.check(ROOT, [image])
+    render.check(ROOT, m, [image])
+    ca = ca_bundle(args.ca_bundle)
+    c = docker_env.ensure_engine(log)
+    bc = docker_env.build_client(args.docker)
+    build.check_disk(docker_env.root_dir(c))
+    results = results_dir(image) / "verify"
+    results.mkdir(parents=True, exist_ok=True)
+    base.ensure(c, image, results, log)
+    refs = [f"{image.repository}-verify:{image.name}-{n}" for n in (1, 2)]
+    try:
+        ids = []
+        for n, ref in enumerate(refs, 1):
+            log(f"verify: build {n} of 2 without the layer cache (log: {results / f'build{n}.log'})")
+            ids.append(build.run(bc, ROOT, image, results / f"build{n}.log", ca, no_cache=True, echo=False, tag=ref))
+        log("verify: comparing the two images layer by layer")
+        a, b = (verify.layer_index(r) for r in refs)
+        same = c.images.get(ids[0]).attrs["RootFS"]["Layers"] == c.images.get(ids[1]).attrs["RootFS"]["Layers"]
+        comparison = verify.compare(a, b, same)
+    finally:
+        for ref in refs:
+            try:
+                c.images.remove(ref)
+            except Exception:
+                pass
+    note = f"{bc.description}: BuildKit here predates rewrite-timestamp (0.13), so layer tars carry build-time mtimes"
+    text = verify.verdict(comparison, note)
+    files.write_atomic(results / "verdict.txt", text + "\n")
+    print(text)
+    return 0 if comparison.reproducible else 1
+
+
+def cmd_sbom(m: matrix.Matrix, args) -> int:
+    c = docker_env.ensure_engine(log)
+    doc = sbom.generate(c, args.image)
+    text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
+    if args.output:
+        files.write_atomic(args.output, text)
+        log(f"{len(doc['components'])} components written to {args.output}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def cmd_bench(m: matrix.Matrix, args) -> int:
     image = m.select(args.torch, args.cuda, args.flavor)
     c = docker_env.ensure_engine(log)
@@ -285,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(argv)
         m = matrix.load(args.matrix)
         handler = {"build": cmd_build, "list": cmd_list, "lock": cmd_lock, "render": cmd_render,
-                   "test": cmd_test, "prune": cmd_prune, "selftest": cmd_selftest, "bench": cmd_bench}[args.command]
+                   "test": cmd_test, "prune": cmd_prune, "selftest": cmd_selftest, "bench": cmd_bench, "sbom": cmd_sbom, "verify": cmd_verify}[args.command]
         return handler(m, args)
     except PipelineError as e:
         for line in e.lines():

@@ -19,6 +19,7 @@ answers() { timeout 10 docker info >/dev/null 2>&1; }
 need_pkgs=()
 if ! command -v dockerd >/dev/null 2>&1; then need_pkgs+=(docker.io); fi
 if ! command -v debootstrap >/dev/null 2>&1; then need_pkgs+=(debootstrap); fi
+if ! command -v objdump >/dev/null 2>&1; then need_pkgs+=(binutils); fi
 if [ "$want_registry" = 1 ] && [ ! -x /usr/bin/docker-registry ]; then need_pkgs+=(docker-registry); fi
 
 if answers && [ ${#need_pkgs[@]} -eq 0 ]; then exit 0; fi

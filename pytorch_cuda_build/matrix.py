@@ -67,6 +67,9 @@ class Platform(_Strict):
 
 class Defaults(_Strict):
     os: str
+    # CPU baseline for the compiled DeepSpeed CPU ops (CPUAdam, shm_comm). DeepSpeed would
+    # otherwise use the build host's CPU (-march=native, AVX-512 where present).
+    cpu_arch: Literal["x86-64-v3", "x86-64-v4"] = "x86-64-v3"
     index: str = "https://pypi.org/simple"
     flavors: tuple[Literal["runtime", "devel"], ...] = ("runtime",)
     extra_requirements: tuple[str, ...] = ()
@@ -131,6 +134,7 @@ class Image:
     driver_min: str
     extra_requirements: tuple[str, ...]
     note: str | None
+    cpu_arch: str = "x86-64-v3"
 
     @property
     def torch_minor(self) -> str:
@@ -157,6 +161,11 @@ class Image:
 
     def refs(self) -> list[str]:
         return [f"{self.repository}:{t}" for t in self.tags]
+
+    @property
+    def simd_define(self) -> str:
+        """DeepSpeed's SIMD width macro that matches the CPU baseline."""
+        return "-D__AVX512__" if self.cpu_arch == "x86-64-v4" else "-D__AVX256__"
 
     @property
     def require_cuda(self) -> str:
@@ -314,6 +323,7 @@ def _complete(spec: MatrixFile, path: Path) -> Matrix:
                     os_name=os_name, os=base, index=row.index or spec.defaults.index, flavor=flavor,
                     default=row.default, driver_min=spec.platforms[row.cuda].driver_min,
                     extra_requirements=spec.defaults.extra_requirements, note=row.note,
+                    cpu_arch=spec.defaults.cpu_arch,
                 )
             )
     return Matrix(path=path, repository=spec.repository, images=tuple(images))

@@ -20,6 +20,7 @@ from .matrix import Image, Matrix
 LABEL_PREFIX = "io.pytorch-cuda"
 WHEELHOUSE_CACHE_ID = "pytorch-cuda-wheelhouse"
 RENDERED = ("Dockerfile", "manifest.json")
+SBOM_PATH = "/opt/pytorch-cuda/sbom.cdx.json"  # CycloneDX, baked into every image
 _BASE_ARG = re.compile(r"^ARG BASE_IMAGE=\S+$", re.M)
 
 
@@ -59,7 +60,9 @@ def labels(image: Image, lock_meta: dict) -> list[tuple[str, str]]:
         (f"{p}.python", image.python),
         (f"{p}.os", image.os_name),
         (f"{p}.driver-min", image.driver_min),
+        (f"{p}.cpu-arch", image.cpu_arch),
         (f"{p}.lock-sha256", lock_meta["files_sha256"]),
+        (f"{p}.sbom", SBOM_PATH),
     ]
 
 

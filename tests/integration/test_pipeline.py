@@ -151,3 +151,116 @@ def test_gpu_smoke_on_a_gpu_host(built, gpu_runtime):
     """GPU only: NCCL collectives, bf16/fp16 matmul and cuDNN conv on every GPU."""
     proc = run_build_py(ROOT, "test", "--torch", "2.7", "--cuda", "12.1", "--require-gpu", timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def test_sbom_lists_torch_and_every_nvidia_library(built):
+    doc = json.loads((RESULTS / "sbom.cdx.json").read_text())
+    assert doc["bomFormat"] == "CycloneDX"
+    have = {c["purl"] for c in doc["components"]}
+    pins = lock.read(ROOT, DEFAULT)["pins"]
+    wanted = {n: v for n, v in pins.items() if n == "torch" or n.startswith("nvidia-")}
+    assert len(wanted) > 10
+    missing = [f"pkg:pypi/{n}@{v}" for n, v in wanted.items() if f"pkg:pypi/{n}@{v}" not in have]
+    assert not missing, missing
+    assert any(p.startswith("pkg:deb/debian/libc6@") for p in have)
+
+
+def test_sbom_command_is_deterministic_and_matches_the_baked_one(built, tmp_path, docker_client):
+    out = tmp_path / "sbom.json"
+    proc = run_build_py(ROOT, "sbom", "pytorch-cuda:v2.7", "--output", str(out), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    ours = json.loads(out.read_text())
+    baked = json.loads(docker_client.containers.run(
+        "pytorch-cuda:v2.7", ["cat", render.SBOM_PATH], remove=True, environment={"PYTORCH_CUDA_NO_BANNER": "1"}))
+    assert ours["components"] == baked["components"]
+    assert docker_client.images.get("pytorch-cuda:v2.7").labels["io.pytorch-cuda.sbom"] == render.SBOM_PATH
+
+
+def test_sbom_of_a_missing_image_is_one_clear_line(tmp_path):
+    out = tmp_path / "sbom.json"
+    proc = run_build_py(ROOT, "sbom", "pytorch-cuda:no-such-tag", "--output", str(out), timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == "error: no image pytorch-cuda:no-such-tag on this daemon"
+    assert not out.exists()
+
+
+def test_prebuilt_ops_stay_within_the_cpu_baseline(built, docker_client, tmp_path):
+    """DeepSpeed would compile for the build host (AVX-512 here); the ops must run on any x86-64-v3 CPU."""
+    import io
+    import shutil
+    import subprocess
+    import tarfile
+
+    assert shutil.which("objdump"), "binutils missing: engine.sh installs it"
+    container = docker_client.containers.create("pytorch-cuda:v2.7")
+    try:
+        stream, _ = container.get_archive("/opt/venv/lib/python3.11/site-packages/deepspeed/ops")
+        tarfile.open(fileobj=io.BytesIO(b"".join(stream))).extractall(tmp_path)
+    finally:
+        container.remove()
+    ops = sorted(tmp_path.rglob("*_op.cpython-*.so"))
+    assert {p.name.split(".")[0] for p in ops} == {"cpu_adam_op", "deepspeed_shm_comm_op"}
+    # CPUAdam runs on GPU hosts (ZeRO-Offload); shm_comm needs AVX-512 by DeepSpeed's design.
+    (cpu_adam,) = [p for p in ops if p.name.startswith("cpu_adam_op")]
+    asm = subprocess.run(["objdump", "-d", str(cpu_adam)], capture_output=True, text=True, check=True).stdout
+    assert "ymm" in asm and "zmm" not in asm, "CPUAdam must be AVX2-vectorised and free of AVX-512"
+
+
+def _pem_blocks(text: str) -> set[str]:
+    import re
+
+    return {m.replace("\r", "").strip() for m in re.findall(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", text, re.S)}
+
+
+def _scan_layers(ref: str, needles: list[bytes]) -> tuple[int, list[str]]:
+    """Stream `docker save` and search every file of every layer; return (layers, hits)."""
+    import subprocess
+    import tarfile
+
+    chunk, keep = 16 * 1024 * 1024, max(len(n) for n in needles)
+    hits, layers = [], 0
+    save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE)
+    try:
+        outer = tarfile.open(fileobj=save.stdout, mode="r|")
+        for member in outer:
+            if not member.name.endswith("layer.tar"):
+                continue
+            layers += 1
+            inner = tarfile.open(fileobj=outer.extractfile(member), mode="r|")
+            for f in inner:
+                if not f.isfile():
+                    continue
+                fh, tail = inner.extractfile(f), b""
+                while block := fh.read(chunk):
+                    window = tail + block
+                    if any(n in window for n in needles):
+                        hits.append(f"{member.name}:{f.name}")
+                        break
+                    tail = window[-keep:]
+    finally:
+        save.stdout.close()
+        save.wait()
+    return layers, hits
+
+
+def test_ca_secret_is_in_no_layer_history_or_label(built, docker_client):
+    """The CA bundle went in as a BuildKit secret: none of its private certificates may ship."""
+    from pytorch_cuda_build.cli import default_ca_bundle
+
+    bundle = default_ca_bundle()
+    if not bundle:
+        pytest.skip("no CA bundle configured on this host: the build had no secret to leak")
+    baked = docker_client.containers.run("pytorch-cuda:v2.7", ["cat", "/etc/ssl/certs/ca-certificates.crt"], remove=True,
+                                         environment={"PYTORCH_CUDA_NO_BANNER": "1"}).decode()
+    private = _pem_blocks(open(bundle).read()) - _pem_blocks(baked)  # e.g. a TLS proxy's CA, not Debian's
+    if not private:
+        pytest.skip(f"{bundle} holds only public CAs that the image ships anyway: nothing private to look for")
+    # The second line of a PEM certificate (64 base64 characters) identifies it.
+    needles = [p.split("\n")[1].encode() for p in private]
+    history = json.dumps(docker_client.api.history("pytorch-cuda:v2.7"))
+    config = json.dumps(docker_client.images.get("pytorch-cuda:v2.7").attrs["Config"])
+    for text in (history, config):
+        assert bundle not in text and "BEGIN CERTIFICATE" not in text
+        assert not any(n.decode() in text for n in needles)
+    layers, hits = _scan_layers("pytorch-cuda:v2.7", needles)
+    assert layers >= 5, f"only {layers} layers read from docker save"
+    assert not hits, f"private CA certificate found in: {hits}"

@@ -1,0 +1,93 @@
+"""Reproducibility: build one row twice without the layer cache and compare the images.
+
+Layer by layer and file by file: path, type, mode, owner, size and content hash must be
+equal; modification times are reported apart, since our engine's BuildKit (< 0.13)
+cannot rewrite them to SOURCE_DATE_EPOCH. The base rootfs and the wheelhouse are reused
+(both are pinned: the base by its recipe, every wheel by its hash).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import tarfile
+from dataclasses import dataclass, field
+
+Entry = tuple  # (type, mode, uid, gid, size, sha256, linkname)
+
+
+@dataclass
+class Comparison:
+    layers: tuple[int, int]
+    same_layer_ids: bool
+    content: list[str] = field(default_factory=list)  # differing path: what differs
+    mtime_only: int = 0
+    files: int = 0
+
+    @property
+    def reproducible(self) -> bool:
+        return self.layers[0] == self.layers[1] and not self.content
+
+
+def layer_index(ref: str) -> list[dict[str, tuple[Entry, int]]]:
+    """For each layer of the image in order: path -> (entry, mtime)."""
+    save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE)
+    by_name: dict[str, dict] = {}
+    order: list[str] = []
+    try:
+        outer = tarfile.open(fileobj=save.stdout, mode="r|")
+        for member in outer:
+            if member.name == "manifest.json":
+                order = json.load(outer.extractfile(member))[0]["Layers"]
+            elif member.name.endswith("layer.tar"):
+                by_name[member.name] = _index(tarfile.open(fileobj=outer.extractfile(member), mode="r|"))
+    finally:
+        save.stdout.close()
+        save.wait()
+    return [by_name[name] for name in order]
+
+
+def _index(layer: tarfile.TarFile) -> dict[str, tuple[Entry, int]]:
+    out = {}
+    for f in layer:
+        digest = ""
+        if f.isfile():
+            h, fh = hashlib.sha256(), layer.extractfile(f)
+            while block := fh.read(8 * 1024 * 1024):
+                h.update(block)
+            digest = h.hexdigest()
+        out[f.name] = ((f.type, f.mode, f.uid, f.gid, f.size, digest, f.linkname), int(f.mtime))
+    return out
+
+
+def compare(a: list[dict], b: list[dict], same_layer_ids: bool) -> Comparison:
+    result = Comparison(layers=(len(a), len(b)), same_layer_ids=same_layer_ids)
+    for i, (la, lb) in enumerate(zip(a, b)):
+        for path in sorted(set(la) | set(lb)):
+            result.files += 1
+            if path not in la or path not in lb:
+                result.content.append(f"layer {i}: {path}: only in build {'2' if path not in la else '1'}")
+            elif la[path][0] != lb[path][0]:
+                result.content.append(f"layer {i}: {path}: {_what(la[path][0], lb[path][0])}")
+            elif la[path][1] != lb[path][1]:
+                result.mtime_only += 1
+    return result
+
+
+def _what(x: Entry, y: Entry) -> str:
+    names = ("type", "mode", "uid", "gid", "size", "content", "link")
+    return ", ".join(n for n, u, v in zip(names, x, y) if u != v)
+
+
+def verdict(c: Comparison, buildkit_note: str) -> str:
+    lines = [f"layers: {c.layers[0]} vs {c.layers[1]}; files compared: {c.files}"]
+    if c.same_layer_ids:
+        lines.append("layer digests: identical (bit-for-bit)")
+    else:
+        lines.append(f"layer digests: differ ({buildkit_note})")
+    lines.append(f"time stamps only: {c.mtime_only} file(s) differ in mtime alone")
+    if c.content:
+        lines.append(f"CONTENT DIFFERS in {len(c.content)} file(s):")
+        lines += [f"  {d}" for d in c.content[:200]]
+    lines.append("verdict: " + ("REPRODUCIBLE: same content in every layer" if c.reproducible else "NOT REPRODUCIBLE"))
+    return "\n".join(lines)
