@@ -78,11 +78,13 @@ def check_disk(docker_root: str) -> None:
 
 
 def command(bc: BuildClient, root: Path, image: Image, context: Path, iidfile: Path, src: Source,
-            ca_bundle: str | None, no_cache: bool, tag: str | None = None) -> list[str]:
+            ca_bundle: str | None, no_cache: bool, tag: str | None = None, base_id: str | None = None) -> list[str]:
     cmd = [*bc.argv, "--progress=plain", "--file", str(lock.image_dir(root, image) / "Dockerfile"),
            "--target", image.flavor, "--iidfile", str(iidfile), "--tag", tag or candidate_ref(image),
            "--label", f"org.opencontainers.image.revision={src.revision}",
            "--label", f"org.opencontainers.image.created={src.created}"]
+    if base_id:  # a locally built rootfs is identified by its recipe (in the lock) and this ID
+        cmd += ["--label", f"org.opencontainers.image.base.digest={base_id}"]
     if ca_bundle:
         cmd += ["--secret", f"id=ca,src={ca_bundle}"]
     if no_cache:
@@ -91,7 +93,7 @@ def command(bc: BuildClient, root: Path, image: Image, context: Path, iidfile: P
 
 
 def run(bc: BuildClient, root: Path, image: Image, log_path: Path, ca_bundle: str | None,
-        no_cache: bool = False, echo=True, tag: str | None = None) -> str:
+        no_cache: bool = False, echo=True, tag: str | None = None, base_id: str | None = None) -> str:
     """Build the candidate; return its image ID. The log streams and is kept in full."""
     src = source(root)
     with tempfile.TemporaryDirectory(prefix="pytorch-cuda-context-") as tmp:
@@ -99,7 +101,7 @@ def run(bc: BuildClient, root: Path, image: Image, log_path: Path, ca_bundle: st
         context.mkdir()
         stage_context(root, image, context)
         iidfile = Path(tmp) / "iid"
-        cmd = command(bc, root, image, context, iidfile, src, ca_bundle, no_cache, tag)
+        cmd = command(bc, root, image, context, iidfile, src, ca_bundle, no_cache, tag, base_id)
         env = {**os.environ, **bc.env, "SOURCE_DATE_EPOCH": str(src.epoch)}
         rc = _stream(cmd, env, log_path, echo)
         if rc != 0:

@@ -32,7 +32,7 @@ class _Parser(argparse.ArgumentParser):
 def _selection(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--torch", required=required, help="torch minor (2.7) or full version (2.7.1)")
     p.add_argument("--cuda", help="CUDA platform, e.g. 12.1; default: the torch minor's default row")
-    p.add_argument("--flavor", default="runtime", help="runtime (default) or devel")
+    p.add_argument("--flavor", default="runtime", help="image flavor (default and only one so far: runtime)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -201,10 +201,10 @@ def cmd_build(m: matrix.Matrix, args) -> int:
         bc = docker_env.build_client(args.docker)
         build.check_disk(docker_env.root_dir(c))
     with timer("base"):
-        base.ensure(c, image, results, log)
+        base_id = base.ensure(c, image, results, log)
     log(f"building {image.name} with {bc.description} (log: {results / 'build.log'})")
     with timer("build"):
-        image_id = build.run(bc, ROOT, image, results / "build.log", ca, args.no_cache, echo=not args.quiet)
+        image_id = build.run(bc, ROOT, image, results / "build.log", ca, args.no_cache, echo=not args.quiet, base_id=base_id)
     if args.no_test:
         log(f"built candidate {build.candidate_ref(image)} ({image_id[:19]}); --no-test: no public tag set")
         return 0
@@ -221,13 +221,13 @@ def cmd_build(m: matrix.Matrix, args) -> int:
     with timer("tag"):
         refs = tag.promote(c, image, image_id)
         c.images.remove(build.candidate_ref(image), noprune=True)
-    _summary(c, image_id, refs, timer, results)
+    _summary(c, image_id, refs, timer, results, base_id)
     return 0
 
 
-def _summary(c, image_id: str, refs: list[str], timer: build.Timer, results: Path) -> None:
+def _summary(c, image_id: str, refs: list[str], timer: build.Timer, results: Path, base_id: str) -> None:
     size = c.images.get(image_id).attrs.get("Size", 0)
-    summary = {"image_id": image_id, "tags": refs, "size_bytes": size, "seconds": {k: round(v, 1) for k, v in timer.stages.items()}}
+    summary = {"image_id": image_id, "base_id": base_id, "tags": refs, "size_bytes": size, "seconds": {k: round(v, 1) for k, v in timer.stages.items()}}
     (results / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"image:  {image_id}")
     print(f"tags:   {' '.join(refs)}")
@@ -275,13 +275,13 @@ def cmd_verify(m: matrix.Matrix, args) -> int:
     build.check_disk(docker_env.root_dir(c))
     results = results_dir(image) / "verify"
     results.mkdir(parents=True, exist_ok=True)
-    base.ensure(c, image, results, log)
+    base_id = base.ensure(c, image, results, log)
     refs = [f"{image.repository}-verify:{image.name}-{n}" for n in (1, 2)]
     try:
         ids = []
         for n, ref in enumerate(refs, 1):
             log(f"verify: build {n} of 2 without the layer cache (log: {results / f'build{n}.log'})")
-            ids.append(build.run(bc, ROOT, image, results / f"build{n}.log", ca, no_cache=True, echo=False, tag=ref))
+            ids.append(build.run(bc, ROOT, image, results / f"build{n}.log", ca, no_cache=True, echo=False, tag=ref, base_id=base_id))
         log("verify: comparing the two images layer by layer")
         a, b = (verify.layer_index(r) for r in refs)
         same = c.images.get(ids[0]).attrs["RootFS"]["Layers"] == c.images.get(ids[1]).attrs["RootFS"]["Layers"]

@@ -20,7 +20,9 @@ from .errors import MatrixError, Problem, UsageError
 FULL_VERSION = re.compile(r"^\d+\.\d+\.\d+(\+[a-z0-9.]+)?$")
 MINOR_VERSION = re.compile(r"^\d+\.\d+$")
 DOTTED = re.compile(r"^\d+(\.\d+){1,3}$")
-FLAVORS = ("runtime", "devel")
+# "devel" (runtime + a CUDA toolkit matching torch's CUDA) is planned; it is refused until
+# a template stage can install that toolkit, rather than tag a runtime image as devel.
+FLAVORS = ("runtime",)
 
 
 class _Strict(BaseModel):
@@ -71,7 +73,7 @@ class Defaults(_Strict):
     # otherwise use the build host's CPU (-march=native, AVX-512 where present).
     cpu_arch: Literal["x86-64-v3", "x86-64-v4"] = "x86-64-v3"
     index: str = "https://pypi.org/simple"
-    flavors: tuple[Literal["runtime", "devel"], ...] = ("runtime",)
+    flavors: tuple[Literal["runtime"], ...] = ("runtime",)
     extra_requirements: tuple[str, ...] = ()
 
 
@@ -84,7 +86,7 @@ class Row(_Strict):
     deepspeed: str
     os: str | None = None
     index: str | None = None
-    flavors: tuple[Literal["runtime", "devel"], ...] | None = None
+    flavors: tuple[Literal["runtime"], ...] | None = None
     default: bool = False
     note: str | None = None
 

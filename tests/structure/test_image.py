@@ -57,6 +57,7 @@ def test_labels_equal_the_lock(image_attrs, expected_labels):
     assert not wrong, f"label: (expected, actual): {wrong}"
     assert labels.get("org.opencontainers.image.revision")
     assert labels.get("org.opencontainers.image.created", "").endswith("Z")
+    assert labels.get("org.opencontainers.image.base.digest", "").startswith("sha256:")
 
 
 def test_manifest_equals_rendered(host, row):

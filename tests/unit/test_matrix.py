@@ -138,3 +138,8 @@ def test_not_a_mapping_and_missing_file(tmp_path):
     assert "expected a mapping" in problems(tmp_path, "- just\n- a list\n")[0]
     with pytest.raises(UsageError, match="cannot read matrix file"):
         matrix.load(tmp_path / "absent.yaml")
+
+
+def test_devel_flavor_is_refused_until_it_exists(tmp_path):
+    lines = problems(tmp_path, VALID.replace("    default: true\n", "    default: true\n    flavors: [runtime, devel]\n"))
+    assert any("rows[0].flavors[1]" in ln and "'runtime'" in ln for ln in lines), lines
