@@ -8,11 +8,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from . import base, bench, build, docker_env, lock, matrix, render, sbom, tag, test, verify
+from filelock import FileLock, Timeout
+
 from . import files
 from .errors import EnvironmentProblem, PipelineError, UsageError
 
@@ -192,6 +195,21 @@ def cmd_build(m: matrix.Matrix, args) -> int:
     if args.dry_run:
         _plan(image)
         return 0
+    # Two runs of the same row would race on its candidate tag; different rows run in parallel.
+    base.STATE_DIR.mkdir(parents=True, exist_ok=True)
+    row_lock = FileLock(str(base.STATE_DIR / f"build-{image.name}.lock"))
+    try:
+        row_lock.acquire(timeout=1)
+    except Timeout:
+        log(f"another build of {image.name} is running; waiting for it")
+        row_lock.acquire()
+    try:
+        return _build(image, args)
+    finally:
+        row_lock.release()
+
+
+def _build(image: matrix.Image, args) -> int:
     ca = ca_bundle(args.ca_bundle)
     timer = build.Timer()
     results = results_dir(image)
@@ -334,8 +352,13 @@ def cmd_selftest(m: matrix.Matrix, args) -> int:
     return subprocess.run([sys.executable, "-m", "pytest", str(ROOT / "tests"), "-ra", *extra], cwd=ROOT).returncode
 
 
+def _terminated(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    signal.signal(signal.SIGTERM, _terminated)  # CI cancels with SIGTERM: clean up as for Ctrl-C
     skip = 2 if argv[:1] == ["--matrix"] else 1 if argv[:1] and argv[0].startswith("--matrix=") else 0
     first = next((a for a in argv[skip:] if not a.startswith("-")), None)
     if first not in COMMANDS and not {"-h", "--help"} & set(argv):
@@ -351,5 +374,5 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {line}" if line == e.lines()[0] else line, file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print("error: interrupted; no tag was moved", file=sys.stderr)
+        print("error: interrupted; no tag was moved and the candidate's containers were removed", file=sys.stderr)
         return 130

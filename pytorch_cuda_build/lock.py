@@ -32,7 +32,8 @@ def image_dir(root: Path, image: Image) -> Path:
 
 def base_identity(image: Image) -> dict:
     """What the base is: a digest-pinned registry image, or the recipe of a local rootfs."""
-    recipe = image.os.model_dump(exclude_none=True)
+    # The rootfs is made from suite, mirror and variant alone; package lists are pinned apart.
+    recipe = image.os.model_dump(exclude_none=True, exclude={"packages", "build_packages"})
     recipe["name"] = image.os_name
     return {**recipe, "recipe_sha256": sha256_text(json.dumps(recipe, sort_keys=True))}
 
@@ -46,7 +47,16 @@ def inputs(image: Image) -> dict:
         "index": image.index,
         "expect": {"torch_cuda": image.wheel_cuda, "cudnn": image.cudnn, "nccl": image.nccl},
         "base": base_identity(image),
+        "apt": {"packages": list(image.os.packages), "build_packages": list(image.os.build_packages)},
     }
+
+
+def apt_pins(image: Image, ca_bundle: str | None) -> dict[str, str]:
+    """Versions of the image's Debian packages, when its OS names a mirror to read them from."""
+    names = [*image.os.packages, *image.os.build_packages]
+    if not names or not (image.os.mirror and image.os.suite):
+        return {}
+    return resolve.debian_versions(image.os.mirror, image.os.suite, names, ca_bundle)
 
 
 def split(lock_text: str) -> tuple[str, str]:
@@ -79,7 +89,7 @@ def _header(image: Image, what: str) -> str:
     )
 
 
-def render_lock(image: Image, lock_text: str) -> dict[str, str]:
+def render_lock(image: Image, lock_text: str, apt: dict[str, str] | None = None) -> dict[str, str]:
     """The three files of one image's lock, as text."""
     facts = resolve.wheel_facts(lock_text)
     agree(image, facts)
@@ -93,6 +103,7 @@ def render_lock(image: Image, lock_text: str) -> dict[str, str]:
         "inputs_sha256": sha256_text(json.dumps(inputs(image), sort_keys=True)),
         "wheel": asdict(facts),
         "pins": resolve.pins(lock_text),
+        "apt": apt or {},
         "files_sha256": sha256_text(req, ds),
     }
     return {"requirements.lock": req, "deepspeed.lock": ds, "lock.json": json.dumps(meta, indent=2, sort_keys=True) + "\n"}
@@ -106,7 +117,7 @@ def write(root: Path, matrix: Matrix, images: list[Image], ca_bundle: str | None
         if image.lock_key not in resolved:
             log(f"resolving {' '.join(resolve.requirements_for(image))} for Python {image.python}")
             resolved[image.lock_key] = resolve.compile_lock(image, ca_bundle)
-        rendered.append((image, render_lock(image, resolved[image.lock_key])))
+        rendered.append((image, render_lock(image, resolved[image.lock_key], apt_pins(image, ca_bundle))))
     for image, files in rendered:
         d = image_dir(root, image)
         # lock.json last: it vouches for the other two by hash, so a run cut off

@@ -48,6 +48,10 @@ class OSBase(_Strict):
     mirror: str | None = None
     variant: str = "minbase"
     image: str | None = None  # registry kind: name@sha256:<digest>
+    # Debian packages of every image (Dockerfile.base) and of the ops builder stage;
+    # `lock` pins each to the version the mirror's index holds.
+    packages: tuple[str, ...] = ()
+    build_packages: tuple[str, ...] = ()
 
     _py = field_validator("python", mode="before")(_version(MINOR_VERSION, "Python version (X.Y)"))
 

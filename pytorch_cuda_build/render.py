@@ -22,6 +22,7 @@ WHEELHOUSE_CACHE_ID = "pytorch-cuda-wheelhouse"
 RENDERED = ("Dockerfile", "manifest.json")
 SBOM_PATH = "/opt/pytorch-cuda/sbom.cdx.json"  # CycloneDX, baked into every image
 _BASE_ARG = re.compile(r"^ARG BASE_IMAGE=\S+$", re.M)
+_APT_ARG = re.compile(r'^ARG APT_PACKAGES="[^"]*"$', re.M)
 
 
 def rootfs_ref(image: Image) -> str:
@@ -34,11 +35,18 @@ def base_ref(image: Image) -> str:
     return image.os.image if image.os.kind == "registry" and image.os.image else rootfs_ref(image)
 
 
-def base_stage(root: Path, image: Image) -> str:
+def apt_list(names: tuple[str, ...], pins: dict[str, str]) -> str:
+    """`name=version` for every package the lock pinned, the bare name otherwise."""
+    return " ".join(f"{n}={pins[n]}" if n in pins else n for n in names)
+
+
+def base_stage(root: Path, image: Image, lock_meta: dict) -> str:
     text = (root / "Dockerfile.base").read_text()
-    if len(_BASE_ARG.findall(text)) != 1:
-        raise RenderError("Dockerfile.base must have exactly one `ARG BASE_IMAGE=<default>` line")
-    return _BASE_ARG.sub(f"ARG BASE_IMAGE={base_ref(image)}", text).rstrip("\n")
+    if len(_BASE_ARG.findall(text)) != 1 or len(_APT_ARG.findall(text)) != 1:
+        raise RenderError('Dockerfile.base must have exactly one `ARG BASE_IMAGE=<default>` and one `ARG APT_PACKAGES="..."` line')
+    text = _BASE_ARG.sub(f"ARG BASE_IMAGE={base_ref(image)}", text)
+    text = _APT_ARG.sub(f'ARG APT_PACKAGES="{apt_list(image.os.packages, lock_meta.get("apt", {}))}"', text)
+    return text.rstrip("\n")
 
 
 def labels(image: Image, lock_meta: dict) -> list[tuple[str, str]]:
@@ -103,7 +111,8 @@ def render_image(root: Path, image: Image) -> dict[str, str]:
     meta = lock.read(root, image)
     try:
         dockerfile = _env(root).get_template("Dockerfile.j2").render(
-            image=image, base_stage=base_stage(root, image), labels=labels(image, meta), cache_id=WHEELHOUSE_CACHE_ID
+            image=image, base_stage=base_stage(root, image, meta), labels=labels(image, meta), cache_id=WHEELHOUSE_CACHE_ID,
+            build_packages=apt_list(image.os.build_packages, meta.get("apt", {})),
         )
     except jinja2.TemplateError as e:
         raise RenderError(f"templates/: {e}") from None

@@ -7,8 +7,12 @@ pins (directly, or from 2.11 on through `cuda-toolkit[...]`), never typed by han
 """
 from __future__ import annotations
 
+import lzma
 import os
 import re
+import ssl
+import urllib.error
+import urllib.request
 import shutil
 import subprocess
 import sys
@@ -111,3 +115,30 @@ def wheel_facts(lock_text: str) -> WheelFacts:
         nccl=_one(pinned, _NCCL, "NCCL", torch),
         deepspeed=pinned.get("deepspeed", "?"),
     )
+
+
+_DEBIAN_INDEX: dict[tuple[str, str], dict[str, str]] = {}
+
+
+def debian_versions(mirror: str, suite: str, names: list[str], ca_bundle: str | None) -> dict[str, str]:
+    """name -> version of each package in the suite's main index, as apt in the build will see it."""
+    key = (mirror, suite)
+    if key not in _DEBIAN_INDEX:
+        url = f"{mirror.rstrip('/')}/dists/{suite}/main/binary-amd64/Packages.xz"
+        context = ssl.create_default_context(cafile=ca_bundle) if ca_bundle and url.startswith("https") else None
+        try:
+            with urllib.request.urlopen(url, timeout=120, context=context) as r:
+                text = lzma.decompress(r.read()).decode()
+        except (urllib.error.URLError, OSError, lzma.LZMAError) as e:
+            raise ResolveError(f"cannot read the Debian package index {url}: {e}") from None
+        index = {}
+        for stanza in text.split("\n\n"):
+            fields = dict(ln.split(": ", 1) for ln in stanza.splitlines() if ": " in ln and not ln.startswith(" "))
+            if "Package" in fields:
+                index[fields["Package"]] = fields["Version"]
+        _DEBIAN_INDEX[key] = index
+    index = _DEBIAN_INDEX[key]
+    missing = [n for n in names if n not in index]
+    if missing:
+        raise ResolveError(f"Debian {suite} at {mirror} has no package {', '.join(missing)}")
+    return {n: index[n] for n in names}

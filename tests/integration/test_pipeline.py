@@ -264,3 +264,30 @@ def test_ca_secret_is_in_no_layer_history_or_label(built, docker_client):
     layers, hits = _scan_layers("pytorch-cuda:v2.7", needles)
     assert layers >= 5, f"only {layers} layers read from docker save"
     assert not hits, f"private CA certificate found in: {hits}"
+
+
+def test_interrupt_during_the_smoke_suite_cleans_up(built, docker_client, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = project_copy(tmp_path / "p")
+    (root / "pytorch_cuda_runtime" / "NOTE.txt").write_text("a change, so the image must be tested anew\n")
+    before = tag_ids(docker_client)
+    proc = subprocess.Popen([sys.executable, str(root / "build.py"), "--torch", "2.7", "--cuda", "12.1", "--quiet"],
+                            stderr=subprocess.PIPE, text=True, cwd=root)
+    seen = []
+    deadline = time.monotonic() + 900
+    for line in proc.stderr:  # wait until the smoke container is running
+        seen.append(line)
+        if "smoke suite:" in line or time.monotonic() > deadline:
+            break
+    time.sleep(10)
+    os.kill(proc.pid, signal.SIGTERM)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=120) == 130, "".join(seen) + rest
+    assert "error: interrupted; no tag was moved" in rest
+    assert tag_ids(docker_client) == before
+    assert not leftover_containers(docker_client)

@@ -140,3 +140,9 @@ def test_banner_prints_versions_and_cpu_warning(image_ref, row):
 def test_banner_can_be_silenced(image_ref):
     proc = run_image(image_ref, ["echo", "hi"], ("-e", "PYTORCH_CUDA_NO_BANNER=1"))
     assert proc.returncode == 0 and proc.stdout == "hi\n" and proc.stderr == "", shown(proc)
+
+
+def test_debian_packages_are_the_locked_versions(host, row, lock_meta):
+    for name in row.os.packages:
+        pkg = host.package(name)
+        assert pkg.is_installed and pkg.version == lock_meta["apt"][name], (name, pkg.version, lock_meta["apt"][name])

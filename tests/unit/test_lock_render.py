@@ -106,3 +106,19 @@ def test_render_without_lock_writes_nothing(tmp_path):
         render.write(root, MATRIX, list(MATRIX.images), log=lambda m: None)
     assert tree_snapshot(root / "images") == before
     shutil.rmtree(root)
+
+
+@pytest.mark.parametrize("image", MATRIX.images, ids=lambda i: i.name)
+def test_debian_packages_are_pinned_in_lock_and_dockerfile(image):
+    apt = lock.read(ROOT, image)["apt"]
+    assert set(apt) == set(image.os.packages) | set(image.os.build_packages)
+    text = (lock.image_dir(ROOT, image) / "Dockerfile").read_text()
+    for name, version in apt.items():
+        assert f"{name}={version}" in text, name
+
+
+def test_dockerfile_base_default_lists_the_matrix_packages():
+    import re
+
+    default = re.search(r'^ARG APT_PACKAGES="([^"]*)"$', (ROOT / "Dockerfile.base").read_text(), re.M).group(1)
+    assert tuple(default.split()) == DEFAULT.os.packages
