@@ -311,9 +311,8 @@ def cmd_verify(m: matrix.Matrix, args) -> int:
             except Exception:
                 pass
     note = f"{bc.description}: BuildKit here predates rewrite-timestamp (0.13), so layer tars carry build-time mtimes"
-    text = verify.verdict(comparison, note)
-    files.write_atomic(results / "verdict.txt", text + "\n")
-    print(text)
+    files.write_atomic(results / "verdict.txt", verify.verdict(comparison, note, show=len(comparison.content)) + "\n")
+    print(verify.verdict(comparison, note))
     return 0 if comparison.reproducible else 1
 
 

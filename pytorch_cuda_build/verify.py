@@ -79,7 +79,7 @@ def _what(x: Entry, y: Entry) -> str:
     return ", ".join(n for n, u, v in zip(names, x, y) if u != v)
 
 
-def verdict(c: Comparison, buildkit_note: str) -> str:
+def verdict(c: Comparison, buildkit_note: str, show: int = 200) -> str:
     lines = [f"layers: {c.layers[0]} vs {c.layers[1]}; files compared: {c.files}"]
     if c.same_layer_ids:
         lines.append("layer digests: identical (bit-for-bit)")
@@ -88,6 +88,8 @@ def verdict(c: Comparison, buildkit_note: str) -> str:
     lines.append(f"time stamps only: {c.mtime_only} file(s) differ in mtime alone")
     if c.content:
         lines.append(f"CONTENT DIFFERS in {len(c.content)} file(s):")
-        lines += [f"  {d}" for d in c.content[:200]]
+        lines += [f"  {d}" for d in c.content[:show]]
+        if len(c.content) > show:
+            lines.append(f"  ... {len(c.content) - show} more in verdict.txt")
     lines.append("verdict: " + ("REPRODUCIBLE: same content in every layer" if c.reproducible else "NOT REPRODUCIBLE"))
     return "\n".join(lines)
