@@ -164,3 +164,31 @@ def test_build_refuses_to_start_on_a_full_disk(tiny_fs):
         build.check_disk(str(tiny_fs))
 
 
+
+
+def test_verify_refuses_a_row_without_lock_and_an_unreadable_ca(tmp_path):
+    root = project_copy(tmp_path / "p")
+    (root / "images" / "2.7.1-cuda12.6-runtime" / "lock.json").unlink()
+    before = tree_snapshot(root / "images")
+    one_error_line(run_build_py(root, "verify", "--torch", "2.7", "--cuda", "12.6", env=NO_DOCKER), 2, "no lock")
+    missing = tmp_path / "nope.pem"
+    one_error_line(run_build_py(root, "verify", "--torch", "2.7", "--cuda", "12.1", "--ca-bundle", str(missing), env=NO_DOCKER),
+                   2, f"cannot read CA bundle {missing}")
+    assert tree_snapshot(root / "images") == before
+    assert not (root / "build-results").exists()
+
+
+def test_lock_upgrade_prints_what_moved(tmp_path):
+    """Real re-resolution: a lock whose recorded tqdm pin is old reports the move to the current one."""
+    import json
+
+    root = project_copy(tmp_path / "p")
+    meta_path = root / "images" / "2.7.1-cuda12.6-runtime" / "lock.json"
+    meta = json.loads(meta_path.read_text())
+    current = meta["pins"]["tqdm"]
+    meta["pins"]["tqdm"] = "4.0.0"
+    meta_path.write_text(json.dumps(meta))
+    proc = run_build_py(root, "lock", "--upgrade", "--torch", "2.7", "--cuda", "12.6", env=NO_DOCKER, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert f"2.7.1-cuda12.6-runtime: tqdm 4.0.0 -> {current}" in proc.stdout
+    assert json.loads(meta_path.read_text())["pins"]["tqdm"] == current
