@@ -2,7 +2,6 @@
 
 Run: python3 -m unittest discover -s tests/runtime   (or: pytest tests/runtime)
 """
-import json
 import os
 import subprocess
 import sys

@@ -2,7 +2,6 @@
 (its matrix row). `build.py` runs them against each candidate before tagging."""
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest

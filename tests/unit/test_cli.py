@@ -1,7 +1,6 @@
 """The CLI as users run it: one clear line, the right exit code, nothing half-written."""
 from __future__ import annotations
 
-import errno
 import os
 import subprocess
 
