@@ -16,7 +16,7 @@ import docker
 import docker.errors
 from filelock import FileLock
 
-from . import render
+from . import build, render
 from .errors import BuildError, EnvironmentProblem
 from .matrix import Image
 
@@ -40,10 +40,10 @@ def ensure(c: docker.DockerClient, image: Image, log_dir: Path, log=print) -> st
         raise EnvironmentProblem(f"base {ref} is not present locally; pull it first (docker pull {ref})")
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     with FileLock(str(STATE_DIR / "rootfs.lock")):  # two builds never debootstrap at once
-        return image_id(c, ref) or _debootstrap(image, ref, log_dir, log)
+        return image_id(c, ref) or _debootstrap(c, image, ref, log_dir, log)
 
 
-def _debootstrap(image: Image, ref: str, log_dir: Path, log) -> str:
+def _debootstrap(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, log) -> str:
     if os.geteuid() != 0:
         raise EnvironmentProblem(f"building base {ref} with debootstrap needs root; run as root or pin a registry base")
     if not shutil.which("debootstrap"):
@@ -55,7 +55,7 @@ def _debootstrap(image: Image, ref: str, log_dir: Path, log) -> str:
         target = Path(tmp) / "rootfs"
         cmd = ["debootstrap", f"--variant={os_.variant}", os_.suite, str(target), os_.mirror]
         if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
-            raise BuildError("debootstrap of the base rootfs", str(log_path), _tail(log_path))
+            raise BuildError("debootstrap of the base rootfs", str(log_path), build.tail(log_path))
         # Debootstrap leaves apt lists and caches; they are not part of the base's identity.
         for junk in ("var/lib/apt/lists", "var/cache/apt/archives"):
             shutil.rmtree(target / junk, ignore_errors=True)
@@ -64,13 +64,7 @@ def _debootstrap(image: Image, ref: str, log_dir: Path, log) -> str:
         imp = subprocess.run(["docker", "import", "-", ref], stdin=tar.stdout, stdout=out, stderr=subprocess.STDOUT)
         tar.wait()
         if tar.returncode != 0 or imp.returncode != 0:
-            raise BuildError("importing the base rootfs into Docker", str(log_path), _tail(log_path))
+            raise BuildError("importing the base rootfs into Docker", str(log_path), build.tail(log_path))
     log(f"base {ref} ready")
-    return docker.from_env().images.get(ref).id
+    return c.images.get(ref).id
 
-
-def _tail(path: Path, n: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return ""
