@@ -57,8 +57,7 @@ def _run(ctx, family, offload, consolidate):
                   sum(p.ds_numel for p in params), ctx.world)
     ckpt = os.path.join(ctx.work, f"{family}_ckpt")
     engine.save_checkpoint(ckpt, tag=TAG)
-    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-        gathered = {n: p.detach().cpu().clone() for n, p in engine.module.named_parameters()}
+    gathered = _assemble_shards(engine.module, dist, torch)
     dist.barrier()
     if ctx.rank == 0:
         plain = M.build()
@@ -76,6 +75,24 @@ def _train(ctx, family, engine, torch):
         engine.step()
         losses.append(loss.item())
     M.check_loss(ctx.rec, family, losses)
+
+
+def _assemble_shards(module, dist, torch):
+    """Every full parameter, put together from the shards the ranks hold, with plain
+    blocking all_gathers: the reference the consolidated checkpoint must equal.
+
+    Not deepspeed.zero.GatheredParameters: in DeepSpeed 0.17.6 (our torch <= 2.7
+    rows) `_allgather_params_coalesced` waits only on the last of its async
+    all_gathers. CUDA streams make that safe, gloo's worker threads do not, so on
+    CPU ranks a parameter was now and then read half-gathered (fixed in 0.19.8).
+    """
+    full = {}
+    for name, p in module.named_parameters():
+        shard = p.ds_tensor.detach().reshape(-1).clone()
+        parts = [torch.empty_like(shard) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, shard)
+        full[name] = torch.cat(parts)[:p.ds_numel].view(p.ds_shape).cpu()
+    return full
 
 
 def _consolidate_api(ckpt):
