@@ -13,14 +13,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import base, bench, build, docker_env, lock, matrix, render, sbom, tag, test, verify
+from . import base, bench, build, docker_env, lock, matrix, publish, render, sbom, tag, test, verify
 from filelock import FileLock, Timeout
 
 from . import files
 from .errors import EnvironmentProblem, PipelineError, UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMANDS = ("build", "list", "lock", "render", "test", "prune", "selftest", "bench", "sbom", "verify")
+COMMANDS = ("build", "list", "matrix", "lock", "render", "test", "publish", "prune", "selftest", "bench", "sbom", "verify")
 
 
 def log(msg: str) -> None:
@@ -38,6 +38,14 @@ def _selection(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--flavor", default="runtime", help="image flavor (default and only one so far: runtime)")
 
 
+def _registry(p: argparse.ArgumentParser, push_help: str) -> None:
+    p.add_argument("--registry", default=os.environ.get("PYTORCH_CUDA_REGISTRY"), help="HOST[:PORT]/NAMESPACE (default: $PYTORCH_CUDA_REGISTRY)")
+    p.add_argument("--push", action="store_true", help=push_help)
+    p.add_argument("--retries", type=int, default=4, help="attempts per registry call (default 4, exponential backoff)")
+    if not any(a.dest == "ca_bundle" for a in p._actions):
+        p.add_argument("--ca-bundle", help="CA bundle for an HTTPS registry (default: pip's configured cert)")
+
+
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="build.py", description="Build, test and tag pinned PyTorch + CUDA images from matrix.yaml.")
     p.add_argument("--matrix", type=Path, default=ROOT / "matrix.yaml", help="matrix file (default: matrix.yaml)")
@@ -53,8 +61,20 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--require-gpu", action="store_true", help="fail instead of testing on the CPU when no GPU runtime exists")
     b.add_argument("--dry-run", action="store_true", help="print the plan without calling Docker")
     b.add_argument("--quiet", action="store_true", help="do not stream the build log (it is still saved)")
+    _registry(b, "after tagging, publish the row (see `publish`)")
 
     sub.add_parser("list", help="the matrix: what can be built, what is built")
+
+    mx = sub.add_parser("matrix", help="the matrix for machines: --json rows for a CI fan-out, --propose new torch releases")
+    mode = mx.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--json", action="store_true", help="every row with its tags and build arguments, as JSON")
+    mode.add_argument("--propose", action="store_true", help="candidate rows for torch releases on the index that the matrix lacks (network)")
+    mx.add_argument("--ca-bundle")
+
+    pb = sub.add_parser("publish", help="push tested images and their tags to a registry (dry run without --push)")
+    _selection(pb, required=False)
+    pb.add_argument("--all", action="store_true", help="every row of the matrix (each must be built and tested)")
+    _registry(pb, "push for real; without it, print what would move")
 
     lk = sub.add_parser("lock", help="resolve rows into images/<image>/ lock files (network)")
     _selection(lk, required=False)
@@ -190,6 +210,8 @@ def _plan(image: matrix.Image) -> None:
 
 def cmd_build(m: matrix.Matrix, args) -> int:
     image = m.select(args.torch, args.cuda, args.flavor)
+    if args.push:
+        args.registry_parsed = _parse_registry(args)  # bad address: fail before an hour of building
     lock.check(ROOT, [image])
     render.check(ROOT, m, [image])
     if args.dry_run:
@@ -240,6 +262,8 @@ def _build(image: matrix.Image, args) -> int:
         refs = tag.promote(c, image, image_id)
         c.images.remove(build.candidate_ref(image), noprune=True)
     _summary(c, image_id, refs, timer, results, base_id)
+    if args.push:
+        _publish(c, [image], args.registry_parsed, True, args)
     return 0
 
 
@@ -265,6 +289,57 @@ def cmd_test(m: matrix.Matrix, args) -> int:
     report = test.run(c, ROOT, image, image_id, results_dir(image), args.require_gpu, log)
     tag.record_pass(image, image_id, report)
     print(f"{ref} ({image_id[:19]}) passed the smoke and structure tests")
+    return 0
+
+
+def _parse_registry(args) -> publish.Registry:
+    if not args.registry:
+        raise UsageError("no registry: pass --registry HOST[:PORT]/NAMESPACE or set PYTORCH_CUDA_REGISTRY")
+    if args.retries < 1:
+        raise UsageError(f"--retries must be at least 1, not {args.retries}")
+    return publish.Registry.parse(args.registry)
+
+
+def _publish(c, images: list[matrix.Image], reg: publish.Registry, push: bool, args) -> list[publish.Move]:
+    backoff = float(os.environ.get("PYTORCH_CUDA_RETRY_BACKOFF", "2"))
+    moves = publish.publish(c, images, reg, push=push, ca_bundle=ca_bundle(args.ca_bundle),
+                            attempts=args.retries, backoff=backoff, log=log)
+    rows = [("TAG", "NOW", "ACTION")]
+    for mv in moves:
+        now = mv.after if push else mv.before
+        action = "already there" if mv.in_place else ("pushed, verified" if push else "would push")
+        rows.append((mv.target(reg), now.digest if now else "absent", action))
+    widths = [max(len(r[k]) for r in rows) for k in range(3)]
+    for r in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+    if not push:
+        print("dry run: nothing pushed; add --push to publish")
+        return moves
+    for image in images:
+        mine = [mv for mv in moves if mv.image is image]
+        record = {"registry": str(reg), "repository": reg.repository(image), "image_id": mine[0].image_id,
+                  "digest": mine[0].after.digest, "tags": [mv.tag for mv in mine]}
+        files.write_atomic(results_dir(image) / "published.json", json.dumps(record, indent=2) + "\n")
+        print(f"pull by digest: {record['repository']}@{record['digest']}")
+    return moves
+
+
+def cmd_publish(m: matrix.Matrix, args) -> int:
+    reg = _parse_registry(args)
+    if args.all == bool(args.torch):
+        raise UsageError("pick the rows: --torch X [--cuda Y] for one, or --all")
+    images = list(m.images) if args.all else [m.select(args.torch, args.cuda, args.flavor)]
+    c = docker_env.ensure_engine(log)
+    _publish(c, images, reg, args.push, args)
+    return 0
+
+
+def cmd_matrix(m: matrix.Matrix, args) -> int:
+    if args.json:
+        print(json.dumps(matrix.as_json(m), indent=2))
+        return 0
+    from . import propose
+    print(propose.render(propose.candidates(m, ca_bundle(args.ca_bundle), log)), end="")
     return 0
 
 
@@ -366,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(argv)
         m = matrix.load(args.matrix)
         handler = {"build": cmd_build, "list": cmd_list, "lock": cmd_lock, "render": cmd_render,
-                   "test": cmd_test, "prune": cmd_prune, "selftest": cmd_selftest, "bench": cmd_bench, "sbom": cmd_sbom, "verify": cmd_verify}[args.command]
+                   "test": cmd_test, "publish": cmd_publish, "matrix": cmd_matrix, "prune": cmd_prune, "selftest": cmd_selftest, "bench": cmd_bench, "sbom": cmd_sbom, "verify": cmd_verify}[args.command]
         return handler(m, args)
     except PipelineError as e:
         for line in e.lines():

@@ -115,3 +115,21 @@ class TestFailure(PipelineError):
 
     def __str__(self) -> str:
         return f"{self.suite} failed: {self.detail}; full log: {self.log_path}; no tag moved"
+
+
+@dataclass
+class PublishError(PipelineError):
+    """A push or its read-back failed; says where every tag of the run is now."""
+
+    message: str
+    where: list[str] = field(default_factory=list)
+    exit_code = 1
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def lines(self) -> list[str]:
+        return [self.message] + [f"  {w}" for w in self.where]

@@ -184,6 +184,7 @@ class Matrix:
     path: Path
     repository: str
     images: tuple[Image, ...]
+    platforms: tuple[str, ...] = ()
 
     def select(self, torch: str | None, cuda: str | None, flavor: str = "runtime") -> Image:
         """The one image a `--torch/--cuda/--flavor` selection names, or a UsageError listing what exists."""
@@ -332,7 +333,7 @@ def _complete(spec: MatrixFile, path: Path) -> Matrix:
                     cpu_arch=spec.defaults.cpu_arch,
                 )
             )
-    return Matrix(path=path, repository=spec.repository, images=tuple(images))
+    return Matrix(path=path, repository=spec.repository, images=tuple(images), platforms=tuple(spec.platforms))
 
 
 def load(path: Path) -> Matrix:
@@ -346,3 +347,13 @@ def load(path: Path) -> Matrix:
     if problems:
         raise MatrixError(str(path), problems)
     return _complete(spec, path)
+
+
+def as_json(m: Matrix) -> dict:
+    """The rows for a CI fan-out (GitHub Actions: strategy.matrix: ${{ fromJSON(...) }})."""
+    return {"include": [{
+        "image": i.name, "torch": i.torch, "torch_minor": i.torch_minor, "cuda": i.cuda,
+        "wheel_cuda": i.wheel_cuda, "flavor": i.flavor, "default": i.default,
+        "tags": i.tags, "refs": i.refs(), "cudnn": i.cudnn, "nccl": i.nccl, "deepspeed": i.deepspeed,
+        "build_args": f"--torch {i.torch} --cuda {i.cuda} --flavor {i.flavor}",
+    } for i in m.images]}

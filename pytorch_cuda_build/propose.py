@@ -1,0 +1,81 @@
+"""`matrix --propose`: rows for torch releases the matrix lacks, read from the index.
+
+The versions come from the index's JSON simple API (PEP 691/700); each candidate's CUDA,
+cuDNN and NCCL pins come from resolving it exactly as `lock` does, so a proposed row
+passes `lock` unchanged. Nothing is written: a person reviews and commits the row.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import ssl
+import urllib.error
+import urllib.request
+from typing import Callable
+
+from . import resolve
+from .errors import ResolveError
+from .matrix import Image, Matrix
+
+_STABLE = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
+
+
+def _key(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in _STABLE.match(version).groups())
+
+
+def index_versions(index: str, project: str, ca_bundle: str | None) -> list[str]:
+    url = f"{index.rstrip('/')}/{project}/"
+    req = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    ctx = ssl.create_default_context(cafile=ca_bundle) if ca_bundle and url.startswith("https") else None
+    try:
+        with urllib.request.urlopen(req, timeout=60, context=ctx) as r:
+            data = json.load(r)
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise ResolveError(f"cannot list {project} releases at {url}: {getattr(e, 'reason', e)}") from None
+    if "versions" not in data:
+        raise ResolveError(f"{url} does not serve the PEP 700 JSON API (no 'versions'); cannot propose rows")
+    return data["versions"]
+
+
+def new_releases(m: Matrix, versions: list[str]) -> list[str]:
+    """The newest patch of every minor newer than the matrix, and newer patches of its minors."""
+    have: dict[tuple[int, int], tuple[int, ...]] = {}
+    for i in m.images:
+        if _STABLE.match(i.torch):
+            k = _key(i.torch)
+            have[k[:2]] = max(have.get(k[:2], k), k)
+    oldest = min(have) if have else (0, 0)
+    newest: dict[tuple[int, int], str] = {}
+    for v in versions:
+        if _STABLE.match(v) and _key(v)[:2] >= oldest:
+            k = _key(v)
+            if k[:2] not in newest or k > _key(newest[k[:2]]):
+                newest[k[:2]] = v
+    return [v for minor, v in sorted(newest.items()) if minor not in have or _key(v) > have[minor]]
+
+
+def candidates(m: Matrix, ca_bundle: str | None, log: Callable[[str], None]) -> list[dict]:
+    template = max((i for i in m.images if _STABLE.match(i.torch)), key=lambda i: _key(i.torch))
+    out = []
+    for v in new_releases(m, index_versions(template.index, "torch", ca_bundle)):
+        log(f"resolving torch {v} with deepspeed {template.deepspeed} from {template.index}")
+        probe: Image = dataclasses.replace(template, torch=v, default=False, note=None)
+        facts = resolve.wheel_facts(resolve.compile_lock(probe, ca_bundle))
+        out.append({"torch": v, "cuda": facts.torch_cuda, "wheel_cuda": facts.torch_cuda, "cudnn": facts.cudnn,
+                    "nccl": facts.nccl, "deepspeed": template.deepspeed,
+                    "platform_known": facts.torch_cuda in m.platforms, "index": template.index})
+    return out
+
+
+def render(rows: list[dict]) -> str:
+    if not rows:
+        return "# no torch release on the index is missing from the matrix\n"
+    text = "# Candidate rows, resolved from the wheels' metadata; review, add under rows:, then lock and render.\n"
+    for r in rows:
+        if not r["platform_known"]:
+            text += f"# CUDA {r['cuda']} is not under platforms: yet; add it with its driver_min first\n"
+        text += (f"  - torch: {r['torch']}\n    cuda: \"{r['cuda']}\"\n    wheel_cuda: \"{r['wheel_cuda']}\"\n"
+                 f"    cudnn: {r['cudnn']}\n    nccl: {r['nccl']}\n    deepspeed: {r['deepspeed']}\n")
+    return text

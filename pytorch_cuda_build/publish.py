@@ -1,0 +1,308 @@
+"""Stage 8: publish tested images to a registry.
+
+Only an image ID recorded as tested is pushed. Every immutable tag of the run goes
+first and is read back from the registry (manifest digest and config digest = the local
+image ID) before any alias moves, so a failure part-way leaves the aliases where they
+were. A tag already holding this image is skipped. Pushing happens only with push=True:
+the default is a dry run that prints what would move.
+"""
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import os
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+import docker
+import docker.auth
+import docker.errors
+import requests
+import tenacity
+
+from . import tag as tags
+from .errors import EnvironmentProblem, PublishError, UsageError
+from .matrix import Image
+
+_LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
+_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"  # the distribution spec's path component
+_ADDRESS = re.compile(rf"^(?P<host>{_LABEL}(?:\.{_LABEL})*|\[[0-9a-fA-F:]+\])(?::(?P<port>[0-9]+))?/(?P<ns>{_PATH}(?:/{_PATH})*)$")
+_ACCEPT = ", ".join([
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.index.v1+json",
+])
+# Push errors worth retrying: the registry or the network hiccuped. Anything else
+# (unauthorized, denied, a malformed name) fails the same way every time.
+_PERMANENT = re.compile(r"unauthori[sz]ed|denied|authentication required|invalid reference|name unknown", re.I)
+USER_ENV, PASSWORD_ENV = "PYTORCH_CUDA_REGISTRY_USER", "PYTORCH_CUDA_REGISTRY_PASSWORD"
+
+
+class Transient(Exception):
+    """Worth another attempt: connection refused/reset, 5xx, a push stream error."""
+
+
+@dataclass(frozen=True)
+class Registry:
+    host: str  # as written, with the port: what docker tags and pushes carry
+    namespace: str
+
+    @classmethod
+    def parse(cls, text: str) -> "Registry":
+        m = _ADDRESS.match(text or "")
+        if not m:
+            raise UsageError(f"malformed registry address {text!r}: expected HOST[:PORT]/NAMESPACE, e.g. 127.0.0.1:5000/ml (no scheme, lowercase namespace)")
+        if m["port"] is not None and not 0 < int(m["port"]) < 65536:
+            raise UsageError(f"malformed registry address {text!r}: port {m['port']} is not 1-65535")
+        host = m["host"] + (f":{m['port']}" if m["port"] else "")
+        return cls(host, m["ns"])
+
+    def __str__(self) -> str:
+        return f"{self.host}/{self.namespace}"
+
+    def repository(self, image: Image) -> str:
+        return f"{self.host}/{self.namespace}/{image.repository}"
+
+    @property
+    def loopback(self) -> bool:
+        name = self.host.rsplit(":", 1)[0] if not self.host.startswith("[") else self.host[1:self.host.index("]")]
+        if name == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(name).is_loopback
+        except ValueError:
+            return False
+
+    @property
+    def api_base(self) -> str:
+        # Docker itself talks plain HTTP to loopback registries (127.0.0.0/8 is insecure by default).
+        host = "registry-1.docker.io" if self.host == "docker.io" else self.host
+        return f"{'http' if self.loopback else 'https'}://{host}/v2/"
+
+
+def credentials(reg: Registry) -> dict | None:
+    """From the environment, else the Docker config (docker login). Never printed."""
+    user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
+    if user or password:
+        if not (user and password):
+            raise UsageError(f"set both {USER_ENV} and {PASSWORD_ENV}, or neither")
+        return {"username": user, "password": password}
+    found = docker.auth.resolve_authconfig(docker.auth.load_config(), reg.host) or {}
+    found = {k.lower(): v for k, v in found.items()}
+    if found.get("username") and found.get("password"):
+        return {"username": found["username"], "password": found["password"]}
+    return None
+
+
+@dataclass(frozen=True)
+class Remote:
+    digest: str  # manifest digest: what `pull REPO@DIGEST` takes
+    config: str | None  # config digest = the image ID it was pushed from
+
+
+class RegistryAPI:
+    """The few calls of the distribution API we need, with Basic and Bearer auth."""
+
+    def __init__(self, reg: Registry, creds: dict | None, ca_bundle: str | None, timeout: float = 30):
+        self.reg, self.creds, self.timeout = reg, creds, timeout
+        self.session = requests.Session()
+        self.session.verify = ca_bundle or True
+        self.session.trust_env = False  # 127.0.0.1 must not go through an HTTP proxy
+        self._auth: dict[str, str] = {}
+
+    def _get(self, path: str, scope: str = "", **headers: str) -> requests.Response:
+        url = self.reg.api_base + path
+        try:
+            r = self.session.get(url, headers={**headers, **self._headers(scope)}, timeout=self.timeout)
+            if r.status_code == 401:
+                self._login(r.headers.get("WWW-Authenticate", ""), scope)
+                r = self.session.get(url, headers={**headers, **self._headers(scope)}, timeout=self.timeout)
+        except (requests.ConnectionError, requests.Timeout) as e:
+            raise Transient(f"registry {self.reg.host} unreachable ({type(e).__name__})") from None
+        if r.status_code == 401:
+            raise self._missing() if not self.creds else UsageError(f"registry {self.reg.host} refused the credentials given (HTTP 401)")
+        if r.status_code >= 500 or r.status_code == 429:
+            raise Transient(f"registry {self.reg.host} answered HTTP {r.status_code}")
+        return r
+
+    def _headers(self, scope: str) -> dict:
+        return {"Authorization": self._auth[scope]} if scope in self._auth else {}
+
+    def _missing(self) -> UsageError:
+        return UsageError(f"registry {self.reg.host} needs credentials: `docker login {self.reg.host}` or set {USER_ENV} and {PASSWORD_ENV}")
+
+    def _login(self, challenge: str, scope: str) -> None:
+        if not self.creds and not challenge.lower().startswith("bearer"):
+            raise self._missing()
+        basic = (self.creds["username"], self.creds["password"]) if self.creds else None
+        if challenge.lower().startswith("basic"):
+            self._auth[scope] = requests.auth._basic_auth_str(*basic)
+            return
+        params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
+        query = {"service": params.get("service", "")}
+        if scope:
+            query["scope"] = scope
+        try:
+            t = self.session.get(params.get("realm", ""), params=query, auth=basic, timeout=self.timeout)
+        except (requests.ConnectionError, requests.Timeout, requests.exceptions.MissingSchema) as e:
+            raise Transient(f"token service of {self.reg.host} unreachable ({type(e).__name__})") from None
+        if t.status_code in (401, 403) and not self.creds:
+            raise self._missing()
+        if t.status_code in (401, 403):
+            raise UsageError(f"registry {self.reg.host} refused the credentials given (token HTTP {t.status_code})")
+        token = (t.json() if t.ok else {}).get("token") or (t.json() if t.ok else {}).get("access_token")
+        if not token:
+            raise Transient(f"token service of {self.reg.host} answered HTTP {t.status_code}")
+        self._auth[scope] = f"Bearer {token}"
+
+    def ping(self) -> None:
+        r = self._get("")
+        if r.status_code != 200:
+            raise EnvironmentProblem(f"{self.reg.api_base} is not a container registry (HTTP {r.status_code})")
+
+    def manifest(self, image: Image, tag: str) -> Remote | None:
+        name = f"{self.reg.namespace}/{image.repository}"
+        r = self._get(f"{name}/manifests/{tag}", f"repository:{name}:pull", Accept=_ACCEPT)
+        if r.status_code == 404:
+            return None
+        if r.status_code != 200:
+            raise Transient(f"reading {name}:{tag} answered HTTP {r.status_code}")
+        digest = "sha256:" + hashlib.sha256(r.content).hexdigest()
+        claimed = r.headers.get("Docker-Content-Digest", digest)
+        if claimed != digest:
+            raise PublishError(f"registry {self.reg.host} served {name}:{tag} with digest {claimed} but its bytes hash to {digest}")
+        return Remote(digest, (r.json().get("config") or {}).get("digest"))
+
+
+@dataclass
+class Move:
+    image: Image
+    image_id: str
+    tag: str
+    immutable: bool
+    before: Remote | None = None
+    after: Remote | None = None
+
+    def target(self, reg: Registry) -> str:
+        return f"{reg.repository(self.image)}:{self.tag}"
+
+    @property
+    def in_place(self) -> bool:
+        return self.before is not None and self.before.config == self.image_id
+
+
+def tested_id(c: docker.DockerClient, image: Image) -> str:
+    """The local image ID of the row, refusing one never built or never tested."""
+    ref = image.refs()[0]
+    build_cmd = f"python build.py --torch {image.torch} --cuda {image.cuda}"
+    try:
+        image_id = c.images.get(ref).id
+    except docker.errors.ImageNotFound:
+        raise UsageError(f"{image.name} was never built here (no {ref}); build and test it first: {build_cmd}") from None
+    if tags.passed(image_id) is None:
+        raise UsageError(f"{ref} ({image_id[:19]}) never passed its tests here; nothing pushed (run {build_cmd} or build.py test)")
+    return image_id
+
+
+def plan(c: docker.DockerClient, api: RegistryAPI, images: list[Image], retry: Callable) -> list[Move]:
+    """Immutable tags of every row first, then the aliases; each with where it is now."""
+    ids = {i.name: tested_id(c, i) for i in images}
+    retry(api.ping, "contacting the registry")
+    moves = [Move(i, ids[i.name], i.tags[0], True) for i in images]
+    moves += [Move(i, ids[i.name], t, False) for i in images for t in i.tags[1:]]
+    for mv in moves:
+        mv.before = retry(lambda: api.manifest(mv.image, mv.tag), f"reading {mv.target(api.reg)}")
+    return moves
+
+
+def describe(mv: Move, reg: Registry, now: Remote | None, unknown: str = "") -> str:
+    if unknown:
+        state = f"unknown ({unknown})"
+    elif now is None:
+        state = "absent"
+    elif now.config == mv.image_id:
+        state = f"at this image ({now.digest})"
+    else:
+        state = f"at another image ({now.digest}, config {now.config})"
+    return f"{mv.target(reg)}: {state}"
+
+
+def where(api: RegistryAPI, moves: list[Move]) -> list[str]:
+    """Where every tag of the run is now, read from the registry (one try each)."""
+    out = []
+    for mv in moves:
+        try:
+            out.append(describe(mv, api.reg, api.manifest(mv.image, mv.tag)))
+        except (Transient, UsageError, PublishError) as e:
+            out.append(describe(mv, api.reg, None, unknown=str(e)))
+    return out
+
+
+def push_one(c: docker.DockerClient, mv: Move, reg: Registry, creds: dict | None) -> str:
+    """Tag locally under the registry's name, push, untag; return the pushed digest."""
+    repo = reg.repository(mv.image)
+    c.images.get(mv.image_id).tag(repo, mv.tag)
+    try:
+        digest = None
+        try:
+            for ev in c.api.push(repo, tag=mv.tag, stream=True, decode=True, auth_config=creds):
+                err = ev.get("error") or (ev.get("errorDetail") or {}).get("message")
+                if err:
+                    raise (PublishError if _PERMANENT.search(err) else Transient)(f"pushing {repo}:{mv.tag}: {err}")
+                digest = (ev.get("aux") or {}).get("Digest", digest)
+        except (docker.errors.APIError, requests.ConnectionError) as e:
+            raise Transient(f"pushing {repo}:{mv.tag}: {e}") from None
+        if not digest:
+            raise Transient(f"pushing {repo}:{mv.tag}: the daemon reported no digest")
+        return digest
+    finally:
+        try:
+            c.images.remove(f"{repo}:{mv.tag}", noprune=True)
+        except docker.errors.APIError:
+            pass
+
+
+def execute(c: docker.DockerClient, api: RegistryAPI, moves: list[Move], creds: dict | None,
+            retry: Callable, log: Callable[[str], None]) -> None:
+    reg = api.reg
+    for mv in moves:
+        if mv.in_place:
+            mv.after = mv.before
+            log(f"{mv.target(reg)} already at this image ({mv.before.digest}); skipped")
+            continue
+        log(f"pushing {mv.target(reg)} ({mv.image_id[:19]})")
+        pushed = retry(lambda: push_one(c, mv, reg, creds), f"pushing {mv.target(reg)}")
+        mv.after = retry(lambda: api.manifest(mv.image, mv.tag), f"reading back {mv.target(reg)}")
+        if mv.after is None or mv.after.digest != pushed or mv.after.config != mv.image_id:
+            raise PublishError(f"read-back of {mv.target(reg)} does not match the push: pushed {pushed} of {mv.image_id}, registry has {mv.after}")
+
+
+def publish(c: docker.DockerClient, images: list[Image], reg: Registry, *, push: bool, ca_bundle: str | None,
+            attempts: int, backoff: float, log: Callable[[str], None]) -> list[Move]:
+    creds = credentials(reg)
+    api = RegistryAPI(reg, creds, ca_bundle)
+
+    def retry(fn: Callable, what: str):
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            log(f"{what}: {state.outcome.exception()}; retry {state.attempt_number + 1}/{attempts} in {state.next_action.sleep:.0f}s")
+        r = tenacity.Retrying(stop=tenacity.stop_after_attempt(attempts), reraise=True,
+                              wait=tenacity.wait_exponential(multiplier=backoff, max=60),
+                              retry=tenacity.retry_if_exception_type(Transient), before_sleep=before_sleep)
+        return r(fn)
+
+    try:
+        moves = plan(c, api, images, retry)
+    except Transient as e:
+        raise EnvironmentProblem(f"{e}; nothing pushed") from None
+    if not push:
+        return moves
+    try:
+        execute(c, api, moves, creds, retry, log)
+    except (Transient, PublishError) as e:
+        raise PublishError(f"publish to {reg} stopped: {e}; aliases not moved past this point. Tags now:", where(api, moves)) from None
+    except KeyboardInterrupt:
+        log("interrupted; tags now: " + "; ".join(where(api, moves)))
+        raise
+    return moves
