@@ -250,12 +250,12 @@ def push_one(c: docker.DockerClient, mv: Move, reg: Registry, creds: dict | None
             for ev in c.api.push(repo, tag=mv.tag, stream=True, decode=True, auth_config=creds):
                 err = ev.get("error") or (ev.get("errorDetail") or {}).get("message")
                 if err:
-                    raise (PublishError if _PERMANENT.search(err) else Transient)(f"pushing {repo}:{mv.tag}: {err}")
+                    raise (PublishError if _PERMANENT.search(err) else Transient)(err)
                 digest = (ev.get("aux") or {}).get("Digest", digest)
         except (docker.errors.APIError, requests.ConnectionError) as e:
-            raise Transient(f"pushing {repo}:{mv.tag}: {e}") from None
+            raise Transient(str(e)) from None
         if not digest:
-            raise Transient(f"pushing {repo}:{mv.tag}: the daemon reported no digest")
+            raise Transient("the daemon reported no digest")
         return digest
     finally:
         try:
@@ -273,8 +273,11 @@ def execute(c: docker.DockerClient, api: RegistryAPI, moves: list[Move], creds: 
             log(f"{mv.target(reg)} already at this image ({mv.before.digest}); skipped")
             continue
         log(f"pushing {mv.target(reg)} ({mv.image_id[:19]})")
-        pushed = retry(lambda: push_one(c, mv, reg, creds), f"pushing {mv.target(reg)}")
-        mv.after = retry(lambda: api.manifest(mv.image, mv.tag), f"reading back {mv.target(reg)}")
+        try:
+            pushed = retry(lambda: push_one(c, mv, reg, creds), f"pushing {mv.target(reg)}")
+            mv.after = retry(lambda: api.manifest(mv.image, mv.tag), f"reading back {mv.target(reg)}")
+        except (Transient, PublishError) as e:
+            raise PublishError(f"{mv.target(reg)}: {e}") from None
         if mv.after is None or mv.after.digest != pushed or mv.after.config != mv.image_id:
             raise PublishError(f"read-back of {mv.target(reg)} does not match the push: pushed {pushed} of {mv.image_id}, registry has {mv.after}")
 
@@ -286,7 +289,7 @@ def publish(c: docker.DockerClient, images: list[Image], reg: Registry, *, push:
 
     def retry(fn: Callable, what: str):
         def before_sleep(state: tenacity.RetryCallState) -> None:
-            log(f"{what}: {state.outcome.exception()}; retry {state.attempt_number + 1}/{attempts} in {state.next_action.sleep:.0f}s")
+            log(f"{what} failed: {state.outcome.exception()}; attempt {state.attempt_number + 1}/{attempts} in {state.next_action.sleep:.0f}s")
         r = tenacity.Retrying(stop=tenacity.stop_after_attempt(attempts), reraise=True,
                               wait=tenacity.wait_exponential(multiplier=backoff, max=60),
                               retry=tenacity.retry_if_exception_type(Transient), before_sleep=before_sleep)
@@ -301,7 +304,7 @@ def publish(c: docker.DockerClient, images: list[Image], reg: Registry, *, push:
     try:
         execute(c, api, moves, creds, retry, log)
     except (Transient, PublishError) as e:
-        raise PublishError(f"publish to {reg} stopped: {e}; aliases not moved past this point. Tags now:", where(api, moves)) from None
+        raise PublishError(f"publish to {reg} stopped at {e}; nothing after it was pushed. Tags now:", where(api, moves)) from None
     except KeyboardInterrupt:
         log("interrupted; tags now: " + "; ".join(where(api, moves)))
         raise

@@ -1,0 +1,191 @@
+"""Publishing the tested (2.7, 12.1) image to a real registry on 127.0.0.1.
+
+The registry is Debian's docker-registry, started here; the tests stop it mid-push,
+put it in read-only mode and put it behind htpasswd, and check that aliases never move
+before every immutable tag is verified in place, and that a retry completes the job.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers import ROOT, run_build_py, shown
+from registry import BINARY, LocalRegistry
+
+from conftest import IN_CI
+from pytorch_cuda_build import matrix, tag
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+DEFAULT = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
+RESULTS = ROOT / "build-results" / DEFAULT.name
+FAST = {"PYTORCH_CUDA_RETRY_BACKOFF": "0.2"}
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    if BINARY is None:
+        if IN_CI:
+            pytest.fail("CI needs docker-registry (build.py selftest installs it)")
+        pytest.skip("no docker-registry binary: run `python build.py selftest` or apt-get install docker-registry")
+    reg = LocalRegistry(tmp_path_factory.mktemp("registry")).start()
+    yield reg
+    reg.stop()
+
+
+@pytest.fixture(scope="module")
+def image_id(docker_client):
+    """The row built and tested, as the README builds it (instant when already tested)."""
+    proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.1", "--quiet", timeout=3600)
+    assert proc.returncode == 0, shown(proc)
+    return docker_client.images.get(DEFAULT.refs()[0]).id
+
+
+def publish(address: str, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return run_build_py(ROOT, "publish", "--torch", "2.7", "--cuda", "12.1", "--registry", address, *extra,
+                        env={**FAST, **(env or {})}, timeout=1800)
+
+
+def remote_state(reg: LocalRegistry, namespace: str) -> dict[str, str | None]:
+    """tag -> config digest (the image ID it holds) in the registry, None if absent."""
+    out = {}
+    for tag in DEFAULT.tags:
+        found = reg.manifest(f"{namespace}/{DEFAULT.repository}", tag)
+        out[tag] = found[1]["config"]["digest"] if found else None
+    return out
+
+
+def test_dry_run_prints_the_moves_and_pushes_nothing(registry, image_id):
+    proc = publish(registry.address("dry"))
+    assert proc.returncode == 0, shown(proc)
+    assert proc.stdout.count("would push") == 3 and "dry run: nothing pushed" in proc.stdout
+    assert registry.catalog() == []
+
+
+def test_registry_stopped_mid_push_moves_no_alias_and_a_retry_completes(registry, image_id, docker_client):
+    proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "publish", "--torch", "2.7", "--cuda", "12.1",
+                             "--registry", registry.address("ml"), "--push", "--retries", "2"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **FAST})
+    assert registry.wait_for_log("POST /v2/ml/pytorch-cuda/blobs/uploads/", timeout=300), registry.log.read_text()[-2000:]
+    registry.stop()  # killed while layers upload
+    out, err = proc.communicate(timeout=900)
+    assert proc.returncode == 1, f"exit {proc.returncode}\n{out}\n{err}"
+    assert "stopped at" in err and "Tags now:" in err, err
+    assert f"{registry.address('ml')}/pytorch-cuda:v2.7: unknown (registry 127.0.0.1" in err, err
+    assert not docker_client.images.list(name=f"{registry.host}/ml/pytorch-cuda")  # no local push tag left
+
+    registry.start()
+    state = remote_state(registry, "ml")
+    assert state[DEFAULT.tags[1]] is None and state[DEFAULT.tags[2]] is None, state  # aliases never moved
+
+    again = publish(registry.address("ml"), "--push")
+    assert again.returncode == 0, shown(again)
+    assert again.stdout.count("pushed, verified") == 3, again.stdout
+    assert remote_state(registry, "ml") == {t: image_id for t in DEFAULT.tags}
+    published = json.loads((RESULTS / "published.json").read_text())
+    assert published["image_id"] == image_id and published["tags"] == DEFAULT.tags
+    assert registry.manifest("ml/pytorch-cuda", published["digest"])[0] == published["digest"]
+
+
+def test_republish_is_idempotent(registry, image_id):
+    proc = publish(registry.address("ml"), "--push")
+    assert proc.returncode == 0, shown(proc)
+    assert proc.stdout.count("already there") == 3 and "pushing" not in proc.stderr, shown(proc)
+
+
+def test_read_only_registry_moves_nothing_then_recovers(registry, image_id):
+    registry.start(readonly=True)
+    try:
+        proc = publish(registry.address("ro"), "--push", "--retries", "2")
+        assert proc.returncode == 1, shown(proc)
+        assert "attempt 2/2" in proc.stderr, proc.stderr  # retried with backoff before giving up
+        for tag in DEFAULT.tags:
+            assert f"{registry.address('ro')}/pytorch-cuda:{tag}: absent" in proc.stderr, proc.stderr
+    finally:
+        registry.start()
+    assert remote_state(registry, "ro") == {t: None for t in DEFAULT.tags}
+    proc = publish(registry.address("ro"), "--push")
+    assert proc.returncode == 0, shown(proc)
+    assert remote_state(registry, "ro") == {t: image_id for t in DEFAULT.tags}
+
+
+@pytest.mark.parametrize("address, needle", [
+    ("http://127.0.0.1:5000/ml", "malformed registry address"),
+    ("127.0.0.1:5000", "malformed registry address"),
+    ("127.0.0.1:5000/ML", "malformed registry address"),
+    ("127.0.0.1:99999/ml", "port 99999 is not 1-65535"),
+    ("127.0.0.1:1/ml", "registry 127.0.0.1:1 unreachable"),
+])
+def test_bad_registry_address_is_one_line_and_pushes_nothing(address, needle, image_id):
+    proc = publish(address, "--push", "--retries", "1")
+    assert proc.returncode == 2, shown(proc)
+    assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "pushing" not in proc.stderr
+
+
+def test_row_never_built_or_never_tested_pushes_nothing(registry, docker_client, image_id):
+    proc = run_build_py(ROOT, "publish", "--torch", "2.6", "--registry", registry.address("gate"), "--push")
+    assert proc.returncode == 2 and "was never built here" in proc.stderr, shown(proc)
+    # An image under the 12.6 row's immutable tag that no test run ever recorded.
+    other = DEFAULT.repository + ":2.7.1-cuda12.6-runtime"
+    try:
+        real = docker_client.images.get(other)  # a real 12.6 build on this machine: put it back after
+    except Exception:
+        real = None
+    untested = docker_client.images.list(name="pytorch-cuda-rootfs")[0]
+    untested.tag(*other.split(":"))
+    try:
+        proc = run_build_py(ROOT, "publish", "--torch", "2.7", "--cuda", "12.6", "--registry", registry.address("gate"), "--push")
+        assert proc.returncode == 2 and "never passed its tests" in proc.stderr, shown(proc)
+    finally:
+        docker_client.images.remove(other, noprune=True)
+        if real is not None:
+            real.tag(*other.split(":"))
+    assert "gate/pytorch-cuda" not in registry.catalog()
+
+
+def test_credentials_are_required_used_and_never_printed(tmp_path, image_id):
+    secret = "s3cret-Pa55word-for-tests"
+    reg = LocalRegistry(tmp_path).start(users={"ci": secret})
+    try:
+        proc = publish(reg.address("auth"))
+        assert proc.returncode == 2 and "needs credentials" in proc.stderr, shown(proc)
+        wrong = publish(reg.address("auth"), env={"PYTORCH_CUDA_REGISTRY_USER": "ci", "PYTORCH_CUDA_REGISTRY_PASSWORD": "nope"})
+        assert wrong.returncode == 2 and "refused the credentials" in wrong.stderr, shown(wrong)
+        good = publish(reg.address("auth"), env={"PYTORCH_CUDA_REGISTRY_USER": "ci", "PYTORCH_CUDA_REGISTRY_PASSWORD": secret})
+        assert good.returncode == 0 and good.stdout.count("would push") == 3, shown(good)
+        for p in (proc, wrong, good):
+            assert secret not in p.stdout + p.stderr
+    finally:
+        reg.stop()
+
+
+def test_published_image_pulled_back_by_digest_passes_its_smoke_suite(registry, image_id, docker_client):
+    """Done-when of the publish issue: delete the image here, pull it by digest, test it."""
+    published = json.loads((RESULTS / "published.json").read_text())
+    by_digest = f"{published['repository']}@{published['digest']}"
+    docker_client.images.remove(image_id, force=True)
+    try:
+        pulled = docker_client.images.pull(by_digest)
+        assert pulled.id == image_id  # the very image that passed, byte for byte
+        proc = run_build_py(ROOT, "test", "--torch", "2.7", "--cuda", "12.1", "--image", by_digest, timeout=1800)
+        assert proc.returncode == 0, shown(proc)
+        assert "passed the smoke and structure tests" in proc.stdout
+    finally:  # put the public tags back on the (identical) image, or rebuild if the pull failed
+        if _exists(docker_client, image_id):
+            tag.promote(docker_client, DEFAULT, image_id)
+        else:
+            restored = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.1", "--quiet", timeout=3600)
+            assert restored.returncode == 0, shown(restored)
+
+
+def _exists(client, image_id: str) -> bool:
+    try:
+        client.images.get(image_id)
+        return True
+    except Exception:
+        return False

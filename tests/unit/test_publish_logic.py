@@ -1,0 +1,104 @@
+"""Publish and matrix logic that needs no daemon: addresses, credentials, the CI matrix."""
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+from helpers import ROOT, run_build_py
+
+from pytorch_cuda_build import matrix, propose, publish
+from pytorch_cuda_build.errors import UsageError
+
+MATRIX = matrix.load(ROOT / "matrix.yaml")
+
+
+@pytest.mark.parametrize(("text", "host", "ns", "api"), [
+    ("127.0.0.1:5000/ml", "127.0.0.1:5000", "ml", "http://127.0.0.1:5000/v2/"),
+    ("localhost/team/images", "localhost", "team/images", "http://localhost/v2/"),
+    ("ghcr.io/acme", "ghcr.io", "acme", "https://ghcr.io/v2/"),
+    ("registry.example.com:8443/ml-infra", "registry.example.com:8443", "ml-infra", "https://registry.example.com:8443/v2/"),
+    ("docker.io/acme", "docker.io", "acme", "https://registry-1.docker.io/v2/"),
+    ("[::1]:5000/ml", "[::1]:5000", "ml", "http://[::1]:5000/v2/"),
+])
+def test_registry_addresses(text, host, ns, api):
+    reg = publish.Registry.parse(text)
+    assert (reg.host, reg.namespace, reg.api_base) == (host, ns, api)
+    assert reg.repository(MATRIX.images[0]) == f"{host}/{ns}/pytorch-cuda"
+
+
+@pytest.mark.parametrize("text", ["", "127.0.0.1:5000", "https://ghcr.io/acme", "ghcr.io/Acme", "ghcr.io/acme:tag",
+                                  "ghcr.io//acme", "ghcr.io/acme/", "-bad.io/acme", "host:0/ml", "host:70000/ml", "host:x/ml"])
+def test_malformed_registry_addresses_are_usage_errors(text):
+    with pytest.raises(UsageError, match="malformed registry address"):
+        publish.Registry.parse(text)
+
+
+def test_credentials_from_the_environment_need_both(monkeypatch, tmp_path):
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))  # no docker login here
+    reg = publish.Registry.parse("ghcr.io/acme")
+    monkeypatch.delenv(publish.USER_ENV, raising=False)
+    monkeypatch.delenv(publish.PASSWORD_ENV, raising=False)
+    assert publish.credentials(reg) is None
+    monkeypatch.setenv(publish.USER_ENV, "bot")
+    with pytest.raises(UsageError, match="set both"):
+        publish.credentials(reg)
+    monkeypatch.setenv(publish.PASSWORD_ENV, "pw")
+    assert publish.credentials(reg) == {"username": "bot", "password": "pw"}
+
+
+def test_credentials_from_docker_login(monkeypatch, tmp_path):
+    monkeypatch.delenv(publish.USER_ENV, raising=False)
+    monkeypatch.delenv(publish.PASSWORD_ENV, raising=False)
+    auth = base64.b64encode(b"robot:t0ken").decode()
+    (tmp_path / "config.json").write_text(json.dumps({"auths": {"registry.example.com:8443": {"auth": auth}}}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    assert publish.credentials(publish.Registry.parse("registry.example.com:8443/ml")) == {"username": "robot", "password": "t0ken"}
+    assert publish.credentials(publish.Registry.parse("ghcr.io/acme")) is None
+
+
+def test_matrix_json_is_the_fan_out():
+    proc = run_build_py(ROOT, "matrix", "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)["include"]
+    assert [r["image"] for r in rows] == [i.name for i in MATRIX.images]
+    default = next(r for r in rows if r["image"] == "2.7.1-cuda12.1-runtime")
+    assert default["tags"] == ["2.7.1-cuda12.1-runtime", "v2.7-cuda12.1", "v2.7"] and default["default"]
+    assert default["build_args"] == "--torch 2.7.1 --cuda 12.1 --flavor runtime"
+    for r in rows:  # every row's build_args select exactly that row
+        t, c = r["build_args"].split()[1], r["build_args"].split()[3]
+        assert MATRIX.select(t, c).name == r["image"]
+
+
+def test_new_releases_are_newer_minors_and_newer_patches():
+    have = MATRIX  # newest rows: 2.14.1 and 2.15.0
+    versions = ["2.3.1", "2.14.0", "2.14.1", "2.14.2", "2.15.0", "2.16.0rc1", "2.16.0", "2.16.1", "2.17.0.dev1"]
+    assert propose.new_releases(have, versions) == ["2.14.2", "2.16.1"]
+    assert propose.new_releases(have, ["2.15.0", "2.4.1"]) == []
+    assert "no torch release" in propose.render([])
+
+
+def test_propose_reads_the_pins_from_the_index(tmp_path):
+    """Against the real index: drop the newest row and get it proposed back, same pins."""
+    text = (ROOT / "matrix.yaml").read_text()
+    newest = MATRIX.images[-1]
+    cut = text.index(f"  - torch: {newest.torch}")
+    (tmp_path / "matrix.yaml").write_text(text[:cut])
+    proc = run_build_py(ROOT, "--matrix", str(tmp_path / "matrix.yaml"), "matrix", "--propose", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert (f"  - torch: {newest.torch}\n    cuda: \"{newest.cuda}\"\n    wheel_cuda: \"{newest.wheel_cuda}\"\n"
+            f"    cudnn: {newest.cudnn}\n    nccl: {newest.nccl}\n") in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize(("args", "text"), [
+    (["publish", "--registry", "127.0.0.1:5000/ml"], "pick the rows"),
+    (["publish", "--all", "--torch", "2.7", "--registry", "127.0.0.1:5000/ml"], "pick the rows"),
+    (["publish", "--torch", "2.7"], "no registry"),
+    (["publish", "--torch", "2.7", "--registry", "127.0.0.1:5000/ml", "--retries", "0"], "--retries must be at least 1"),
+    (["--torch", "2.7", "--push"], "no registry"),  # before an hour of building, not after
+    (["--torch", "2.7", "--push", "--registry", "https://ghcr.io/acme"], "malformed registry address"),
+])
+def test_publish_usage_errors_are_one_line(args, text):
+    proc = run_build_py(ROOT, *args, env={"DOCKER_HOST": "unix:///nonexistent/docker.sock", "PYTORCH_CUDA_REGISTRY": ""})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: ") and text in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -1,0 +1,65 @@
+"""The GitHub Actions workflow: valid for actionlint, and consistent with build.py."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import ROOT
+
+from pytorch_cuda_build import cli, matrix
+
+WORKFLOW = ROOT / ".github" / "workflows" / "images.yml"
+
+
+def actionlint() -> str:
+    found = Path(sys.executable).with_name("actionlint")
+    path = str(found) if found.exists() else shutil.which("actionlint")
+    if not path:
+        pytest.fail("actionlint missing: it comes with build.py's .venv (pytorch_cuda_build/requirements.txt)")
+    return path
+
+
+def test_actionlint_accepts_the_workflow():
+    proc = subprocess.run([actionlint(), "-no-color", str(WORKFLOW)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_actionlint_catches_a_broken_workflow(tmp_path):
+    """The check above can fail: a typo'd expression and an unknown runner key are caught."""
+    broken = WORKFLOW.read_text().replace("needs.matrix.outputs.rows", "needs.matrx.outputs.rows")
+    broken = broken.replace("timeout-minutes: 20", "timeout-minuts: 20")
+    (tmp_path / "broken.yml").write_text(broken)
+    proc = subprocess.run([actionlint(), "-no-color", str(tmp_path / "broken.yml")], capture_output=True, text=True)
+    assert proc.returncode == 1 and "matrx" in proc.stdout and "timeout-minuts" in proc.stdout, proc.stdout
+
+
+def _jobs() -> dict:
+    return yaml.safe_load(WORKFLOW.read_text())["jobs"]
+
+
+def test_every_build_py_call_is_a_real_command():
+    runs = " ".join(s.get("run", "") for j in _jobs().values() for s in j["steps"])
+    called = set(re.findall(r"build\.py (\w+)", runs))
+    assert called and called <= set(cli.COMMANDS), called - set(cli.COMMANDS)
+
+
+def test_fan_out_uses_matrix_json_keys_that_exist():
+    text = WORKFLOW.read_text()
+    used = set(re.findall(r"\$\{\{\s*matrix\.(\w+)", text))
+    row = matrix.as_json(matrix.load(ROOT / "matrix.yaml"))["include"][0]
+    assert used and used <= set(row), used - set(row)
+    assert "build.py matrix --json" in _jobs()["matrix"]["steps"][-1]["run"]
+
+
+def test_publish_only_after_a_tested_build_and_never_on_pull_requests():
+    jobs = _jobs()
+    build = jobs["build"]
+    steps = [s.get("name", "") for s in build["steps"]]
+    assert steps.index("Build, smoke-test and tag") < steps.index("Publish the tested image (immutable tag, then aliases)")
+    assert "pull_request" not in jobs["matrix"]["if"]
+    assert not any("publish" in s.get("run", "") for s in jobs["pr-build"]["steps"])
