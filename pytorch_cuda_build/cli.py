@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import signal
@@ -14,10 +15,12 @@ import sys
 from pathlib import Path
 
 from . import base, bench, build, docker_env, lock, matrix, publish, render, sbom, tag, test, verify
+import docker.errors
+import requests
 from filelock import FileLock, Timeout
 
 from . import files
-from .errors import EnvironmentProblem, PipelineError, UsageError
+from .errors import BuildError, EnvironmentProblem, PipelineError, UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = ("build", "list", "matrix", "lock", "render", "test", "publish", "prune", "selftest", "bench", "sbom", "verify")
@@ -162,7 +165,19 @@ def cmd_list(m: matrix.Matrix, args) -> int:
     return 0
 
 
+def _writing_images() -> FileLock:
+    """One writer of images/ at a time per checkout: two `lock`/`render` runs never interleave files."""
+    base.STATE_DIR.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]
+    return FileLock(str(base.STATE_DIR / f"images-{key}.lock"))
+
+
 def cmd_lock(m: matrix.Matrix, args) -> int:
+    with _writing_images():
+        return _lock(m, args)
+
+
+def _lock(m: matrix.Matrix, args) -> int:
     images = [m.select(args.torch, args.cuda, args.flavor)] if args.torch else list(m.images)
     if args.check:
         lock.check(ROOT, images)
@@ -191,7 +206,8 @@ def cmd_render(m: matrix.Matrix, args) -> int:
         render.check(ROOT, m, list(m.images))
         print(f"rendered files current for {len(m.images)} image(s)")
     else:
-        render.write(ROOT, m, list(m.images), log=log)
+        with _writing_images():
+            render.write(ROOT, m, list(m.images), log=log)
     return 0
 
 
@@ -244,7 +260,12 @@ def _build(image: matrix.Image, args) -> int:
         base_id = base.ensure(c, image, results, log)
     log(f"building {image.name} with {bc.description} (log: {results / 'build.log'})")
     with timer("build"):
-        image_id = build.run(bc, ROOT, image, results / "build.log", ca, args.no_cache, echo=not args.quiet, base_id=base_id)
+        try:
+            image_id = build.run(bc, ROOT, image, results / "build.log", ca, args.no_cache, echo=not args.quiet, base_id=base_id)
+        except BuildError:
+            if not docker_env.answers(c):  # not a failing step: the daemon itself went away
+                raise docker_env.lost("the build") from None
+            raise
     if args.no_test:
         log(f"built candidate {build.candidate_ref(image)} ({image_id[:19]}); --no-test: no public tag set")
         return 0
@@ -437,8 +458,10 @@ def main(argv: list[str] | None = None) -> int:
     first = next((a for a in argv[skip:] if not a.startswith("-")), None)
     if first not in COMMANDS and not {"-h", "--help"} & set(argv):
         argv.insert(skip, "build")  # `build.py --torch 2.7` means `build.py build --torch 2.7`
+    args = command = None
     try:
         args = parser().parse_args(argv)
+        command = args.command
         m = matrix.load(args.matrix)
         handler = {"build": cmd_build, "list": cmd_list, "lock": cmd_lock, "render": cmd_render,
                    "test": cmd_test, "publish": cmd_publish, "matrix": cmd_matrix, "prune": cmd_prune, "selftest": cmd_selftest, "bench": cmd_bench, "sbom": cmd_sbom, "verify": cmd_verify}[args.command]
@@ -448,5 +471,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {line}" if line == e.lines()[0] else line, file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print("error: interrupted; no tag was moved and the candidate's containers were removed", file=sys.stderr)
+        if command == "publish" or getattr(args, "push", False):
+            print("error: interrupted; no alias moved after the interrupt (where every tag is: the line above)", file=sys.stderr)
+        else:
+            print("error: interrupted; no tag was moved and the candidate's containers were removed", file=sys.stderr)
         return 130
+    except (docker.errors.DockerException, requests.exceptions.ConnectionError) as e:
+        # The SDK lost the daemon between two calls (it was up when the command started).
+        err = docker_env.lost(f"`{command}`", e)
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code

@@ -34,6 +34,19 @@ def client() -> docker.DockerClient:
         raise EnvironmentProblem(f"no Docker daemon answers at {daemon_address()}: {_short(e)}") from None
 
 
+def lost(during: str, e: Exception | None = None) -> EnvironmentProblem:
+    """The daemon went away mid-run (stopped, crashed, restarted)."""
+    why = f": {_short(e)}" if e is not None else ""
+    return EnvironmentProblem(f"the Docker daemon at {daemon_address()} stopped answering during {during}{why}; no tag moved")
+
+
+def answers(c: docker.DockerClient) -> bool:
+    try:
+        return bool(c.ping())
+    except Exception:
+        return False
+
+
 def _short(e: Exception) -> str:
     text = str(e).splitlines()[0] if str(e) else type(e).__name__
     return text[:200]

@@ -23,6 +23,21 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "docker: needs a Docker daemon (a failure in CI when absent)")
     config.addinivalue_line("markers", "gpu: needs the NVIDIA container runtime and a GPU")
     config.addinivalue_line("markers", "slow: builds an image")
+    config.addinivalue_line("markers", "fault: a fault-injection scenario (counted at the end of the run)")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How many fault-injection scenarios ran and passed (issue: faults, interruption, concurrency)."""
+    counts: dict[str, int] = {}
+    for outcome in ("passed", "failed", "error", "skipped"):
+        for rep in terminalreporter.stats.get(outcome, []):
+            if "fault" in getattr(rep, "keywords", {}) and (rep.when == "call" or outcome != "passed"):
+                counts[outcome] = counts.get(outcome, 0) + 1
+    if counts:
+        ran = counts.get("passed", 0) + counts.get("failed", 0) + counts.get("error", 0)
+        terminalreporter.write_line(
+            f"fault-injection scenarios: {ran} ran, {counts.get('passed', 0)} passed, "
+            f"{counts.get('failed', 0) + counts.get('error', 0)} failed, {counts.get('skipped', 0)} skipped")
 
 
 @pytest.fixture(scope="session")

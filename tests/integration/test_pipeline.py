@@ -107,6 +107,7 @@ def test_test_command_on_the_built_image(built):
     assert "passed the smoke and structure tests" in proc.stdout
 
 
+@pytest.mark.fault
 def test_failing_smoke_suite_moves_no_tag(built, docker_client, tmp_path):
     root = project_copy(tmp_path / "p")
     smoke = root / "pytorch_cuda_runtime" / "bin" / "pytorch-cuda-smoke"
@@ -121,6 +122,7 @@ def test_failing_smoke_suite_moves_no_tag(built, docker_client, tmp_path):
     assert not leftover_containers(docker_client)
 
 
+@pytest.mark.fault
 def test_failing_build_step_is_named_with_the_log_tail(built, docker_client, tmp_path):
     root = project_copy(tmp_path / "p")
     tpl = root / "templates" / "runtime.j2"
@@ -266,6 +268,7 @@ def test_ca_secret_is_in_no_layer_history_or_label(built, docker_client):
     assert not hits, f"private CA certificate found in: {hits}"
 
 
+@pytest.mark.fault
 def test_interrupt_during_the_smoke_suite_cleans_up(built, docker_client, tmp_path):
     import os
     import signal

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -65,6 +66,7 @@ def test_dry_run_prints_the_moves_and_pushes_nothing(registry, image_id):
     assert registry.catalog() == []
 
 
+@pytest.mark.fault
 def test_registry_stopped_mid_push_moves_no_alias_and_a_retry_completes(registry, image_id, docker_client):
     proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "publish", "--torch", "2.7", "--cuda", "12.1",
                              "--registry", registry.address("ml"), "--push", "--retries", "2"],
@@ -97,6 +99,7 @@ def test_republish_is_idempotent(registry, image_id):
     assert proc.stdout.count("already there") == 3 and "pushing" not in proc.stderr, shown(proc)
 
 
+@pytest.mark.fault
 def test_read_only_registry_moves_nothing_then_recovers(registry, image_id):
     registry.start(readonly=True)
     try:
@@ -189,3 +192,21 @@ def _exists(client, image_id: str) -> bool:
         return True
     except Exception:
         return False
+
+
+@pytest.mark.fault
+def test_interrupt_during_a_push_moves_no_alias(tmp_path, image_id, docker_client):
+    reg = LocalRegistry(tmp_path).start()  # empty: the layers really upload
+    try:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "publish", "--torch", "2.7", "--cuda", "12.1",
+                                 "--registry", reg.address("int"), "--push"], cwd=ROOT, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        assert reg.wait_for_log("POST /v2/int/pytorch-cuda/blobs/uploads/", timeout=300), reg.log.read_text()[-2000:]
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, f"{out}\n{err}"
+        assert "error: interrupted; no alias moved" in err and f"{reg.address('int')}/pytorch-cuda:v2.7: absent" in err, err
+        assert reg.manifest("int/pytorch-cuda", "v2.7") is None and reg.manifest("int/pytorch-cuda", "v2.7-cuda12.1") is None
+        assert not docker_client.images.list(name=f"{reg.host}/int/pytorch-cuda")  # its push tag is gone
+    finally:
+        reg.stop()

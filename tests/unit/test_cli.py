@@ -98,6 +98,7 @@ def test_unreadable_ca_bundle(tmp_path):
     one_error_line(proc, 2, f"cannot read CA bundle {tmp_path / 'missing.pem'}")
 
 
+@pytest.mark.fault
 def test_no_docker_daemon_names_the_address():
     proc = run_build_py(ROOT, "--torch", "2.7", "--ca-bundle", "/dev/null", env=NO_DOCKER)
     one_error_line(proc, 2, "no Docker daemon answers at unix:///nonexistent/docker.sock")
@@ -149,6 +150,7 @@ def tiny_fs(tmp_path):
     subprocess.run(["umount", str(mnt)], check=False)
 
 
+@pytest.mark.fault
 def test_full_disk_leaves_the_old_file_whole(tiny_fs):
     target = tiny_fs / "requirements.lock"
     files.write_atomic(target, "old\n")
@@ -158,6 +160,7 @@ def test_full_disk_leaves_the_old_file_whole(tiny_fs):
     assert [p.name for p in tiny_fs.iterdir()] == ["requirements.lock"]
 
 
+@pytest.mark.fault
 def test_build_refuses_to_start_on_a_full_disk(tiny_fs):
     with pytest.raises(EnvironmentProblem, match=r"no disk space for a build: 0.0 GiB free"):
         build.check_disk(str(tiny_fs))

@@ -1,0 +1,201 @@
+"""Fault injection on real builds: interrupts, a dying daemon, a failing index, concurrency.
+
+Every scenario runs in a throwaway copy of the project whose matrix names another
+repository (pytorch-cuda-fault), so whatever goes wrong cannot touch the public
+pytorch-cuda tags; the tests also check that those tags did not move. The copy reuses
+this machine's base image and layer cache, so each build only redoes what a scenario
+changes. Run just these with `python3 build.py selftest -m fault`; the run ends with a
+count of the scenarios that ran and passed (marker `fault`, see conftest.py).
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, project_copy, run_build_py, shown, tree_snapshot
+
+from pytorch_cuda_build import docker_env, matrix, render
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.fault]
+
+MATRIX = matrix.load(ROOT / "matrix.yaml")
+DEFAULT = MATRIX.select("2.7", "12.1")
+FAULT_REPO = "pytorch-cuda-fault"
+
+
+def public_tags(client) -> dict[str, str | None]:
+    out = {}
+    for image in (DEFAULT, MATRIX.select("2.7", "12.6")):
+        for ref in image.refs():
+            try:
+                out[ref] = client.images.get(ref).id
+            except Exception:
+                out[ref] = None
+    return out
+
+
+def fault_tags(client) -> list[str]:
+    return sorted(t for img in client.images.list() for t in img.tags if t.startswith(FAULT_REPO + ":"))
+
+
+@pytest.fixture(scope="module")
+def built(docker_client):
+    """The default row built and tested: its layers are the cache every scenario reuses."""
+    proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.1", "--quiet", timeout=3600)
+    assert proc.returncode == 0, shown(proc)
+    yield
+    for img in docker_client.images.list():
+        for t in img.tags:
+            if t.startswith(FAULT_REPO):
+                docker_client.images.remove(t, noprune=False)
+
+
+def fault_copy(tmp: Path, client, runtime_steps: str = "") -> Path:
+    """A project copy publishing as pytorch-cuda-fault, with extra RUN steps near the end."""
+    root = project_copy(tmp)
+    mp = root / "matrix.yaml"
+    mp.write_text(mp.read_text().replace("repository: pytorch-cuda\n", f"repository: {FAULT_REPO}\n", 1))
+    if runtime_steps:
+        tpl = root / "templates" / "runtime.j2"
+        tpl.write_text(tpl.read_text().replace("USER trainer", runtime_steps + "\nUSER trainer", 1))
+    m = matrix.load(mp)
+    render.write(root, m, list(m.images), log=lambda s: None)
+    # Same base image under the copy's name, so the layer cache carries over.
+    ours, theirs = render.base_ref(DEFAULT), render.base_ref(m.select("2.7", "12.1"))
+    client.images.get(ours).tag(*theirs.rsplit(":", 1))
+    return root
+
+
+def start(root: Path, *args: str) -> subprocess.Popen:
+    """build.py in its own process group, as a terminal runs it (Ctrl-C reaches the group)."""
+    return subprocess.Popen([sys.executable, str(root / "build.py"), *args], cwd=root, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def wait_for(path: Path, needle: str, proc: subprocess.Popen, timeout: float = 900) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and needle in path.read_text(errors="replace"):
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"build.py ended (exit {proc.returncode}) before {needle!r} showed up: {proc.stderr.read()[-3000:]}")
+        time.sleep(0.5)
+    proc.kill()
+    pytest.fail(f"{needle!r} did not show up in {path} within {timeout:.0f}s")
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if ln.startswith("error: ")]
+
+
+def test_sigint_during_a_build_step_then_the_rerun_reuses_the_cache(built, docker_client, tmp_path):
+    root = fault_copy(tmp_path / "p", docker_client,
+                      'RUN echo "fault: layer before the interrupt" > /opt/pytorch-cuda/fault-before\nRUN sleep 120')
+    committed = tree_snapshot(root / "images")
+    before = public_tags(docker_client)
+    proc = start(root, "--torch", "2.7", "--cuda", "12.1", "--quiet", "--no-test")
+    log = root / "build-results" / DEFAULT.name / "build.log"
+    wait_for(log, "RUN sleep 120", proc)
+    time.sleep(3)
+    t0 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, f"{out}\n{err}"
+    assert time.monotonic() - t0 < 60, "did not stop promptly"
+    assert error_lines(err) == ["error: interrupted; no tag was moved and the candidate's containers were removed"], err
+    assert fault_tags(docker_client) == [] and public_tags(docker_client) == before
+    assert tree_snapshot(root / "images") == committed
+    # Again, without the sleep: the layer finished before the interrupt comes from the cache.
+    tpl = root / "templates" / "runtime.j2"
+    tpl.write_text(tpl.read_text().replace("RUN sleep 120\n", ""))
+    m = matrix.load(root / "matrix.yaml")
+    render.write(root, m, list(m.images), log=lambda s: None)
+    again = run_build_py(root, "--torch", "2.7", "--cuda", "12.1", "--quiet", "--no-test", timeout=1800)
+    assert again.returncode == 0, shown(again)
+    text = log.read_text()
+    step = re.search(r"^(#\d+) \[runtime [^\]]*\] RUN echo \"fault: layer before the interrupt\"", text, re.M)
+    assert step and f"{step.group(1)} CACHED" in text, text[-3000:]
+
+
+def test_daemon_killed_mid_build_is_named_and_moves_no_tag(built, docker_client, tmp_path):
+    root = fault_copy(tmp_path / "p", docker_client, "RUN sleep 120")
+    before = public_tags(docker_client)
+    proc = start(root, "--torch", "2.7", "--cuda", "12.1", "--quiet", "--no-test")
+    wait_for(root / "build-results" / DEFAULT.name / "build.log", "RUN sleep 120", proc)
+    pidfile = Path("/var/run/docker.pid")
+    if os.environ.get("DOCKER_HOST") or not pidfile.exists():
+        pytest.skip("the daemon is not the local one engine.sh starts: not ours to kill")
+    pid = int(pidfile.read_text())
+    os.kill(pid, signal.SIGKILL)  # the daemon dies, it is not asked to stop
+    try:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 2, f"{out}\n{err}"
+        lines = error_lines(err)
+        assert len(lines) == 1 and f"the Docker daemon at {docker_env.daemon_address()} stopped answering during the build" in lines[0], err
+        assert "Traceback" not in err
+    finally:
+        up = subprocess.run(["bash", str(docker_env.ENGINE_SCRIPT)], capture_output=True, text=True, timeout=600)
+        assert up.returncode == 0, up.stdout + up.stderr
+    assert public_tags(docker_client) == before and fault_tags(docker_client) == []
+
+
+def test_index_refusing_downloads_names_the_step_and_moves_no_tag(built, docker_client, tmp_path):
+    """A real index failure: the build's pip cannot verify the index (a CA bundle without
+    the proxy's CA), with the layer cache off so the download step really runs."""
+    import certifi
+
+    root = fault_copy(tmp_path / "p", docker_client)
+    before = public_tags(docker_client)
+    proc = run_build_py(root, "--torch", "2.7", "--cuda", "12.1", "--quiet", "--no-cache", "--ca-bundle", certifi.where(), timeout=1800)
+    assert proc.returncode == 1, shown(proc)
+    lines = error_lines(proc.stderr)
+    assert len(lines) == 1 and "build failed at step [python-env" in lines[0] and "build.log" in lines[0], proc.stderr
+    assert "CERTIFICATE_VERIFY_FAILED" in proc.stderr or "SSLError" in proc.stderr, proc.stderr[-3000:]  # the tail
+    assert public_tags(docker_client) == before and fault_tags(docker_client) == []
+
+
+def test_same_row_twice_at_once_is_serialized_and_the_second_reuses_the_first(built, docker_client, tmp_path):
+    root = fault_copy(tmp_path / "p", docker_client)
+    (root / "pytorch_cuda_runtime" / "NOTE.txt").write_text("a new image ID, so it must be tested\n")
+    first = start(root, "--torch", "2.7", "--cuda", "12.1", "--quiet")
+    time.sleep(2)
+    second = start(root, "--torch", "2.7", "--cuda", "12.1", "--quiet")
+    outs = [p.communicate(timeout=1800) for p in (first, second)]
+    assert [first.returncode, second.returncode] == [0, 0], outs
+    waited = [i for i, (_, err) in enumerate(outs) if "another build of 2.7.1-cuda12.1-runtime is running; waiting" in err]
+    assert len(waited) == 1, outs
+    assert "already passed its tests" in outs[waited[0]][1] and "smoke suite" not in outs[waited[0]][1], outs
+    tags = {docker_client.images.get(f"{FAULT_REPO}:{t}").id for t in DEFAULT.tags}
+    assert len(tags) == 1
+
+
+def test_different_rows_at_once_build_in_parallel(built, docker_client, tmp_path):
+    root = fault_copy(tmp_path / "p", docker_client)
+    procs = [start(root, "--torch", "2.7", "--cuda", cuda, "--quiet", "--no-test") for cuda in ("12.1", "12.6")]
+    outs = [p.communicate(timeout=1800) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert not any("waiting" in err for _, err in outs), outs
+    ids = {cuda: docker_client.images.get(f"{FAULT_REPO}-candidate:2.7.1-cuda{cuda}-runtime") for cuda in ("12.1", "12.6")}
+    assert ids["12.1"].id != ids["12.6"].id
+    assert ids["12.6"].labels["io.pytorch-cuda.cuda-platform"] == "12.6"
+    assert ids["12.1"].labels["io.pytorch-cuda.cuda-platform"] == "12.1"
+
+
+def test_concurrent_renders_never_interleave(tmp_path):
+    root = project_copy(tmp_path / "p")
+    tpl = root / "templates" / "header.j2"
+    tpl.write_text(tpl.read_text() + "\n# a template change every image's Dockerfile picks up\n")
+    procs = [subprocess.Popen([sys.executable, str(root / "build.py"), "render"], cwd=root, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    assert [p.wait(timeout=300) for p in procs] == [0] * 4, [p.stderr.read() for p in procs]
+    check = run_build_py(root, "render", "--check")
+    assert check.returncode == 0, shown(check)
+    for d in (root / "images").iterdir():
+        assert "a template change every image's Dockerfile picks up" in (d / "Dockerfile").read_text()
+    assert not list((root / "images").rglob("*.tmp")), "a temporary file was left behind"
