@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, project_copy, run_build_py, shown, tree_snapshot
 
-from pytorch_cuda_build import docker_env, matrix, render
+from pytorch_cuda_build import docker_env, matrix, render, tag
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.fault]
 
@@ -30,14 +30,7 @@ FAULT_REPO = "pytorch-cuda-fault"
 
 
 def public_tags(client) -> dict[str, str | None]:
-    out = {}
-    for image in (DEFAULT, MATRIX.select("2.7", "12.6")):
-        for ref in image.refs():
-            try:
-                out[ref] = client.images.get(ref).id
-            except Exception:
-                out[ref] = None
-    return out
+    return {**tag.current(client, DEFAULT), **tag.current(client, MATRIX.select("2.7", "12.6"))}
 
 
 def fault_tags(client) -> list[str]:
