@@ -111,7 +111,7 @@ def run(bc: BuildClient, root: Path, image: Image, log_path: Path, ca_bundle: st
 
 def _stream(cmd: list[str], env: dict[str, str], log_path: Path, echo: bool) -> int:
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "w") as log:
+    with open(log_path, "w", buffering=1) as log:  # line-buffered: `tail -f build.log` follows the build
         log.write("$ " + " ".join(cmd) + "\n")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, errors="replace")
         try:

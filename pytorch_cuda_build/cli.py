@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from . import base, bench, build, docker_env, lock, matrix, publish, render, sbom, tag, test, verify
@@ -54,8 +55,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--matrix", type=Path, default=ROOT / "matrix.yaml", help="matrix file (default: matrix.yaml)")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
-    b = sub.add_parser("build", help="build, test and tag one row (the default command)")
-    _selection(b)
+    b = sub.add_parser("build", help="build, test and tag one row (the default command), or many with --all")
+    _selection(b, required=False)
+    b.add_argument("--all", action="store_true", help="every row (of --torch, if given): each built, tested and tagged as on its own")
+    b.add_argument("--jobs", type=int, default=1, help="with --all: rows built at once (shared layers are built once)")
     b.add_argument("--docker", help="Docker CLI to build with (default: $PYTORCH_CUDA_DOCKER, else detected)")
     b.add_argument("--ca-bundle", help="CA bundle for HTTPS inside the build (default: pip's configured cert)")
     b.add_argument("--no-test", action="store_true", help="build only; sets no public tag")
@@ -225,6 +228,8 @@ def _plan(image: matrix.Image) -> None:
 
 
 def cmd_build(m: matrix.Matrix, args) -> int:
+    if args.all:
+        return _build_many(m, args)
     image = m.select(args.torch, args.cuda, args.flavor)
     if args.push:
         args.registry_parsed = _parse_registry(args)  # bad address: fail before an hour of building
@@ -245,6 +250,59 @@ def cmd_build(m: matrix.Matrix, args) -> int:
         return _build(image, args)
     finally:
         row_lock.release()
+
+
+def _passthrough(args) -> list[str]:
+    out = ["--quiet"] + [f"--{f.replace('_', '-')}" for f in ("no_test", "retest", "no_cache", "require_gpu", "push") if getattr(args, f)]
+    for f in ("docker", "ca_bundle", "registry"):
+        if getattr(args, f):
+            out += [f"--{f.replace('_', '-')}", str(getattr(args, f))]
+    return out + ["--retries", str(args.retries)]
+
+
+def _build_many(m: matrix.Matrix, args) -> int:
+    """Rows as separate build.py processes, `--jobs` at a time. BuildKit merges the steps
+    that concurrent builds share, so a layer common to several rows is built once."""
+    images = [i for i in m.images if i.flavor == args.flavor and args.torch in (None, i.torch, i.torch_minor) and args.cuda in (None, i.cuda)]
+    if not images:
+        raise UsageError(f"no rows match --torch {args.torch} --cuda {args.cuda} --flavor {args.flavor}")
+    if args.jobs < 1 or args.dry_run:
+        raise UsageError("--jobs must be at least 1" if args.jobs < 1 else "--dry-run takes one row, not --all")
+    if args.push:
+        _parse_registry(args)
+    lock.check(ROOT, images)
+    render.check(ROOT, m, images)
+    docker_env.ensure_engine(log)
+    pending, running, done = list(images), {}, {}
+    try:
+        while pending or running:
+            while pending and len(running) < args.jobs:
+                image = pending.pop(0)
+                results_dir(image).mkdir(parents=True, exist_ok=True)
+                out = open(results_dir(image) / "run.log", "w")
+                cmd = [sys.executable, str(ROOT / "build.py"), "--matrix", str(args.matrix), "build", "--torch", image.torch,
+                       "--cuda", image.cuda, "--flavor", image.flavor, *_passthrough(args)]
+                running[subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)] = (image, time.monotonic(), out)
+                log(f"{image.name}: started (log: {out.name})")
+            for proc in [p for p in running if p.poll() is not None]:
+                image, t0, out = running.pop(proc)
+                out.close()
+                errors = [ln for ln in Path(out.name).read_text().splitlines() if ln.startswith("error: ")]
+                done[image.name] = (proc.returncode, time.monotonic() - t0, errors[0][7:] if errors else "")
+                log(f"{image.name}: {'ok' if proc.returncode == 0 else 'FAILED'} after {done[image.name][1]:.0f} s")
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        for proc in running:  # each row cleans up its own containers and moves no tag
+            proc.send_signal(signal.SIGTERM)
+        for proc in running:
+            proc.wait(timeout=300)
+        raise
+    for name, (rc, secs, err) in done.items():
+        print(f"{name:32} {'ok' if rc == 0 else f'exit {rc}':8} {secs:6.0f} s  {err}".rstrip())
+    failed = [n for n, (rc, _, _) in done.items() if rc != 0]
+    if failed:
+        raise PipelineError(f"{len(failed)} of {len(done)} rows failed: {', '.join(failed)} (each row's run.log under build-results/)")
+    return 0
 
 
 def _build(image: matrix.Image, args) -> int:
@@ -454,6 +512,9 @@ def _terminated(signum, frame):
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     signal.signal(signal.SIGTERM, _terminated)  # CI cancels with SIGTERM: clean up as for Ctrl-C
+    # A shell starting us in the background without job control leaves SIGINT ignored,
+    # and Python then keeps it ignored: Ctrl-C and CI cancellations must always clean up.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     skip = 2 if argv[:1] == ["--matrix"] else 1 if argv[:1] and argv[0].startswith("--matrix=") else 0
     first = next((a for a in argv[skip:] if not a.startswith("-")), None)
     if first not in COMMANDS and not {"-h", "--help"} & set(argv):

@@ -47,18 +47,28 @@ fi
 
 if answers; then exit 0; fi
 
+# A process that exists and is not a zombie (a killed daemon stays one until reaped).
+alive() {
+  [ -n "$1" ] && kill -0 "$1" 2>/dev/null && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null
+}
+dockerd_running() {
+  local p
+  for p in $(pgrep -x dockerd 2>/dev/null); do alive "$p" && return 0; done
+  return 1
+}
+
 # A daemon killed with its session leaves its pid file; a new dockerd then refuses
 # to start. Remove it only when the process it names is gone.
 if [ -f "$pidfile" ]; then
   pid=$(cat "$pidfile" 2>/dev/null || true)
-  if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then
+  if ! alive "$pid"; then
     say "removing stale $pidfile (pid ${pid:-?} is gone)"
     rm -f "$pidfile"
   fi
 fi
 [ -S /var/run/containerd/containerd.sock ] || rm -f /var/run/docker/containerd/containerd.pid 2>/dev/null || true
 
-if ! pgrep -x dockerd >/dev/null 2>&1; then
+if ! dockerd_running; then
   say "starting dockerd (log: $log)"
   # Fully detached: a daemon holding our stdout/stderr would keep CI's pipe open.
   setsid nohup dockerd >"$log" 2>&1 </dev/null &

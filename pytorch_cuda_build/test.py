@@ -86,7 +86,7 @@ def structure(root: Path, image: Image, image_id: str, results: Path) -> None:
     log_path = results / "structure.log"
     cmd = [sys.executable, "-m", "pytest", str(root / "tests" / "structure"), "-q", "-p", "no:cacheprovider",
            f"--image={image_id}", f"--image-name={image.name}", f"--matrix={root / 'matrix.yaml'}"]
-    with open(log_path, "w") as log:
+    with open(log_path, "w", buffering=1) as log:
         try:
             rc = subprocess.run(cmd, cwd=root, stdout=log, stderr=subprocess.STDOUT, timeout=STRUCTURE_TIMEOUT_S).returncode
         except subprocess.TimeoutExpired:

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -88,13 +89,15 @@ def error_lines(stderr: str) -> list[str]:
 
 
 def test_sigint_during_a_build_step_then_the_rerun_reuses_the_cache(built, docker_client, tmp_path):
+    token = uuid.uuid4().hex  # new layers every run: nothing may come from an earlier run's cache
     root = fault_copy(tmp_path / "p", docker_client,
-                      'RUN echo "fault: layer before the interrupt" > /opt/pytorch-cuda/fault-before\nRUN sleep 120')
+                      f'RUN echo "fault: layer before the interrupt {token}" > /opt/pytorch-cuda/fault-before\n'
+                      f'RUN sleep 120 # {token}')
     committed = tree_snapshot(root / "images")
     before = public_tags(docker_client)
     proc = start(root, "--torch", "2.7", "--cuda", "12.1", "--quiet", "--no-test")
     log = root / "build-results" / DEFAULT.name / "build.log"
-    wait_for(log, "RUN sleep 120", proc)
+    wait_for(log, f"RUN sleep 120 # {token}", proc)
     time.sleep(3)
     t0 = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)
@@ -106,21 +109,22 @@ def test_sigint_during_a_build_step_then_the_rerun_reuses_the_cache(built, docke
     assert tree_snapshot(root / "images") == committed
     # Again, without the sleep: the layer finished before the interrupt comes from the cache.
     tpl = root / "templates" / "runtime.j2"
-    tpl.write_text(tpl.read_text().replace("RUN sleep 120\n", ""))
+    tpl.write_text(tpl.read_text().replace(f"RUN sleep 120 # {token}\n", ""))
     m = matrix.load(root / "matrix.yaml")
     render.write(root, m, list(m.images), log=lambda s: None)
     again = run_build_py(root, "--torch", "2.7", "--cuda", "12.1", "--quiet", "--no-test", timeout=1800)
     assert again.returncode == 0, shown(again)
     text = log.read_text()
-    step = re.search(r"^(#\d+) \[runtime [^\]]*\] RUN echo \"fault: layer before the interrupt\"", text, re.M)
+    step = re.search(rf"^(#\d+) \[runtime [^\]]*\] RUN echo \"fault: layer before the interrupt {token}\"", text, re.M)
     assert step and f"{step.group(1)} CACHED" in text, text[-3000:]
 
 
 def test_daemon_killed_mid_build_is_named_and_moves_no_tag(built, docker_client, tmp_path):
-    root = fault_copy(tmp_path / "p", docker_client, "RUN sleep 120")
+    token = uuid.uuid4().hex
+    root = fault_copy(tmp_path / "p", docker_client, f"RUN sleep 120 # {token}")
     before = public_tags(docker_client)
     proc = start(root, "--torch", "2.7", "--cuda", "12.1", "--quiet", "--no-test")
-    wait_for(root / "build-results" / DEFAULT.name / "build.log", "RUN sleep 120", proc)
+    wait_for(root / "build-results" / DEFAULT.name / "build.log", f"RUN sleep 120 # {token}", proc)
     pidfile = Path("/var/run/docker.pid")
     if os.environ.get("DOCKER_HOST") or not pidfile.exists():
         pytest.skip("the daemon is not the local one engine.sh starts: not ours to kill")
@@ -192,3 +196,20 @@ def test_concurrent_renders_never_interleave(tmp_path):
     for d in (root / "images").iterdir():
         assert "a template change every image's Dockerfile picks up" in (d / "Dockerfile").read_text()
     assert not list((root / "images").rglob("*.tmp")), "a temporary file was left behind"
+
+
+def test_matrix_build_runs_rows_side_by_side(built, docker_client, tmp_path):
+    """`--all --jobs 2`: the two torch 2.7 rows at once, one report line each."""
+    root = fault_copy(tmp_path / "p", docker_client)
+    (root / "pytorch_cuda_runtime" / "NOTE.txt").write_text("new last layers for both rows\n")
+    proc = run_build_py(root, "--all", "--torch", "2.7", "--jobs", "2", "--no-test", timeout=1800)
+    assert proc.returncode == 0, shown(proc)
+    started = [ln for ln in proc.stderr.splitlines() if ": started (log:" in ln]
+    finished = [ln for ln in proc.stderr.splitlines() if ln.endswith(" s") and ": ok after " in ln]
+    assert len(started) == 2 and len(finished) == 2, proc.stderr
+    # both were started before either finished: side by side, not one after the other
+    lines = proc.stderr.splitlines()
+    assert max(lines.index(s) for s in started) < min(lines.index(f) for f in finished), proc.stderr
+    for cuda in ("12.1", "12.6"):
+        assert f"2.7.1-cuda{cuda}-runtime" in proc.stdout
+        docker_client.images.get(f"{FAULT_REPO}-candidate:2.7.1-cuda{cuda}-runtime")
