@@ -1,13 +1,21 @@
-"""Benchmarks: measure and report, never assert. Reports go to build-results/bench/.
+"""Benchmarks: measure and report, never assert.
 
 `banner`: container start-up with and without the banner (`docker run --rm IMAGE true`),
 interleaved so drift in the machine's load hits both sides alike.
+`full`: everything the benchmark issue asks, for one row, in one run: image size against
+the floor and a naive Dockerfile, cold builds of both, the no-change and smoke-only
+rebuilds, a second row sharing the lock, and the banner. Report: bench/ (committed).
 """
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 import statistics
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,3 +56,234 @@ def markdown(r: dict) -> str:
         rows.append(f"| {label} | {s['median']:.3f} | {s['min']:.3f} | {s['max']:.3f} |")
     return (f"Banner start-up overhead for `{r['ref']}`, {r['runs']} interleaved runs each: "
             f"**{r['median_overhead_s'] * 1000:.0f} ms** (median difference)\n\n" + "\n".join(rows) + "\n")
+
+
+# ---- the full benchmark: size against the floor and a naive build, build times ----------
+
+NAIVE = """\
+# What a user would write by hand: the same base, one pip install, no lock, no ops.
+FROM {base}
+RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \\
+    && rm -rf /var/lib/apt/lists/*
+RUN python3 -m venv /opt/venv
+RUN --mount=type=secret,id=ca if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \\
+    /opt/venv/bin/pip install torch=={torch} deepspeed=={deepspeed}
+"""
+_STEP = re.compile(r"^#(\d+) \[([\w.-]+) [^\]]*\] (.*)$", re.M)
+_DONE = re.compile(r"^#(\d+) DONE ([\d.]+)s$", re.M)
+_CACHED = re.compile(r"^#(\d+) CACHED$", re.M)
+
+
+def steps(build_log: str) -> list[dict]:
+    """Every Dockerfile step of a BuildKit plain log: stage, command, seconds, cached."""
+    done = {n: float(s) for n, s in _DONE.findall(build_log)}
+    cached = set(_CACHED.findall(build_log))
+    seen, out = set(), []
+    for n, stage, cmd in _STEP.findall(build_log):
+        if n not in seen:
+            seen.add(n)
+            out.append({"stage": stage, "cmd": cmd[:120], "seconds": done.get(n, 0.0), "cached": n in cached})
+    return out
+
+
+def timed(cmd: list[str], env: dict | None = None, cwd: Path | None = None) -> float:
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=cwd)
+    if proc.returncode != 0:
+        raise BenchError(f"{' '.join(cmd[:6])}... exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
+    return time.perf_counter() - t0
+
+
+class BenchError(Exception):
+    pass
+
+
+def image_size(c, ref: str) -> int:
+    return int(c.images.get(ref).attrs["Size"])
+
+
+def du_venv(ref: str) -> int:
+    out = subprocess.run(["docker", "run", "--rm", "--entrypoint", "du", ref, "-sb", "/opt/venv"],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.split()[0])
+
+
+def unique_bytes(c, new_ref: str, old_ref: str) -> int:
+    """Bytes of new_ref's layers that old_ref does not have (the layers after the shared prefix)."""
+    new, old = (c.images.get(r).attrs["RootFS"]["Layers"] for r in (new_ref, old_ref))
+    shared = 0
+    while shared < min(len(new), len(old)) and new[shared] == old[shared]:
+        shared += 1
+    own = len(new) - shared
+    layer_steps = [h for h in c.images.get(new_ref).history() if re.match(r"^(RUN|COPY|ADD)\b", h.get("CreatedBy", ""))]
+    return sum(h["Size"] for h in layer_steps[:own])
+
+
+def svg_bars(title: str, unit: str, bars: list[tuple[str, float]]) -> str:
+    """A small horizontal bar chart; no plotting library on the host."""
+    width, left, row = 640, 230, 28
+    top = max(v for _, v in bars) or 1
+    h = 40 + row * len(bars)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" font-family="sans-serif" font-size="12">',
+             f'<text x="8" y="18" font-weight="bold">{title}</text>']
+    for k, (label, v) in enumerate(bars):
+        y = 30 + k * row
+        w = (width - left - 90) * v / top
+        parts += [f'<text x="8" y="{y + 15}">{label}</text>',
+                  f'<rect x="{left}" y="{y}" width="{w:.1f}" height="{row - 8}" fill="#4c78a8"/>',
+                  f'<text x="{left + w + 6:.1f}" y="{y + 15}">{v:.2f} {unit}</text>']
+    return "\n".join(parts + ["</svg>"]) + "\n"
+
+
+def _copy_project(root: Path, dest: Path) -> Path:
+    for name in ("matrix.yaml", "Dockerfile.base", "build.py"):
+        shutil.copy2(root / name, dest / name)
+    for name in ("images", "templates", "pytorch_cuda_build", "pytorch_cuda_runtime", "tests"):
+        shutil.copytree(root / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (dest / ".venv").symlink_to(root / ".venv")
+    return dest
+
+
+def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_runs: int, only: set[str],
+         out_dir: Path, log) -> dict:
+    """Every figure of the benchmark issue for one row, measured in one run on this machine."""
+    from . import build, render
+    buildpy = [sys.executable, str(root / "build.py")]
+    row = ["--torch", image.torch, "--cuda", image.cuda]
+    ref = image.refs()[0]
+    r: dict = {"image": image.name, "runs": runs, "cold_runs": cold_runs, "cpus": os.cpu_count(),
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    log("bench: making sure the row is built and tested")
+    timed(buildpy + row + ["--quiet"])
+    if "rebuild" in only:
+        log(f"bench: unchanged rebuild through build.py, {runs} runs")
+        r["rebuild_nochange_s"] = stats([timed(buildpy + row + ["--quiet"]) for _ in range(runs)])
+        with tempfile.TemporaryDirectory(prefix="pytorch-cuda-bench-") as tmp:
+            copy = _copy_project(root, Path(tmp))
+            smoke = copy / "pytorch_cuda_runtime" / "smoke" / "versions.py"
+            smoke.write_text(smoke.read_text() + "\n# a change to the smoke suite only\n")
+            t = timed([sys.executable, str(copy / "build.py"), *row, "--quiet", "--no-test"], cwd=copy)
+            rebuilt = [s for s in steps((copy / "build-results" / image.name / "build.log").read_text())
+                       if not s["cached"] and not s["cmd"].startswith("FROM ")]  # FROM resolves, it builds nothing
+            c.images.remove(build.candidate_ref(image), noprune=False)
+        r["smoke_change"] = {"seconds": t, "rebuilt_steps": [f"[{s['stage']}] {s['cmd']}" for s in rebuilt]}
+    if "size" in only:
+        log("bench: size against the floor")
+        with tempfile.TemporaryDirectory(prefix="pytorch-cuda-bench-") as tmp:
+            ctx = Path(tmp)
+            build.stage_context(root, image, ctx)
+            subprocess.run([*bc.argv, "--progress=plain", "--file", str(root / "images" / image.name / "Dockerfile"),
+                            "--target", "base", "--tag", "pytorch-cuda-bench:base", str(ctx)],
+                           env={**os.environ, **bc.env}, check=True, capture_output=True)
+        base, venv, ours = image_size(c, "pytorch-cuda-bench:base"), du_venv(ref), image_size(c, ref)
+        c.images.remove("pytorch-cuda-bench:base", noprune=True)
+        r["size"] = {"image": ours, "base_os_python": base, "locked_env": venv, "floor": base + venv,
+                     "ratio_to_floor": ours / (base + venv)}
+    if "cold" in only:
+        r["cold"] = {"ours_s": [], "ours_ops_s": [], "ours_python_env_s": [], "naive_s": []}
+        naive_ref = f"pytorch-cuda-bench-naive:{image.name}"
+        for k in range(cold_runs):
+            subprocess.run(["docker", "builder", "prune", "--force", "--filter", "type=exec.cachemount"],
+                           env={**os.environ, **bc.env}, capture_output=True)
+            log(f"bench: cold build {k + 1}/{cold_runs} through build.py (no layer cache, empty wheelhouse)")
+            r["cold"]["ours_s"].append(timed(buildpy + row + ["--quiet", "--no-cache", "--no-test"]))
+            st = steps((root / "build-results" / image.name / "build.log").read_text())
+            r["cold"]["ours_ops_s"].append(sum(s["seconds"] for s in st if s["stage"] == "ops-builder"))
+            r["cold"]["ours_python_env_s"].append(sum(s["seconds"] for s in st if s["stage"] == "python-env"))
+            log(f"bench: naive cold build {k + 1}/{cold_runs}")
+            with tempfile.TemporaryDirectory(prefix="pytorch-cuda-naive-") as tmp:
+                (Path(tmp) / "Dockerfile").write_text(NAIVE.format(base=render.base_ref(image), torch=image.torch, deepspeed=image.deepspeed))
+                cmd = [*bc.argv, "--progress=plain", "--no-cache", "--tag", naive_ref, tmp]
+                if ca:
+                    cmd[-1:-1] = ["--secret", f"id=ca,src={ca}"]
+                r["cold"]["naive_s"].append(timed(cmd, env=bc.env))
+        r["size"] = {**r.get("size", {}), "naive": image_size(c, naive_ref)}
+        c.images.remove(naive_ref)
+        c.images.remove(build.candidate_ref(image), noprune=False)
+        cold = r["cold"]
+        cold["ratio_to_naive"] = statistics.median(cold["ours_s"]) / statistics.median(cold["naive_s"])
+        cold["ratio_to_naive_without_ops"] = (statistics.median(cold["ours_s"]) - statistics.median(cold["ours_ops_s"])) / statistics.median(cold["naive_s"])
+    if "rows" in only:
+        twin = next((i for i in m.images if i.lock_key == image.lock_key and i.name != image.name and i.flavor == image.flavor), None)
+        if twin:
+            # Both rows from the same cache state: BuildKit keeps several results per step once
+            # a --no-cache build has run, and a build takes the newest, which the tested image may predate.
+            log(f"bench: second row with the same lock ({twin.name}) after the first")
+            timed(buildpy + row + ["--quiet", "--no-test"])
+            first = f"pytorch-cuda-bench:{image.name}"
+            c.images.get(build.candidate_ref(image)).tag(*first.split(":"))
+            t = timed(buildpy + ["--torch", twin.torch, "--cuda", twin.cuda, "--quiet", "--no-test"])
+            cand = build.candidate_ref(twin)
+            r["second_row"] = {"image": twin.name, "seconds": t, "unique_bytes": unique_bytes(c, cand, first),
+                               "size": image_size(c, cand)}
+            c.images.remove(first, noprune=True)
+            r["second_row"]["unique_fraction"] = r["second_row"]["unique_bytes"] / r["second_row"]["size"]
+            if r.get("cold"):
+                r["second_row"]["fraction_of_cold_build"] = t / statistics.median(r["cold"]["ours_s"])
+            c.images.remove(cand, noprune=False)
+    if "banner" in only:
+        log(f"bench: banner start-up, {runs} interleaved runs")
+        r["banner"] = banner(image, ref, runs, out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "report.json").write_text(json.dumps(r, indent=2) + "\n")
+    (out_dir / "report.md").write_text(report_markdown(r))
+    if "size" in r and "naive" in r["size"]:
+        s = r["size"]
+        (out_dir / "sizes.svg").write_text(svg_bars(f"Image size, {image.name}", "GB", [
+            ("floor (base + locked env)", s["floor"] / 1e9), ("this tool", s["image"] / 1e9), ("naive Dockerfile", s["naive"] / 1e9)]))
+    if "cold" in r:
+        cd = r["cold"]
+        (out_dir / "cold-build.svg").write_text(svg_bars(f"Cold build, {image.name} (median)", "min", [
+            ("this tool", statistics.median(cd["ours_s"]) / 60),
+            ("this tool without op prebuild", (statistics.median(cd["ours_s"]) - statistics.median(cd["ours_ops_s"])) / 60),
+            ("naive Dockerfile", statistics.median(cd["naive_s"]) / 60)]))
+    return r
+
+
+def _s(d: dict) -> str:
+    return f"{d['median']:.2f} | {d['min']:.2f} | {d['max']:.2f} | {d['n']}"
+
+
+def report_markdown(r: dict) -> str:
+    lines = [f"# Benchmark: {r['image']}", "", f"Measured {r['date']} on this machine ({r['cpus']} CPUs), by "
+             "`python3 build.py bench --full`. Medians over repeated runs; ratios come from the same run.", ""]
+    lines += ["| measure | result | target | met |", "|---|---|---|---|"]
+    if "size" in r:
+        s = r["size"]
+        lines.append(f"| image size / floor ({s['image'] / 1e9:.2f} GB / {s['floor'] / 1e9:.2f} GB: base OS + Python {s['base_os_python'] / 1e9:.2f} + locked env {s['locked_env'] / 1e9:.2f}) | {s['ratio_to_floor']:.3f}x | <= 1.03x | {'yes' if s['ratio_to_floor'] <= 1.03 else 'no'} |")
+        if "naive" in s:
+            lines.append(f"| naive Dockerfile image (same base, one pip install) | {s['naive'] / 1e9:.2f} GB ({s['naive'] / s['floor']:.3f}x floor) | reported | - |")
+    if "cold" in r:
+        cd = r["cold"]
+        med = statistics.median
+        lines.append(f"| cold build, this tool / naive ({med(cd['ours_s']):.0f} s / {med(cd['naive_s']):.0f} s) | {cd['ratio_to_naive']:.2f}x | <= 1.3x | {'yes' if cd['ratio_to_naive'] <= 1.3 else 'no'} |")
+        lines.append(f"| the same without the DeepSpeed op prebuild ({med(cd['ours_ops_s']):.0f} s, which naive does not do) | {cd['ratio_to_naive_without_ops']:.2f}x | - | {'yes' if cd['ratio_to_naive_without_ops'] <= 1.3 else 'no'} |")
+    if "rebuild_nochange_s" in r:
+        d = r["rebuild_nochange_s"]
+        lines.append(f"| no-change rebuild through build.py (median of {d['n']}) | {d['median']:.2f} s | <= 3 s | {'yes' if d['median'] <= 3 else 'no'} |")
+    if "smoke_change" in r:
+        sc = r["smoke_change"]
+        lines.append(f"| smoke-suite-only change: steps rebuilt | {len(sc['rebuilt_steps'])} ({sc['seconds']:.1f} s, no tests) | last layers only | {'yes' if all('[runtime' in x for x in sc['rebuilt_steps']) else 'no'} |")
+    if "second_row" in r:
+        sr = r["second_row"]
+        lines.append(f"| second row with the same lock ({sr['image']}): unique bytes | {sr['unique_bytes'] / 1e6:.1f} MB ({sr['unique_fraction'] * 100:.3f}%) | <= 1% | {'yes' if sr['unique_fraction'] <= 0.01 else 'no'} |")
+        if "fraction_of_cold_build" in sr:
+            lines.append(f"| second row build time / first row's cold build | {sr['seconds']:.1f} s ({sr['fraction_of_cold_build'] * 100:.1f}%) | <= 20% | {'yes' if sr['fraction_of_cold_build'] <= 0.2 else 'no'} |")
+    if "banner" in r:
+        b = r["banner"]
+        lines.append(f"| banner start-up overhead (median difference, {b['runs']} runs) | {b['median_overhead_s'] * 1000:.0f} ms | <= 200 ms | {'yes' if b['median_overhead_s'] <= 0.2 else 'no'} |")
+    lines += ["", "| series (s) | median | min | max | n |", "|---|---|---|---|---|"]
+    if "rebuild_nochange_s" in r:
+        lines.append(f"| no-change rebuild | {_s(r['rebuild_nochange_s'])} |")
+    if "cold" in r:
+        for key, label in (("ours_s", "cold build, this tool"), ("ours_python_env_s", "  of which the locked-wheels step"),
+                           ("ours_ops_s", "  of which the op prebuild"), ("naive_s", "cold build, naive")):
+            lines.append(f"| {label} | {_s(stats(r['cold'][key]))} |")
+    if "banner" in r:
+        lines += [f"| container start, banner on | {_s(r['banner']['with_banner_s'])} |",
+                  f"| container start, banner off | {_s(r['banner']['without_banner_s'])} |"]
+    if "smoke_change" in r:
+        lines += ["", "Steps rebuilt after a change to the smoke suite only:", ""] + [f"- `{x}`" for x in r["smoke_change"]["rebuilt_steps"]]
+    if "size" in r and "naive" in r["size"]:
+        lines += ["", "![sizes](sizes.svg)", "", "![cold build](cold-build.svg)"]
+    return "\n".join(lines) + "\n"

@@ -105,9 +105,14 @@ def parser() -> argparse.ArgumentParser:
     sb.add_argument("image", help="image reference or ID")
     sb.add_argument("--output", type=Path, help="file to write (default: stdout)")
 
-    bn = sub.add_parser("bench", help="measure (never assert) the banner's start-up cost")
+    bn = sub.add_parser("bench", help="measure (never assert): --full for size, build times and banner, else the banner only")
     _selection(bn)
-    bn.add_argument("--runs", type=int, default=10)
+    bn.add_argument("--runs", type=int, default=10, help="repetitions of the quick measurements (default 10)")
+    bn.add_argument("--full", action="store_true", help="every benchmark; report in bench/ (takes ~20 min per cold run)")
+    bn.add_argument("--cold-runs", type=int, default=1, help="with --full: cold builds of each kind (default 1)")
+    bn.add_argument("--only", default="size,cold,rebuild,rows,banner", help="with --full: comma list of size,cold,rebuild,rows,banner")
+    bn.add_argument("--docker")
+    bn.add_argument("--ca-bundle")
 
     st = sub.add_parser("selftest", help="this project's own test suite (sets up Docker first)")
     st.add_argument("pytest_args", nargs=argparse.REMAINDER, help="extra pytest arguments")
@@ -488,8 +493,21 @@ def cmd_bench(m: matrix.Matrix, args) -> int:
     ref = image.refs()[0]
     if tag.current(c, image)[ref] is None:
         raise UsageError(f"no image {ref}; build it first")
-    result = bench.banner(image, ref, args.runs, ROOT / "build-results" / "bench")
-    print(bench.markdown(result))
+    if not args.full:
+        result = bench.banner(image, ref, args.runs, ROOT / "build-results" / "bench")
+        print(bench.markdown(result))
+        return 0
+    only = {x.strip() for x in args.only.split(",") if x.strip()}
+    if not only or only - {"size", "cold", "rebuild", "rows", "banner"} or args.runs < 1 or args.cold_runs < 1:
+        raise UsageError("--only takes size,cold,rebuild,rows,banner; --runs and --cold-runs at least 1")
+    bc = docker_env.build_client(args.docker)
+    if "cold" in only:
+        build.check_disk(docker_env.root_dir(c))
+    try:
+        result = bench.full(c, m, image, ROOT, bc, ca_bundle(args.ca_bundle), args.runs, args.cold_runs, only, ROOT / "bench", log)
+    except bench.BenchError as e:
+        raise PipelineError(f"benchmark step failed: {e}") from None
+    print(bench.report_markdown(result))
     return 0
 
 

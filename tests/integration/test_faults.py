@@ -144,12 +144,19 @@ def test_daemon_killed_mid_build_is_named_and_moves_no_tag(built, docker_client,
 
 def test_index_refusing_downloads_names_the_step_and_moves_no_tag(built, docker_client, tmp_path):
     """A real index failure: the build's pip cannot verify the index (a CA bundle without
-    the proxy's CA), with the layer cache off so the download step really runs."""
+    the proxy's CA). A token in the download step makes that step (and only it) run anew:
+    --no-cache would also redo the base layers and leave a second chain in the cache."""
     import certifi
 
     root = fault_copy(tmp_path / "p", docker_client)
+    tpl = root / "templates" / "python_env.j2"
+    token = uuid.uuid4().hex
+    tpl.write_text(tpl.read_text().replace("    set -eu; \\\n", f"    set -eu; : {token}; \\\n", 1))
+    assert token in tpl.read_text()
+    m = matrix.load(root / "matrix.yaml")
+    render.write(root, m, list(m.images), log=lambda s: None)
     before = public_tags(docker_client)
-    proc = run_build_py(root, "--torch", "2.7", "--cuda", "12.1", "--quiet", "--no-cache", "--ca-bundle", certifi.where(), timeout=1800)
+    proc = run_build_py(root, "--torch", "2.7", "--cuda", "12.1", "--quiet", "--ca-bundle", certifi.where(), timeout=1800)
     assert proc.returncode == 1, shown(proc)
     lines = error_lines(proc.stderr)
     assert len(lines) == 1 and "build failed at step [python-env" in lines[0] and "build.log" in lines[0], proc.stderr
