@@ -34,6 +34,34 @@ def write_atomic(path: Path, text: str) -> bool:
     return True
 
 
+def write_all_atomic(items: list[tuple[Path, str]]) -> set[Path]:
+    """Write a set of files all or nothing: every changed file goes to a temp file first,
+    and only when all are on disk are they renamed (a rename needs no space). Returns
+    the paths that changed."""
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, text in items:
+            if path.exists() and path.read_text() == text:
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            staged.append((tmp, path))
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)
+    except BaseException as e:
+        for tmp, _ in staged:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            raise EnvironmentProblem(f"no space left on device writing {len(items)} files under {items[0][0].parent.parent}; nothing was changed") from None
+        raise
+    for tmp, path in staged:
+        os.replace(tmp, path)
+    return {path for _, path in staged}
+
+
 def sha256_text(*texts: str) -> str:
     h = hashlib.sha256()
     for t in texts:

@@ -14,7 +14,7 @@ import jinja2
 
 from . import lock
 from .errors import RenderError
-from .files import write_atomic
+from .files import write_all_atomic
 from .matrix import Image, Matrix
 
 LABEL_PREFIX = "io.pytorch-cuda"
@@ -149,14 +149,19 @@ def orphans(root: Path, matrix: Matrix) -> list[Path]:
 
 
 def write(root: Path, matrix: Matrix, images: list[Image], log=print) -> None:
-    outputs = [(image, render_image(root, image)) for image in images]  # all or nothing
-    for image, files in outputs:
-        changed = [n for n in RENDERED if write_atomic(lock.image_dir(root, image) / n, files[n])]
-        log(f"{image.name}: {'rendered ' + ', '.join(changed) if changed else 'unchanged'}")
-    if len(images) == len(matrix.images):
-        readme = root / "README.md"
-        if readme.exists() and write_atomic(readme, readme_with_table(readme.read_text(), matrix)):
-            log("README.md: matrix table updated")
+    outputs = [(image, render_image(root, image)) for image in images]
+    items = [(lock.image_dir(root, image) / n, files[n]) for image, files in outputs for n in RENDERED]
+    readme = root / "README.md"
+    whole = len(images) == len(matrix.images)
+    if whole and readme.exists():
+        items.append((readme, readme_with_table(readme.read_text(), matrix)))
+    changed = write_all_atomic(items)  # all or nothing: a full disk leaves every file as it was
+    for image, _ in outputs:
+        names = [n for n in RENDERED if lock.image_dir(root, image) / n in changed]
+        log(f"{image.name}: {'rendered ' + ', '.join(names) if names else 'unchanged'}")
+    if readme in changed:
+        log("README.md: matrix table updated")
+    if whole:
         for stale in orphans(root, matrix):
             shutil.rmtree(stale)
             log(f"removed images/{stale.name}: no longer in {matrix.path.name}")

@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import IN_CI
 from helpers import ROOT, project_copy, run_build_py, shown, tree_snapshot
 
 from pytorch_cuda_build import docker_env, matrix, render, tag
@@ -128,6 +129,8 @@ def test_daemon_killed_mid_build_is_named_and_moves_no_tag(built, docker_client,
     pidfile = Path("/var/run/docker.pid")
     if os.environ.get("DOCKER_HOST") or not pidfile.exists():
         pytest.skip("the daemon is not the local one engine.sh starts: not ours to kill")
+    if not (IN_CI or os.environ.get("PYTORCH_CUDA_FAULT_KILL_DAEMON") == "1"):
+        pytest.skip("kills this machine's dockerd: runs in CI, or set PYTORCH_CUDA_FAULT_KILL_DAEMON=1")
     pid = int(pidfile.read_text())
     os.kill(pid, signal.SIGKILL)  # the daemon dies, it is not asked to stop
     try:
@@ -220,3 +223,32 @@ def test_matrix_build_runs_rows_side_by_side(built, docker_client, tmp_path):
     for cuda in ("12.1", "12.6"):
         assert f"2.7.1-cuda{cuda}-runtime" in proc.stdout
         docker_client.images.get(f"{FAULT_REPO}-candidate:2.7.1-cuda{cuda}-runtime")
+
+
+def test_full_disk_during_render_changes_no_file(tmp_path):
+    """The real command on a filesystem that fills up: one line, exit 2, images/ untouched."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)], check=True)
+    try:
+        root = project_copy(mnt / "p")
+        tpl = root / "templates" / "header.j2"
+        tpl.write_text(tpl.read_text() + "\n# a change that makes every Dockerfile longer\n" + "# padding\n" * 50)
+        before = tree_snapshot(root / "images")
+        with open(mnt / "filler", "wb") as f:  # take every free block
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        proc = run_build_py(root, "render")
+        assert proc.returncode == 2, shown(proc)
+        lines = error_lines(proc.stderr)
+        assert len(lines) == 1 and "no space left on device" in lines[0] and "nothing was changed" in lines[0], proc.stderr
+        assert tree_snapshot(root / "images") == before
+        assert not list((root / "images").rglob("*.tmp"))
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)

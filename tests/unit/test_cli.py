@@ -28,7 +28,7 @@ def test_unknown_row_lists_rows():
 @pytest.mark.parametrize(("args", "text"), [
     (["--torch", "9.9"], "no row for torch 9.9"),
     (["--torch", "2.7", "--flavor", "slim"], "unknown --flavor 'slim'"),
-    (["--cuda", "12.1"], "the following arguments are required: --torch"),
+    (["--cuda", "12.1"], "--torch is required (e.g. --torch 2.7)"),
     (["--torch", "2.7", "--frobnicate"], "unrecognized arguments: --frobnicate"),
     (["--matrix", "/nonexistent.yaml", "list"], "cannot read matrix file /nonexistent.yaml"),
 ])

@@ -1,0 +1,43 @@
+"""The benchmark's parsing and report logic (the measurements themselves are never asserted)."""
+from __future__ import annotations
+
+from pytorch_cuda_build import bench
+
+LOG = """\
+#1 [internal] load build definition from Dockerfile
+#1 DONE 0.0s
+#4 [base 1/3] FROM docker.io/library/pytorch-cuda-rootfs:bookworm-abc
+#4 DONE 0.0s
+#5 [base 2/3] RUN apt-get update
+#5 CACHED
+#7 [python-env 2/2] RUN set -eu; pip download
+#7 12.3 Collecting torch
+#7 DONE 93.2s
+#9 [ops-builder 3/5] RUN pip wheel deepspeed
+#9 DONE 201.5s
+#11 [runtime 4/9] COPY pytorch_cuda_runtime /opt/pytorch-cuda/lib
+#11 DONE 0.1s
+"""
+
+
+def test_steps_reads_stage_time_and_cache_hits():
+    st = bench.steps(LOG)
+    assert [(s["stage"], s["seconds"], s["cached"]) for s in st] == [
+        ("base", 0.0, False), ("base", 0.0, True), ("python-env", 93.2, False), ("ops-builder", 201.5, False), ("runtime", 0.1, False)]
+    assert st[2]["cmd"].startswith("RUN set -eu")
+
+
+def test_report_marks_each_target_met_or_not():
+    r = {"image": "x", "date": "d", "cpus": 2,
+         "size": {"image": 104e8, "floor": 100e8, "base_os_python": 2e8, "locked_env": 98e8, "ratio_to_floor": 1.04, "naive": 130e8},
+         "rebuild_nochange_s": bench.stats([1.0, 1.2, 0.9]),
+         "second_row": {"image": "y", "seconds": 5.0, "unique_bytes": 1e6, "unique_fraction": 0.0002, "size": 58e8, "fraction_of_cold_build": 0.01}}
+    md = bench.report_markdown(r)
+    assert "| 1.040x | <= 1.03x | no |" in md
+    assert "| 1.00 s | <= 3 s | yes |" in md
+    assert "(0.020%) | <= 1% | yes |" in md
+
+
+def test_svg_has_one_bar_per_series():
+    svg = bench.svg_bars("t", "GB", [("a", 1.0), ("b", 2.0), ("c", 0.5)])
+    assert svg.startswith("<svg") and svg.count("<rect") == 3 and "2.00 GB" in svg
