@@ -161,7 +161,7 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
         with tempfile.TemporaryDirectory(prefix="pytorch-cuda-bench-") as tmp:
             copy = _copy_project(root, Path(tmp))
             smoke = copy / "pytorch_cuda_runtime" / "smoke" / "versions.py"
-            smoke.write_text(smoke.read_text() + "\n# a change to the smoke suite only\n")
+            smoke.write_text(smoke.read_text() + f"\n# a change to the smoke suite only ({time.time_ns()})\n")
             t = timed([sys.executable, str(copy / "build.py"), *row, "--quiet", "--no-test"], cwd=copy)
             rebuilt = [s for s in steps((copy / "build-results" / image.name / "build.log").read_text())
                        if not s["cached"] and not s["cmd"].startswith("FROM ")]  # FROM resolves, it builds nothing
@@ -183,10 +183,12 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
         r["cold"] = {"ours_s": [], "ours_ops_s": [], "ours_python_env_s": [], "naive_s": []}
         naive_ref = f"pytorch-cuda-bench-naive:{image.name}"
         for k in range(cold_runs):
-            subprocess.run(["docker", "builder", "prune", "--force", "--filter", "type=exec.cachemount"],
-                           env={**os.environ, **bc.env}, capture_output=True)
-            log(f"bench: cold build {k + 1}/{cold_runs} through build.py (no layer cache, empty wheelhouse)")
-            r["cold"]["ours_s"].append(timed(buildpy + row + ["--quiet", "--no-cache", "--no-test"]))
+            # Truly cold: no layer cache and no wheelhouse. Emptying the cache (not --no-cache)
+            # also leaves one result per step, so the second-row figure below is not skewed by
+            # older results of the same steps (BuildKit may pick those for another row).
+            subprocess.run([bc.argv[0], "builder", "prune", "--all", "--force"], env={**os.environ, **bc.env}, capture_output=True)
+            log(f"bench: cold build {k + 1}/{cold_runs} through build.py (empty build cache and wheelhouse)")
+            r["cold"]["ours_s"].append(timed(buildpy + row + ["--quiet", "--no-test"]))
             st = steps((root / "build-results" / image.name / "build.log").read_text())
             r["cold"]["ours_ops_s"].append(sum(s["seconds"] for s in st if s["stage"] == "ops-builder"))
             r["cold"]["ours_python_env_s"].append(sum(s["seconds"] for s in st if s["stage"] == "python-env"))

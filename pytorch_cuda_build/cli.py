@@ -108,7 +108,7 @@ def parser() -> argparse.ArgumentParser:
     bn = sub.add_parser("bench", help="measure (never assert): --full for size, build times and banner, else the banner only")
     _selection(bn)
     bn.add_argument("--runs", type=int, default=10, help="repetitions of the quick measurements (default 10)")
-    bn.add_argument("--full", action="store_true", help="every benchmark; report in bench/ (takes ~20 min per cold run)")
+    bn.add_argument("--full", action="store_true", help="every benchmark; report in bench/ (~15 min; empties the build cache for the cold builds)")
     bn.add_argument("--cold-runs", type=int, default=1, help="with --full: cold builds of each kind (default 1)")
     bn.add_argument("--only", default="size,cold,rebuild,rows,banner", help="with --full: comma list of size,cold,rebuild,rows,banner")
     bn.add_argument("--docker")
