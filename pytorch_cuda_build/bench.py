@@ -183,9 +183,7 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
         r["cold"] = {"ours_s": [], "ours_ops_s": [], "ours_python_env_s": [], "naive_s": []}
         naive_ref = f"pytorch-cuda-bench-naive:{image.name}"
         for k in range(cold_runs):
-            # Truly cold: no layer cache and no wheelhouse. Emptying the cache (not --no-cache)
-            # also leaves one result per step, so the second-row figure below is not skewed by
-            # older results of the same steps (BuildKit may pick those for another row).
+            # Truly cold: no layer cache and no wheelhouse (a cache mount --no-cache would keep).
             subprocess.run([bc.argv[0], "builder", "prune", "--all", "--force"], env={**os.environ, **bc.env}, capture_output=True)
             log(f"bench: cold build {k + 1}/{cold_runs} through build.py (empty build cache and wheelhouse)")
             r["cold"]["ours_s"].append(timed(buildpy + row + ["--quiet", "--no-test"]))

@@ -36,8 +36,6 @@ def run(ctx):
     dist.barrier()
     if ctx.rank == 0:
         _consolidate_and_compare(ctx, ckpt, full, torch)
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 def _train(ctx, model, torch):

@@ -10,7 +10,7 @@ import json
 import pytest
 from helpers import ROOT, project_copy, run_build_py
 
-from pytorch_cuda_build import lock, matrix, render
+from pytorch_cuda_build import bench, lock, matrix, render
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -147,6 +147,18 @@ def test_no_test_build_sets_no_public_tag(built, docker_client, tmp_path):
     assert tag_ids(docker_client) == before
     candidate = docker_client.images.get("pytorch-cuda-candidate:2.7.1-cuda12.1-runtime")
     assert candidate.id != before["pytorch-cuda:v2.7"]
+
+
+def test_a_row_on_the_same_lock_shares_the_torch_layer(built, docker_client):
+    """(2.7, 12.6) installs the very wheels of (2.7, 12.1): only the small layers after them are its own."""
+    twin = MATRIX.select("2.7", "12.6")
+    assert twin.lock_key == DEFAULT.lock_key
+    proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.6", "--no-test", "--quiet", timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    candidate = f"pytorch-cuda-candidate:{twin.name}"
+    own = bench.unique_bytes(docker_client, candidate, "pytorch-cuda:v2.7")
+    size = bench.image_size(docker_client, candidate)
+    assert own < 0.01 * size, f"{own / 1e6:.0f} MB of {size / 1e6:.0f} MB are the twin row's own"
 
 
 def test_gpu_smoke_on_a_gpu_host(built, gpu_runtime):
