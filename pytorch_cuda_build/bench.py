@@ -21,6 +21,8 @@ from pathlib import Path
 
 from .matrix import Image
 
+MEASURES = ("size", "cold", "rebuild", "rows", "matrix", "banner")
+
 
 def _time_run(ref: str, env: list[str]) -> float:
     t0 = time.perf_counter()
@@ -117,6 +119,19 @@ def unique_bytes(c, new_ref: str, old_ref: str) -> int:
     own = len(new) - shared
     layer_steps = [h for h in c.images.get(new_ref).history() if re.match(r"^(RUN|COPY|ADD)\b", h.get("CreatedBy", ""))]
     return sum(h["Size"] for h in layer_steps[:own])
+
+
+def cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine, from /proc/stat (containers included)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)  # idle + iowait
+    return sum(v) - idle, sum(v)
+
+
+def busy_fraction(before: tuple[int, int], after: tuple[int, int]) -> float:
+    total = after[1] - before[1]
+    return (after[0] - before[0]) / total if total else 0.0
 
 
 def svg_bars(title: str, unit: str, bars: list[tuple[str, float]]) -> str:
@@ -221,9 +236,12 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
             if r.get("cold"):
                 r["second_row"]["fraction_of_cold_build"] = t / statistics.median(r["cold"]["ours_s"])
             c.images.remove(cand, noprune=False)
+    if "matrix" in only:
+        r["matrix"] = _matrix(c, m, image, root, bc, buildpy, r, log)
     if "banner" in only:
         log(f"bench: banner start-up, {runs} interleaved runs")
         r["banner"] = banner(image, ref, runs, out_dir)
+    r = merge_previous(out_dir / "report.json", r, only)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "report.json").write_text(json.dumps(r, indent=2) + "\n")
     (out_dir / "report.md").write_text(report_markdown(r))
@@ -240,6 +258,42 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
     return r
 
 
+def _matrix(c, m, image: Image, root: Path, bc, buildpy: list[str], r: dict, log) -> dict:
+    """`--all --jobs N` over the rows of this torch minor, from an empty build cache: wall
+    time against the one-row cold build, how busy the machine was, and how many rows ran
+    the locked-wheels step themselves (BuildKit should run a step shared by rows once)."""
+    from . import build
+    rows = [i for i in m.images if i.torch_minor == image.torch_minor and i.flavor == image.flavor]
+    subprocess.run([bc.argv[0], "builder", "prune", "--all", "--force"], env={**os.environ, **bc.env}, capture_output=True)
+    log(f"bench: matrix build of {len(rows)} rows ({', '.join(i.name for i in rows)}), --jobs {len(rows)}, empty build cache")
+    before = cpu_times()
+    t = timed(buildpy + ["build", "--all", "--torch", image.torch_minor, "--jobs", str(len(rows)), "--no-test", "--quiet"])
+    busy = busy_fraction(before, cpu_times())
+    ran = {}
+    for i in rows:
+        st = steps((root / "build-results" / i.name / "build.log").read_text())
+        ran[i.name] = [s["seconds"] for s in st if s["stage"] == "python-env" and not s["cached"] and s["cmd"].startswith("RUN")]
+        c.images.remove(build.candidate_ref(i), noprune=False)
+    out = {"rows": [i.name for i in rows], "jobs": len(rows), "seconds": t, "cpu_busy": busy,
+           "locked_wheels_step_s": ran}
+    if r.get("cold"):
+        out["fraction_of_cold_build"] = t / statistics.median(r["cold"]["ours_s"])
+    return out
+
+
+def merge_previous(path: Path, r: dict, only: set[str]) -> dict:
+    """A run of some measures keeps the last report's figures for the others, and says so."""
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return r
+    if old.get("image") != r["image"] or set(MEASURES) <= only:
+        return r
+    first = old.get("measured_first", old["date"])
+    return {**old, **r, "date": first, "measured_first": first,
+            "updated": [*old.get("updated", []), {"date": r["date"], "measures": sorted(only)}]}
+
+
 def _s(d: dict) -> str:
     return f"{d['median']:.2f} | {d['min']:.2f} | {d['max']:.2f} | {d['n']}"
 
@@ -247,6 +301,9 @@ def _s(d: dict) -> str:
 def report_markdown(r: dict) -> str:
     lines = [f"# Benchmark: {r['image']}", "", f"Measured {r['date']} on this machine ({r['cpus']} CPUs), by "
              "`python3 build.py bench --full`. Medians over repeated runs; ratios come from the same run.", ""]
+    lines += [f"Re-measured {u['date']}: {', '.join(u['measures'])} (the other figures are from the first run)." for u in r.get("updated", [])]
+    if r.get("updated"):
+        lines.append("")
     lines += ["| measure | result | target | met |", "|---|---|---|---|"]
     if "size" in r:
         s = r["size"]
@@ -269,6 +326,13 @@ def report_markdown(r: dict) -> str:
         lines.append(f"| second row with the same lock ({sr['image']}): unique bytes | {sr['unique_bytes'] / 1e6:.1f} MB ({sr['unique_fraction'] * 100:.3f}%) | <= 1% | {'yes' if sr['unique_fraction'] <= 0.01 else 'no'} |")
         if "fraction_of_cold_build" in sr:
             lines.append(f"| second row build time / first row's cold build | {sr['seconds']:.1f} s ({sr['fraction_of_cold_build'] * 100:.1f}%) | <= 20% | {'yes' if sr['fraction_of_cold_build'] <= 0.2 else 'no'} |")
+    if "matrix" in r:
+        mx = r["matrix"]
+        shared = sum(1 for v in mx["locked_wheels_step_s"].values() if v)
+        vs = f" ({mx['fraction_of_cold_build']:.2f}x one row's cold build)" if "fraction_of_cold_build" in mx else ""
+        lines.append(f"| matrix build, {len(mx['rows'])} rows with --jobs {mx['jobs']}: wall time{vs} | {mx['seconds']:.0f} s | shared layers once | {'yes' if shared <= 1 else 'no'} |")
+        lines.append(f"| matrix build: machine busy (all CPUs, /proc/stat) | {mx['cpu_busy'] * 100:.0f}% | busy | - |")
+        lines.append(f"| matrix build: rows that ran the locked-wheels step themselves | {shared} of {len(mx['rows'])} | 1 | {'yes' if shared <= 1 else 'no'} |")
     if "banner" in r:
         b = r["banner"]
         lines.append(f"| banner start-up overhead (median difference, {b['runs']} runs) | {b['median_overhead_s'] * 1000:.0f} ms | <= 200 ms | {'yes' if b['median_overhead_s'] <= 0.2 else 'no'} |")

@@ -110,7 +110,7 @@ def parser() -> argparse.ArgumentParser:
     bn.add_argument("--runs", type=int, default=10, help="repetitions of the quick measurements (default 10)")
     bn.add_argument("--full", action="store_true", help="every benchmark; report in bench/ (~15 min; empties the build cache for the cold builds)")
     bn.add_argument("--cold-runs", type=int, default=1, help="with --full: cold builds of each kind (default 1)")
-    bn.add_argument("--only", default="size,cold,rebuild,rows,banner", help="with --full: comma list of size,cold,rebuild,rows,banner")
+    bn.add_argument("--only", default=",".join(bench.MEASURES), help="with --full: comma list of " + ",".join(bench.MEASURES))
     bn.add_argument("--docker")
     bn.add_argument("--ca-bundle")
 
@@ -498,10 +498,10 @@ def cmd_bench(m: matrix.Matrix, args) -> int:
         print(bench.markdown(result))
         return 0
     only = {x.strip() for x in args.only.split(",") if x.strip()}
-    if not only or only - {"size", "cold", "rebuild", "rows", "banner"} or args.runs < 1 or args.cold_runs < 1:
-        raise UsageError("--only takes size,cold,rebuild,rows,banner; --runs and --cold-runs at least 1")
+    if not only or only - set(bench.MEASURES) or args.runs < 1 or args.cold_runs < 1:
+        raise UsageError(f"--only takes {','.join(bench.MEASURES)}; --runs and --cold-runs at least 1")
     bc = docker_env.build_client(args.docker)
-    if "cold" in only:
+    if only & {"cold", "matrix"}:
         build.check_disk(docker_env.root_dir(c))
     try:
         result = bench.full(c, m, image, ROOT, bc, ca_bundle(args.ca_bundle), args.runs, args.cold_runs, only, ROOT / "bench", log)

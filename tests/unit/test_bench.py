@@ -41,3 +41,33 @@ def test_report_marks_each_target_met_or_not():
 def test_svg_has_one_bar_per_series():
     svg = bench.svg_bars("t", "GB", [("a", 1.0), ("b", 2.0), ("c", 0.5)])
     assert svg.startswith("<svg") and svg.count("<rect") == 3 and "2.00 GB" in svg
+
+
+def test_matrix_row_is_met_only_when_one_row_ran_the_shared_step():
+    base = {"image": "x", "date": "d", "cpus": 2}
+    once = {"rows": ["a", "b"], "jobs": 2, "seconds": 300.0, "cpu_busy": 0.93, "locked_wheels_step_s": {"a": [65.0], "b": []}}
+    twice = {**once, "locked_wheels_step_s": {"a": [65.0], "b": [64.0]}}
+    assert "| 1 of 2 | 1 | yes |" in bench.report_markdown({**base, "matrix": once})
+    assert "| 2 of 2 | 1 | no |" in bench.report_markdown({**base, "matrix": twice})
+    assert "| 93% | busy |" in bench.report_markdown({**base, "matrix": once})
+
+
+def test_a_partial_run_keeps_the_other_figures_and_says_when(tmp_path):
+    path = tmp_path / "report.json"
+    first = {"image": "x", "date": "monday", "cpus": 2, "runs": 5, "rebuild_nochange_s": bench.stats([1.0])}
+    path.write_text(bench.json.dumps(first))
+    later = {"image": "x", "date": "tuesday", "cpus": 2, "runs": 5, "rebuild_nochange_s": bench.stats([2.0]),
+             "matrix": {"rows": ["a"], "jobs": 1, "seconds": 1.0, "cpu_busy": 0.5, "locked_wheels_step_s": {"a": [1.0]}}}
+    merged = bench.merge_previous(path, later, {"rebuild", "matrix"})
+    assert merged["rebuild_nochange_s"]["median"] == 2.0 and "matrix" in merged
+    assert merged["date"] == "monday" and merged["updated"] == [{"date": "tuesday", "measures": ["matrix", "rebuild"]}]
+    assert "Re-measured tuesday: matrix, rebuild" in bench.report_markdown(merged)
+    # a full run, or another image's report, starts afresh
+    assert bench.merge_previous(path, later, set(bench.MEASURES)) is later
+    assert bench.merge_previous(path, {**later, "image": "y"}, {"matrix"})["date"] == "tuesday"
+
+
+def test_busy_fraction_from_proc_stat_samples():
+    assert bench.busy_fraction((100, 400), (250, 600)) == 0.75
+    busy, total = bench.cpu_times()
+    assert 0 <= busy <= total
