@@ -150,19 +150,10 @@ def svg_bars(title: str, unit: str, bars: list[tuple[str, float]]) -> str:
     return "\n".join(parts + ["</svg>"]) + "\n"
 
 
-def _copy_project(root: Path, dest: Path) -> Path:
-    for name in ("matrix.yaml", "Dockerfile.base", "build.py"):
-        shutil.copy2(root / name, dest / name)
-    for name in ("images", "templates", "pytorch_cuda_build", "pytorch_cuda_runtime", "tests"):
-        shutil.copytree(root / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
-    (dest / ".venv").symlink_to(root / ".venv")
-    return dest
-
-
 def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_runs: int, only: set[str],
          out_dir: Path, log) -> dict:
     """Every figure of the benchmark issue for one row, measured in one run on this machine."""
-    from . import build, render
+    from . import build, files, render
     buildpy = [sys.executable, str(root / "build.py")]
     row = ["--torch", image.torch, "--cuda", image.cuda]
     ref = image.refs()[0]
@@ -174,7 +165,7 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
         log(f"bench: unchanged rebuild through build.py, {runs} runs")
         r["rebuild_nochange_s"] = stats([timed(buildpy + row + ["--quiet"]) for _ in range(runs)])
         with tempfile.TemporaryDirectory(prefix="pytorch-cuda-bench-") as tmp:
-            copy = _copy_project(root, Path(tmp))
+            copy = files.copy_project(root, Path(tmp))
             smoke = copy / "pytorch_cuda_runtime" / "smoke" / "versions.py"
             smoke.write_text(smoke.read_text() + f"\n# a change to the smoke suite only ({time.time_ns()})\n")
             t = timed([sys.executable, str(copy / "build.py"), *row, "--quiet", "--no-test"], cwd=copy)

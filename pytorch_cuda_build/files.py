@@ -4,6 +4,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -68,3 +69,15 @@ def sha256_text(*texts: str) -> str:
         h.update(t.encode())
         h.update(b"\0")
     return h.hexdigest()
+
+
+def copy_project(root: Path, dest: Path) -> Path:
+    """The project's committed inputs and code copied to dest, its .venv linked (not copied),
+    so the copy's build.py runs at once: for experiments that must not touch the real tree."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("matrix.yaml", "Dockerfile.base", "build.py"):
+        shutil.copy2(root / name, dest / name)
+    for name in ("images", "templates", "pytorch_cuda_build", "pytorch_cuda_runtime", "tests"):
+        shutil.copytree(root / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (dest / ".venv").symlink_to(root / ".venv")
+    return dest

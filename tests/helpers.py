@@ -1,8 +1,12 @@
 """Assertion helpers shared by the test tiers: show the command and its output on failure."""
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,15 +25,21 @@ def project_copy(dest: Path) -> Path:
 
     Its .venv links to ours, so its build.py runs at once without a new virtualenv.
     """
-    import shutil
+    from pytorch_cuda_build.files import copy_project
+    return copy_project(ROOT, dest)
 
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in ("matrix.yaml", "Dockerfile.base", "build.py"):
-        shutil.copy2(ROOT / name, dest / name)
-    for name in ("images", "templates", "pytorch_cuda_build", "pytorch_cuda_runtime", "tests"):
-        shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
-    (dest / ".venv").symlink_to(ROOT / ".venv")
-    return dest
+
+@contextlib.contextmanager
+def tmpfs(mnt: Path, size: str):
+    """A real, small filesystem at mnt, to fill up (needs root)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
 
 
 def run_build_py(root: Path, *args: str, env: dict | None = None, timeout: int = 3600) -> subprocess.CompletedProcess:

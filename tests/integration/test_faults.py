@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import IN_CI
-from helpers import ROOT, project_copy, run_build_py, shown, tree_snapshot
+from helpers import ROOT, project_copy, run_build_py, shown, tmpfs, tree_snapshot
 
 from pytorch_cuda_build import docker_env, matrix, render, tag
 
@@ -227,12 +227,7 @@ def test_matrix_build_runs_rows_side_by_side(built, docker_client, tmp_path):
 
 def test_full_disk_during_render_changes_no_file(tmp_path):
     """The real command on a filesystem that fills up: one line, exit 2, images/ untouched."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)], check=True)
-    try:
+    with tmpfs(tmp_path / "small", "24m") as mnt:
         root = project_copy(mnt / "p")
         tpl = root / "templates" / "header.j2"
         tpl.write_text(tpl.read_text() + "\n# a change that makes every Dockerfile longer\n" + "# padding\n" * 50)
@@ -250,5 +245,3 @@ def test_full_disk_during_render_changes_no_file(tmp_path):
         assert len(lines) == 1 and "no space left on device" in lines[0] and "nothing was changed" in lines[0], proc.stderr
         assert tree_snapshot(root / "images") == before
         assert not list((root / "images").rglob("*.tmp"))
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)

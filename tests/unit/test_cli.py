@@ -1,11 +1,10 @@
 """The CLI as users run it: one clear line, the right exit code, nothing half-written."""
 from __future__ import annotations
 
-import os
 import subprocess
 
 import pytest
-from helpers import ROOT, project_copy, run_build_py, tree_snapshot
+from helpers import ROOT, project_copy, run_build_py, tmpfs, tree_snapshot
 
 from pytorch_cuda_build import build, docker_env, files
 from pytorch_cuda_build.errors import EnvironmentProblem
@@ -141,13 +140,8 @@ def test_override_must_be_buildkit_capable(tmp_path, monkeypatch):
 
 @pytest.fixture
 def tiny_fs(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], check=True)
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=False)
+    with tmpfs(tmp_path / "tiny", "64k") as mnt:
+        yield mnt
 
 
 @pytest.mark.fault
