@@ -4,14 +4,14 @@
 interleaved so drift in the machine's load hits both sides alike.
 `full`: everything the benchmark issue asks, for one row, in one run: image size against
 the floor and a naive Dockerfile, cold builds of both, the no-change and smoke-only
-rebuilds, a second row sharing the lock, and the banner. Report: bench/ (committed).
+rebuilds, a second row sharing the lock, a matrix build (`--all --jobs`), and the banner.
+Report: bench/ (committed).
 """
 from __future__ import annotations
 
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
