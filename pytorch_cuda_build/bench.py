@@ -190,7 +190,7 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
         naive_ref = f"pytorch-cuda-bench-naive:{image.name}"
         for k in range(cold_runs):
             # Truly cold: no layer cache and no wheelhouse (a cache mount --no-cache would keep).
-            subprocess.run([bc.argv[0], "builder", "prune", "--all", "--force"], env={**os.environ, **bc.env}, capture_output=True)
+            _empty_build_cache(bc)
             log(f"bench: cold build {k + 1}/{cold_runs} through build.py (empty build cache and wheelhouse)")
             r["cold"]["ours_s"].append(timed(buildpy + row + ["--quiet", "--no-test"]))
             st = steps((root / "build-results" / image.name / "build.log").read_text())
@@ -249,13 +249,17 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
     return r
 
 
+def _empty_build_cache(bc) -> None:
+    subprocess.run([bc.argv[0], "builder", "prune", "--all", "--force"], env={**os.environ, **bc.env}, capture_output=True)
+
+
 def _matrix(c, m, image: Image, root: Path, bc, buildpy: list[str], r: dict, log) -> dict:
     """`--all --jobs N` over the rows of this torch minor, from an empty build cache: wall
     time against the one-row cold build, how busy the machine was, and how many rows ran
     the locked-wheels step themselves (BuildKit should run a step shared by rows once)."""
     from . import build
     rows = [i for i in m.images if i.torch_minor == image.torch_minor and i.flavor == image.flavor]
-    subprocess.run([bc.argv[0], "builder", "prune", "--all", "--force"], env={**os.environ, **bc.env}, capture_output=True)
+    _empty_build_cache(bc)
     log(f"bench: matrix build of {len(rows)} rows ({', '.join(i.name for i in rows)}), --jobs {len(rows)}, empty build cache")
     before = cpu_times()
     t = timed(buildpy + ["build", "--all", "--torch", image.torch_minor, "--jobs", str(len(rows)), "--no-test", "--quiet"])

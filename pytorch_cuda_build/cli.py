@@ -489,6 +489,9 @@ def cmd_sbom(m: matrix.Matrix, args) -> int:
 
 def cmd_bench(m: matrix.Matrix, args) -> int:
     image = m.select(args.torch, args.cuda, args.flavor)
+    only = {x.strip() for x in args.only.split(",") if x.strip()}
+    if not only or only - set(bench.MEASURES) or args.runs < 1 or args.cold_runs < 1:
+        raise UsageError(f"--only takes {','.join(bench.MEASURES)}; --runs and --cold-runs at least 1")
     c = docker_env.ensure_engine(log)
     ref = image.refs()[0]
     if tag.current(c, image)[ref] is None:
@@ -497,9 +500,6 @@ def cmd_bench(m: matrix.Matrix, args) -> int:
         result = bench.banner(image, ref, args.runs, ROOT / "build-results" / "bench")
         print(bench.markdown(result))
         return 0
-    only = {x.strip() for x in args.only.split(",") if x.strip()}
-    if not only or only - set(bench.MEASURES) or args.runs < 1 or args.cold_runs < 1:
-        raise UsageError(f"--only takes {','.join(bench.MEASURES)}; --runs and --cold-runs at least 1")
     bc = docker_env.build_client(args.docker)
     if only & {"cold", "matrix"}:
         build.check_disk(docker_env.root_dir(c))

@@ -24,6 +24,12 @@ def test_unknown_row_lists_rows():
     one_error_line(proc, 2, "rows for torch 2.7: cuda 12.1 (runtime, default), cuda 12.6 (runtime)")
 
 
+@pytest.mark.parametrize("args", [["--only", "size,bogus"], ["--only", ","], ["--runs", "0"], ["--cold-runs", "0"]])
+def test_bench_rejects_bad_arguments_before_touching_docker(args):
+    proc = run_build_py(ROOT, "bench", "--torch", "2.7", "--cuda", "12.1", "--full", *args, env=NO_DOCKER)
+    one_error_line(proc, 2, "--only takes size,cold,rebuild,rows,matrix,banner; --runs and --cold-runs at least 1")
+
+
 @pytest.mark.parametrize(("args", "text"), [
     (["--torch", "9.9"], "no row for torch 9.9"),
     (["--torch", "2.7", "--flavor", "slim"], "unknown --flavor 'slim'"),
