@@ -169,7 +169,9 @@ def test_index_refusing_downloads_names_the_step_and_moves_no_tag(built, docker_
 
 def test_same_row_twice_at_once_is_serialized_and_the_second_reuses_the_first(built, docker_client, tmp_path):
     root = fault_copy(tmp_path / "p", docker_client)
-    (root / "pytorch_cuda_runtime" / "NOTE.txt").write_text("a new image ID, so it must be tested\n")
+    # A new image ID on every run, so it must be tested: an earlier run on this machine
+    # recorded the ID a fixed change would give as passed, and the first build would end at once.
+    (root / "pytorch_cuda_runtime" / "NOTE.txt").write_text(f"a new image ID {uuid.uuid4().hex}\n")
     first = start(root, "--torch", "2.7", "--cuda", "12.1", "--quiet")
     time.sleep(2)
     second = start(root, "--torch", "2.7", "--cuda", "12.1", "--quiet")
