@@ -3,15 +3,20 @@
 Two suites: the in-image smoke suite (`pytorch-cuda-smoke`: versions, collectives,
 ZeRO-3, FSDP2; on the GPUs when the daemon has an NVIDIA runtime, else on 2 CPU ranks
 with gloo) and the structure tests (tests/structure, pytest-testinfra's docker backend).
+A suite passes only when at least one check passed and none failed: a run where
+everything was skipped proves nothing.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from pathlib import Path
 
 import docker
@@ -24,6 +29,25 @@ from .matrix import Image
 
 SMOKE_TIMEOUT_S = int(os.environ.get("PYTORCH_CUDA_SMOKE_TIMEOUT", "1500"))
 STRUCTURE_TIMEOUT_S = 900
+# The test code a pass record vouches for. The smoke suite is baked into the image (its
+# ID covers it) but is hashed too; tests/conftest.py and tests/helpers.py are imported
+# by the structure tests, so they are part of what ran.
+TEST_CODE = ("pytorch_cuda_build/test.py", "tests/structure", "tests/conftest.py", "tests/helpers.py",
+             "pytorch_cuda_runtime/smoke")
+
+
+def code_hash(root: Path) -> str:
+    """sha256 over the test code's files, by path and content, in a stable order."""
+    files: list[Path] = []
+    for rel in TEST_CODE:
+        p = root / rel
+        files += sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p] if p.is_file() else []
+    h = hashlib.sha256()
+    for f in sorted({f for f in files if "__pycache__" not in f.parts and f.suffix != ".pyc"}):
+        data = f.read_bytes()
+        h.update(f"{f.relative_to(root).as_posix()}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()
 
 
 def smoke(c: docker.DockerClient, image: Image, image_id: str, results: Path, require_gpu: bool, log=print) -> dict:
@@ -56,7 +80,26 @@ def smoke(c: docker.DockerClient, image: Image, image_id: str, results: Path, re
     (results / "smoke-report.json").write_text(json.dumps(report, indent=2) + "\n")
     if code != 0:
         raise TestFailure("smoke suite", _failures(report, code), str(log_path))
+    check_smoke_report(report, require_gpu, str(log_path))
     return report
+
+
+def check_smoke_report(report: dict, require_gpu: bool, log_path: str) -> None:
+    """Exit 0 is not enough: the report must show a check that passed, and a GPU when one is required."""
+    summary = report.get("summary") if isinstance(report, dict) else None
+    summary = summary if isinstance(summary, dict) else {}
+    passes = summary.get("PASS")
+    if not isinstance(passes, int) or passes < 1:
+        skipped = summary.get("SKIPPED", 0)
+        raise TestFailure("smoke suite", f"0 checks passed ({skipped} skipped) although it exited 0", log_path)
+    if require_gpu and not gpus_used(report):
+        raise TestFailure("smoke suite", f"--require-gpu: the suite ran on no GPU (report gpus={report.get('gpus')!r})", log_path)
+
+
+def gpus_used(report: dict) -> int:
+    """How many GPUs the smoke report says ran it; 0 for a CPU run or a report without the field."""
+    gpus = report.get("gpus") if isinstance(report, dict) else None
+    return gpus if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0 else 0
 
 
 def _wait(container, timeout: int) -> int:
@@ -84,16 +127,70 @@ def _describe(r: dict) -> str:
 def structure(root: Path, image: Image, image_id: str, results: Path) -> None:
     """Run tests/structure against the candidate with pytest-testinfra."""
     log_path = results / "structure.log"
+    junit = results / "structure.xml"
+    junit.unlink(missing_ok=True)  # never count an earlier run's results
     cmd = [sys.executable, "-m", "pytest", str(root / "tests" / "structure"), "-q", "-p", "no:cacheprovider",
-           f"--image={image_id}", f"--image-name={image.name}", f"--matrix={root / 'matrix.yaml'}"]
+           f"--junitxml={junit}", f"--image={image_id}", f"--image-name={image.name}", f"--matrix={root / 'matrix.yaml'}"]
     with open(log_path, "w", buffering=1) as log:
         try:
             rc = subprocess.run(cmd, cwd=root, stdout=log, stderr=subprocess.STDOUT, timeout=STRUCTURE_TIMEOUT_S).returncode
         except subprocess.TimeoutExpired:
             rc = 124
-    if rc != 0:
-        summary = (log_path.read_text(errors="replace").strip().splitlines() or ["no output"])[-1]
-        raise TestFailure("structure tests", summary, str(log_path))
+    gate_structure(rc, junit, log_path)
+
+
+@dataclass
+class Counts:
+    """What one pytest run did, from its junit XML."""
+
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    first_skip: str = ""
+    first_failure: str = ""
+
+
+def junit_counts(path: Path) -> Counts:
+    """Count the test cases of a pytest junit XML; errors count as failures."""
+    counts = Counts()
+    for case in ET.parse(path).getroot().iter("testcase"):
+        bad = case.find("failure")
+        bad = bad if bad is not None else case.find("error")
+        skip = case.find("skipped")
+        if bad is not None:
+            counts.failed += 1
+            counts.first_failure = counts.first_failure or f"{case.get('name')}: {_first_line(bad.get('message'))}"
+        elif skip is not None:
+            counts.skipped += 1
+            counts.first_skip = counts.first_skip or _first_line(skip.get("message"))
+        else:
+            counts.passed += 1
+    return counts
+
+
+def _first_line(text: str | None) -> str:
+    lines = (text or "").strip().splitlines()
+    line = lines[0] if lines else "no reason given"
+    return line if len(line) <= 200 else line[:197] + "..."
+
+
+def gate_structure(rc: int, junit: Path, log_path: Path) -> None:
+    """Pass only when pytest exited 0 (or 5, judged by the counts) with a test passed and none failed."""
+    if rc == 124:
+        raise TestFailure("structure tests", f"timed out after {STRUCTURE_TIMEOUT_S} s", str(log_path))
+    try:
+        counts = junit_counts(junit)
+    except (OSError, ET.ParseError):
+        counts = None
+    if counts is None:
+        summary = (log_path.read_text(errors="replace").strip().splitlines() or ["no output"])[-1] if log_path.exists() else "no output"
+        raise TestFailure("structure tests", f"pytest exit {rc} and no junit report ({summary})", str(log_path))
+    if counts.failed or rc not in (0, 5):
+        detail = f"{counts.failed} failed, {counts.passed} passed"
+        raise TestFailure("structure tests", f"{detail}: {counts.first_failure}" if counts.first_failure else f"{detail} (pytest exit {rc})", str(log_path))
+    if counts.passed == 0:
+        reason = f": {counts.first_skip}" if counts.skipped else ""
+        raise TestFailure("structure tests", f"0 tests ran ({counts.skipped} skipped){reason}", str(log_path))
 
 
 def run(c: docker.DockerClient, root: Path, image: Image, image_id: str, results: Path,
