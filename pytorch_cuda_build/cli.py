@@ -332,13 +332,14 @@ def _build(image: matrix.Image, args) -> int:
     if args.no_test:
         log(f"built candidate {build.candidate_ref(image)} ({image_id[:19]}); --no-test: no public tag set")
         return 0
-    before = tag.passed(image_id)
-    if before and not args.retest:
-        log(f"image {image_id[:19]} already passed its tests ({before['mode']}); not re-testing (--retest to force)")
+    code = test.code_hash(ROOT)  # hashed before the run: the record names the code that ran
+    prior = None if args.retest else tag.reusable_pass(image_id, args.require_gpu, code)
+    if prior:
+        log(f"image {image_id[:19]} already passed its tests ({prior['mode']}) and the test code is unchanged; not re-testing (--retest to force)")
     else:
         with timer("test"):
             report = test.run(c, ROOT, image, image_id, results, args.require_gpu, log)
-        tag.record_pass(image, image_id, report)
+        tag.record_pass(image, image_id, report, code)
     with timer("sbom"):
         doc = sbom.generate(c, image_id)
         files.write_atomic(results / "sbom.cdx.json", json.dumps(doc, indent=1, sort_keys=True) + "\n")
@@ -370,9 +371,10 @@ def cmd_test(m: matrix.Matrix, args) -> int:
         image_id = c.images.get(ref).id
     except Exception:
         raise UsageError(f"no image {ref} on this daemon; build it first (python build.py --torch {image.torch_minor} --cuda {image.cuda})") from None
+    code = test.code_hash(ROOT)
     report = test.run(c, ROOT, image, image_id, results_dir(image), args.require_gpu, log)
-    tag.record_pass(image, image_id, report)
-    print(f"{ref} ({image_id[:19]}) passed the smoke and structure tests")
+    mode = tag.record_pass(image, image_id, report, code)
+    print(f"{ref} ({image_id[:19]}) passed the smoke and structure tests ({mode})")
     return 0
 
 
