@@ -1,0 +1,81 @@
+"""`build.py --torch X --require-gpu` through the real CLI path, with every Docker call
+replaced at the function level: an earlier CPU pass never lets a GPU-less machine move
+the tags, and an unchanged image with unchanged tests is not tested again."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from pytorch_cuda_build import cli, tag, test
+
+ID = "sha256:" + "c" * 64
+ROW = SimpleNamespace(name="2.7.1-cuda12.1-runtime", repository="pytorch-cuda", refs=lambda: ["pytorch-cuda:2.7.1-cuda12.1-runtime"])
+ARGS = ["--torch", "2.7", "--cuda", "12.1", "--ca-bundle", "/dev/null", "--quiet"]
+
+
+class FakeDaemon:
+    """A daemon with no NVIDIA runtime that remembers what would have changed."""
+
+    def __init__(self):
+        self.removed: list[str] = []
+        self.images = SimpleNamespace(get=lambda ref: SimpleNamespace(id=ID, attrs={"Size": 1}), remove=lambda ref, **kw: self.removed.append(ref))
+
+    def info(self):
+        return {"Runtimes": {"runc": {}}, "DockerRootDir": "/"}
+
+
+@pytest.fixture
+def pipeline(tmp_path, monkeypatch):
+    """Every stage before the test gate faked; what the gate and the tagger did is recorded."""
+    daemon, seen = FakeDaemon(), {"promoted": [], "tested": 0}
+    monkeypatch.setattr(tag, "TESTED", tmp_path / "state" / "tested.json")
+    monkeypatch.setattr(cli.signal, "signal", lambda *a: None)  # leave pytest's handlers alone
+    monkeypatch.setattr(cli.matrix, "load", lambda path: SimpleNamespace(select=lambda *a: ROW))
+    monkeypatch.setattr(cli.lock, "check", lambda *a: None)
+    monkeypatch.setattr(cli.render, "check", lambda *a: None)
+    monkeypatch.setattr(cli.base, "STATE_DIR", tmp_path / "state")
+    monkeypatch.setattr(cli, "results_dir", lambda image: tmp_path / "results")
+    monkeypatch.setattr(cli.docker_env, "ensure_engine", lambda log: daemon)
+    monkeypatch.setattr(cli.docker_env, "build_client", lambda d: SimpleNamespace(description="a fake client"))
+    monkeypatch.setattr(cli.build, "check_disk", lambda root: None)
+    monkeypatch.setattr(cli.base, "ensure", lambda *a: "sha256:base")
+    monkeypatch.setattr(cli.build, "run", lambda *a, **kw: ID)
+    monkeypatch.setattr(cli.sbom, "generate", lambda c, i: {"components": []})
+    monkeypatch.setattr(cli.tag, "promote", lambda c, image, i: seen["promoted"].append(i) or image.refs())
+    real_run = test.run
+
+    def counted_run(*a, **kw):
+        seen["tested"] += 1
+        return real_run(*a, **kw)
+    monkeypatch.setattr(cli.test, "run", counted_run)
+    return seen
+
+
+def test_require_gpu_after_a_cpu_pass_fails_without_a_gpu(pipeline, capsys):
+    tag.record_pass(ROW, ID, {"gpus": 0}, test.code_hash(cli.ROOT))
+    before = tag.TESTED.read_text()
+    assert cli.main([*ARGS, "--require-gpu"]) == 2
+    errors = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error: ")]
+    assert errors == ["error: --require-gpu: this Docker daemon has no NVIDIA runtime (install the NVIDIA Container Toolkit)"]
+    assert pipeline == {"promoted": [], "tested": 1}
+    assert tag.TESTED.read_text() == before  # still only the CPU pass
+
+
+def test_unchanged_image_and_tests_are_not_tested_again(pipeline, capsys):
+    tag.record_pass(ROW, ID, {"gpus": 0}, test.code_hash(cli.ROOT))
+    assert cli.main(ARGS) == 0
+    err = capsys.readouterr().err
+    assert "already passed its tests (cpu) and the test code is unchanged" in err
+    assert pipeline == {"promoted": [ID], "tested": 0}
+
+
+def test_edited_tests_run_again(pipeline, monkeypatch):
+    tag.record_pass(ROW, ID, {"gpus": 2}, "the hash of older test code")
+    monkeypatch.setattr(cli.test, "smoke", lambda *a: {"gpus": 0, "summary": {"PASS": 3}})
+    monkeypatch.setattr(cli.test, "structure", lambda *a: None)
+    assert cli.main(ARGS) == 0
+    assert pipeline == {"promoted": [ID], "tested": 1}
+    recs = json.loads(tag.TESTED.read_text())[ID]
+    assert [(r["mode"], r["code"]) for r in recs] == [("gpu", "the hash of older test code"), ("cpu", test.code_hash(cli.ROOT))]
