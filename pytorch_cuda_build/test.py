@@ -38,16 +38,20 @@ TEST_CODE = ("pytorch_cuda_build/test.py", "tests/structure", "tests/conftest.py
 
 def code_hash(root: Path) -> str:
     """sha256 over the test code's files, by path and content, in a stable order."""
-    files: list[Path] = []
-    for rel in TEST_CODE:
-        p = root / rel
-        files += sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p] if p.is_file() else []
     h = hashlib.sha256()
-    for f in sorted({f for f in files if "__pycache__" not in f.parts and f.suffix != ".pyc"}):
+    for f in sorted(_test_files(root), key=lambda f: f.relative_to(root).as_posix()):
         data = f.read_bytes()
         h.update(f"{f.relative_to(root).as_posix()}\0{len(data)}\0".encode())
         h.update(data)
     return h.hexdigest()
+
+
+def _test_files(root: Path):
+    for rel in TEST_CODE:
+        p = root / rel
+        for f in p.rglob("*") if p.is_dir() else [p]:
+            if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc":  # caches are not code
+                yield f
 
 
 def smoke(c: docker.DockerClient, image: Image, image_id: str, results: Path, require_gpu: bool, log=print) -> dict:
@@ -174,6 +178,13 @@ def _first_line(text: str | None) -> str:
     return line if len(line) <= 200 else line[:197] + "..."
 
 
+def _last_line(path: Path) -> str:
+    try:
+        return (path.read_text(errors="replace").strip().splitlines() or ["no output"])[-1]
+    except OSError:
+        return "no output"
+
+
 def gate_structure(rc: int, junit: Path, log_path: Path) -> None:
     """Pass only when pytest exited 0 (or 5, judged by the counts) with a test passed and none failed."""
     if rc == 124:
@@ -181,10 +192,7 @@ def gate_structure(rc: int, junit: Path, log_path: Path) -> None:
     try:
         counts = junit_counts(junit)
     except (OSError, ET.ParseError):
-        counts = None
-    if counts is None:
-        summary = (log_path.read_text(errors="replace").strip().splitlines() or ["no output"])[-1] if log_path.exists() else "no output"
-        raise TestFailure("structure tests", f"pytest exit {rc} and no junit report ({summary})", str(log_path))
+        raise TestFailure("structure tests", f"pytest exit {rc} and no junit report ({_last_line(log_path)})", str(log_path)) from None
     if counts.failed or rc not in (0, 5):
         detail = f"{counts.failed} failed, {counts.passed} passed"
         raise TestFailure("structure tests", f"{detail}: {counts.first_failure}" if counts.first_failure else f"{detail} (pytest exit {rc})", str(log_path))
