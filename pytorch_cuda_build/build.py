@@ -23,7 +23,7 @@ from .errors import BuildError, EnvironmentProblem
 from .matrix import Image
 
 RUNTIME_PACKAGE = "pytorch_cuda_runtime"
-CONTEXT_FILES = ("requirements.lock", "deepspeed.lock", "manifest.json")
+CONTEXT_FILES = ("requirements.lock", "deepspeed.lock", "toolkit.lock", "manifest.json")
 # A cold build of one row needs the torch layer twice over (layer + extraction) and
 # the wheelhouse; refuse early rather than fail half-way with a full disk.
 MIN_FREE_BYTES = 25 * 1024**3

@@ -13,16 +13,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import MatrixError, Problem, UsageError
 
 FULL_VERSION = re.compile(r"^\d+\.\d+\.\d+(\+[a-z0-9.]+)?$")
 MINOR_VERSION = re.compile(r"^\d+\.\d+$")
 DOTTED = re.compile(r"^\d+(\.\d+){1,3}$")
-# "devel" (runtime + a CUDA toolkit matching torch's CUDA) is planned; it is refused until
-# a template stage can install that toolkit, rather than tag a runtime image as devel.
-FLAVORS = ("runtime",)
+# runtime: what users train in (with the compilers torch.compile needs); devel: runtime plus
+# the CUDA toolkit (nvcc, headers, link libraries) that the row's DeepSpeed ops were built with.
+FLAVORS = ("runtime", "devel")
+Flavor = Literal["runtime", "devel"]
 
 
 class _Strict(BaseModel):
@@ -63,6 +64,39 @@ class OSBase(_Strict):
         return value
 
 
+class Toolkit(_Strict):
+    """Where a CUDA major's compiler comes from: the one DeepSpeed's ops are built with.
+
+    pypi: NVIDIA's wheels through `cuda-toolkit[extras]`, at exactly the version the torch
+    wheel pins (CUDA 13). debian: a Debian suite's non-free `nvidia-cuda-toolkit`, for a
+    major whose PyPI nvcc wheels carry no nvcc driver (CUDA 12: only ptxas); its minor may
+    differ from torch's, which torch and DeepSpeed accept within a major, and the image says so.
+    """
+
+    source: Literal["pypi", "debian"]
+    extras: tuple[str, ...] = ()  # pypi: cuda-toolkit extras beyond what torch pins
+    mirror: str | None = None  # debian
+    suite: str | None = None
+    components: tuple[str, ...] = ()
+    packages: tuple[str, ...] = ()
+    version: str | None = None  # debian: the package version to pin, checked by `lock`
+
+    @field_validator("version")
+    @classmethod
+    def _debian_version(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^\d+\.\d+\.\d+~", value):
+            raise ValueError(f"{value!r} is not a Debian CUDA toolkit version (e.g. 12.4.131~12.4.1-2)")
+        return value
+
+    @model_validator(mode="after")
+    def _complete(self) -> "Toolkit":
+        need = ("mirror", "suite", "components", "packages", "version") if self.source == "debian" else ("extras",)
+        missing = [f for f in need if not getattr(self, f)]
+        if missing:
+            raise ValueError(f"a {self.source} toolkit needs {', '.join(missing)}")
+        return self
+
+
 class Platform(_Strict):
     """A CUDA platform an image promises the host: the driver it needs."""
 
@@ -77,8 +111,11 @@ class Defaults(_Strict):
     # otherwise use the build host's CPU (-march=native, AVX-512 where present).
     cpu_arch: Literal["x86-64-v3", "x86-64-v4"] = "x86-64-v3"
     index: str = "https://pypi.org/simple"
-    flavors: tuple[Literal["runtime"], ...] = ("runtime",)
+    flavors: tuple[Flavor, ...] = ("runtime",)
     extra_requirements: tuple[str, ...] = ()
+    # DeepSpeed ops compiled into every image's wheel for the `cuda` accelerator (names as
+    # DeepSpeed's op builders call them); the build fails if any is missing.
+    prebuilt_ops: tuple[str, ...] = ("cpu_adam", "fused_adam", "fused_lamb", "async_io")
 
 
 class Row(_Strict):
@@ -90,7 +127,7 @@ class Row(_Strict):
     deepspeed: str
     os: str | None = None
     index: str | None = None
-    flavors: tuple[Literal["runtime"], ...] | None = None
+    flavors: tuple[Flavor, ...] | None = None
     default: bool = False
     note: str | None = None
 
@@ -104,9 +141,10 @@ class MatrixFile(_Strict):
     defaults: Defaults
     oses: dict[str, OSBase]
     platforms: dict[str, Platform]
+    toolkits: dict[str, Toolkit] = Field(default_factory=dict)
     rows: list[Row] = Field(min_length=1)
 
-    @field_validator("platforms", mode="before")
+    @field_validator("platforms", "toolkits", mode="before")
     @classmethod
     def _platform_keys(cls, value: Any) -> Any:
         # YAML reads 12.1 as a float; a platform key is a version string.
@@ -141,6 +179,12 @@ class Image:
     extra_requirements: tuple[str, ...]
     note: str | None
     cpu_arch: str = "x86-64-v3"
+    toolkit: Toolkit | None = None
+    prebuilt_ops: tuple[str, ...] = ()
+
+    @property
+    def cuda_major(self) -> str:
+        return self.wheel_cuda.split(".")[0]
 
     @property
     def torch_minor(self) -> str:
@@ -301,6 +345,8 @@ def _row_problems(spec: MatrixFile, lines: dict) -> list[Problem]:
             problems.append(Problem(where + ".os", f"unknown OS {os_name!r}; defined: {', '.join(spec.oses)}", at))
         if row.cuda not in spec.platforms:
             problems.append(Problem(where + ".cuda", f"unknown CUDA platform {row.cuda}; defined: {', '.join(spec.platforms)}", at))
+        if row.wheel_cuda.split(".")[0] not in spec.toolkits:
+            problems.append(Problem(where + ".wheel_cuda", f"no CUDA toolkit for CUDA {row.wheel_cuda.split('.')[0]}.x under toolkits; defined: {', '.join(spec.toolkits) or 'none'}", at))
         if row.cuda.split(".")[0] != row.wheel_cuda.split(".")[0]:
             problems.append(Problem(where, f"wheel CUDA {row.wheel_cuda} and platform CUDA {row.cuda} differ in major version; minor-version compatibility does not cross majors", at))
         elif _vkey(row.wheel_cuda) != _vkey(row.cuda) and not row.note:
@@ -330,7 +376,8 @@ def _complete(spec: MatrixFile, path: Path) -> Matrix:
                     os_name=os_name, os=base, index=row.index or spec.defaults.index, flavor=flavor,
                     default=row.default, driver_min=spec.platforms[row.cuda].driver_min,
                     extra_requirements=spec.defaults.extra_requirements, note=row.note,
-                    cpu_arch=spec.defaults.cpu_arch,
+                    cpu_arch=spec.defaults.cpu_arch, toolkit=spec.toolkits[row.wheel_cuda.split(".")[0]],
+                    prebuilt_ops=spec.defaults.prebuilt_ops,
                 )
             )
     return Matrix(path=path, repository=spec.repository, images=tuple(images), platforms=tuple(spec.platforms))

@@ -13,12 +13,13 @@ from pathlib import Path
 import jinja2
 
 from . import lock
-from .errors import RenderError
+from .errors import LockError, RenderError
 from .files import write_all_atomic
 from .matrix import Image, Matrix
 
 LABEL_PREFIX = "io.pytorch-cuda"
 WHEELHOUSE_CACHE_ID = "pytorch-cuda-wheelhouse"
+DEB_CACHE_ID = "pytorch-cuda-debs"
 RENDERED = ("Dockerfile", "manifest.json")
 SBOM_PATH = "/opt/pytorch-cuda/sbom.cdx.json"  # CycloneDX, baked into every image
 _BASE_ARG = re.compile(r"^ARG BASE_IMAGE=\S+$", re.M)
@@ -69,9 +70,19 @@ def labels(image: Image, lock_meta: dict) -> list[tuple[str, str]]:
         (f"{p}.os", image.os_name),
         (f"{p}.driver-min", image.driver_min),
         (f"{p}.cpu-arch", image.cpu_arch),
+        (f"{p}.cuda-toolkit", toolkit_text(image, lock_meta)),
+        (f"{p}.deepspeed-ops", ",".join(image.prebuilt_ops)),
         (f"{p}.lock-sha256", lock_meta["files_sha256"]),
         (f"{p}.sbom", SBOM_PATH),
     ]
+
+
+def toolkit_text(image: Image, lock_meta: dict) -> str:
+    """The compiler the ops were built with, and how it relates to torch's CUDA: said openly."""
+    version = lock_meta.get("cuda_toolkit") or "?"
+    same = ".".join(version.split(".")[:2]) == image.wheel_cuda
+    source = "PyPI" if image.toolkit and image.toolkit.source == "pypi" else f"Debian {image.toolkit.suite if image.toolkit else '?'}"
+    return f"{version} ({source}{'' if same else f'; torch is built with CUDA {image.wheel_cuda}'})"
 
 
 def manifest(image: Image, lock_meta: dict) -> dict:
@@ -90,7 +101,10 @@ def manifest(image: Image, lock_meta: dict) -> dict:
         "os": image.os_name,
         "driver_min": image.driver_min,
         "lock_sha256": lock_meta["files_sha256"],
-        "prebuilt_ops": ["cpu_adam", "shm_comm"],
+        "prebuilt_ops": list(image.prebuilt_ops),
+        "ops_accelerator": "cuda",
+        "cuda_toolkit": lock_meta.get("cuda_toolkit"),
+        "cuda_toolkit_source": image.toolkit.source if image.toolkit else None,
         "tags": image.tags,
     }
 
@@ -112,7 +126,8 @@ def render_image(root: Path, image: Image) -> dict[str, str]:
     try:
         dockerfile = _env(root).get_template("Dockerfile.j2").render(
             image=image, base_stage=base_stage(root, image, meta), labels=labels(image, meta), cache_id=WHEELHOUSE_CACHE_ID,
-            build_packages=apt_list(image.os.build_packages, meta.get("apt", {})),
+            build_packages=apt_list(image.os.build_packages, meta.get("apt", {})), deb_cache_id=DEB_CACHE_ID,
+            toolkit_version=meta.get("cuda_toolkit") or "unknown",
         )
     except jinja2.TemplateError as e:
         raise RenderError(f"templates/: {e}") from None
@@ -123,22 +138,26 @@ def render_image(root: Path, image: Image) -> dict[str, str]:
 README_START, README_END = "<!-- matrix-table:start (build.py render) -->", "<!-- matrix-table:end -->"
 
 
-def matrix_table(matrix: Matrix) -> str:
+def matrix_table(root: Path, matrix: Matrix) -> str:
     """The README's matrix table, derived from matrix.yaml (never a second table)."""
-    rows = ["| image | torch | CUDA platform | wheel CUDA | cuDNN | NCCL | DeepSpeed | Python | driver >= | aliases |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| image | torch | CUDA platform | wheel CUDA | cuDNN | NCCL | DeepSpeed | ops built with | Python | driver >= | aliases |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for i in matrix.images:
         aliases = ", ".join(f"`{t}`" for t in i.tags[1:])
+        try:
+            toolkit = toolkit_text(i, lock.read(root, i))
+        except LockError:
+            toolkit = "not locked"
         rows.append(f"| `{i.name}` | {i.torch} | {i.cuda} | {i.wheel_cuda} | {i.cudnn} | {i.nccl} | {i.deepspeed} | "
-                    f"{i.python} | {i.driver_min} | {aliases} |")
+                    f"CUDA {toolkit} | {i.python} | {i.driver_min} | {aliases} |")
     return "\n".join(rows)
 
 
-def readme_with_table(text: str, matrix: Matrix) -> str:
+def readme_with_table(text: str, root: Path, matrix: Matrix) -> str:
     start, end = text.find(README_START), text.find(README_END)
     if start < 0 or end < start:
         raise RenderError(f"README.md lacks the {README_START} ... {README_END} markers")
-    return text[: start + len(README_START)] + "\n" + matrix_table(matrix) + "\n" + text[end:]
+    return text[: start + len(README_START)] + "\n" + matrix_table(root, matrix) + "\n" + text[end:]
 
 
 def orphans(root: Path, matrix: Matrix) -> list[Path]:
@@ -154,7 +173,7 @@ def write(root: Path, matrix: Matrix, images: list[Image], log=print) -> None:
     readme = root / "README.md"
     whole = len(images) == len(matrix.images)
     if whole and readme.exists():
-        items.append((readme, readme_with_table(readme.read_text(), matrix)))
+        items.append((readme, readme_with_table(readme.read_text(), root, matrix)))
     changed = write_all_atomic(items)  # all or nothing: a full disk leaves every file as it was
     for image, _ in outputs:
         names = [n for n in RENDERED if lock.image_dir(root, image) / n in changed]
@@ -176,7 +195,7 @@ def check(root: Path, matrix: Matrix, images: list[Image]) -> None:
                 drift.append(f"images/{image.name}/{name}")
     drift += [f"images/{p.name} (not in {matrix.path.name})" for p in orphans(root, matrix)]
     readme = root / "README.md"
-    if len(images) == len(matrix.images) and readme.exists() and readme.read_text() != readme_with_table(readme.read_text(), matrix):
+    if len(images) == len(matrix.images) and readme.exists() and readme.read_text() != readme_with_table(readme.read_text(), root, matrix):
         drift.append("README.md (matrix table)")
     if drift:
         raise RenderError(f"rendered files drifted: {', '.join(drift)}; run `python build.py render` and commit")

@@ -7,6 +7,7 @@ pins (directly, or from 2.11 on through `cuda-toolkit[...]`), never typed by han
 """
 from __future__ import annotations
 
+import hashlib
 import lzma
 import os
 import re
@@ -30,6 +31,8 @@ PYTHON_PLATFORM = "x86_64-manylinux_2_28"
 _CUDA_RUNTIME = re.compile(r"^nvidia-cuda-runtime(-cu\d+)?$")
 _CUDNN = re.compile(r"^nvidia-cudnn-cu\d+$")
 _NCCL = re.compile(r"^nvidia-nccl-cu\d+$")
+# The packages whose versions must agree exactly between torch and the toolkit.
+_COMPILER_CORE = {"nvidia-cuda-runtime", "nvidia-cuda-nvcc", "nvidia-nvvm", "nvidia-cuda-crt", "cuda-toolkit"}
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
 
 
@@ -142,3 +145,113 @@ def debian_versions(mirror: str, suite: str, names: list[str], ca_bundle: str | 
     if missing:
         raise ResolveError(f"Debian {suite} at {mirror} has no package {', '.join(missing)}")
     return {n: index[n] for n in names}
+
+
+# ---- the CUDA toolkit DeepSpeed's ops are built with ----------------------------------
+
+KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
+
+
+@dataclass(frozen=True)
+class Deb:
+    """One .deb of a toolkit, as the suite's signed index describes it."""
+
+    package: str
+    version: str
+    filename: str  # path under the mirror
+    sha256: str
+    size: int
+
+
+def _fetch(url: str, ca_bundle: str | None) -> bytes:
+    context = ssl.create_default_context(cafile=ca_bundle) if ca_bundle and url.startswith("https") else None
+    try:
+        with urllib.request.urlopen(url, timeout=300, context=context) as r:
+            return r.read()
+    except (urllib.error.URLError, OSError) as e:
+        raise ResolveError(f"cannot read {url}: {e}") from None
+
+
+def signed_release(mirror: str, suite: str, ca_bundle: str | None) -> str:
+    """The suite's InRelease text, after gpgv has checked it against Debian's archive keyring."""
+    if not KEYRING.exists() or not shutil.which("gpgv"):
+        raise EnvironmentProblem(f"checking Debian's signature needs gpgv and {KEYRING} (Debian: apt-get install gpgv debian-archive-keyring)")
+    url = f"{mirror.rstrip('/')}/dists/{suite}/InRelease"
+    data = _fetch(url, ca_bundle)
+    proc = subprocess.run(["gpgv", "--keyring", str(KEYRING), "--output", "-", "-"], input=data, capture_output=True, timeout=60)
+    if proc.returncode != 0:
+        reason = (proc.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+        raise ResolveError(f"{url}: signature not valid against {KEYRING}: {reason}")
+    return proc.stdout.decode()
+
+
+def _release_hashes(release: str) -> dict[str, str]:
+    """path -> sha256 from the SHA256 section of a Release file."""
+    out, inside = {}, False
+    for line in release.splitlines():
+        if not line.startswith(" "):
+            inside = line.startswith("SHA256:")
+            continue
+        if inside:
+            digest, _size, path = line.split()
+            out[path] = digest
+    return out
+
+
+def _stanzas(text: str) -> list[dict[str, str]]:
+    return [dict(ln.split(": ", 1) for ln in block.splitlines() if ": " in ln and not ln.startswith(" "))
+            for block in text.split("\n\n")]
+
+
+def debian_toolkit(mirror: str, suite: str, components: tuple[str, ...], packages: tuple[str, ...],
+                   ca_bundle: str | None) -> list[Deb]:
+    """The toolkit's .debs with their sha256, read from indexes whose hashes the signed Release vouches for."""
+    release = signed_release(mirror, suite, ca_bundle)
+    hashes = _release_hashes(release)
+    index: dict[str, dict[str, str]] = {}
+    for component in components:
+        path = f"{component}/binary-amd64/Packages.xz"
+        if path not in hashes:
+            raise ResolveError(f"Debian {suite} at {mirror} has no {path}")
+        data = _fetch(f"{mirror.rstrip('/')}/dists/{suite}/{path}", ca_bundle)
+        if hashlib.sha256(data).hexdigest() != hashes[path]:
+            raise ResolveError(f"{mirror}/dists/{suite}/{path} does not match the sha256 in the signed Release")
+        for fields in _stanzas(lzma.decompress(data).decode()):
+            if "Package" in fields:
+                index.setdefault(fields["Package"], fields)
+    missing = [p for p in packages if p not in index]
+    if missing:
+        raise ResolveError(f"Debian {suite} ({', '.join(components)}) at {mirror} has no package {', '.join(missing)}")
+    return [Deb(p, index[p]["Version"], index[p]["Filename"], index[p]["SHA256"], int(index[p]["Size"])) for p in packages]
+
+
+def pypi_toolkit(image: Image, wheel_lock: str, ca_bundle: str | None) -> str:
+    """Hash-pinned nvcc & co. from `cuda-toolkit[extras]` at the version torch pins, minus what torch already installs."""
+    pinned = pins(wheel_lock)
+    version = pinned.get("cuda-toolkit")
+    if not version:
+        raise ResolveError(f"{image.name}: torch {image.torch} pins no cuda-toolkit; a pypi toolkit needs one (use a debian toolkit for this CUDA major)")
+    spec = f"cuda-toolkit[{','.join(image.toolkit.extras)}]=={version}"
+    cmd = [uv_binary(), "pip", "compile", "-", "--quiet", "--generate-hashes", "--no-header", "--no-annotate",
+           "--python-version", image.python, "--python-platform", PYTHON_PLATFORM, "--index-url", image.index, "--no-cache"]
+    env = {**os.environ, **({"SSL_CERT_FILE": ca_bundle} if ca_bundle else {})}
+    proc = subprocess.run(cmd, input=spec + "\n", capture_output=True, text=True, env=env, timeout=600)
+    if proc.returncode != 0:
+        raise ResolveError(f"{image.name}: cannot resolve {spec}: {_first_error_line(proc.stderr)}")
+    blocks = re.split(r"\n(?=\S)", proc.stdout.strip())
+    keep, notes = [], []
+    for block in blocks:
+        m = _PIN.match(block)
+        if not m:
+            continue
+        name, ver = m.group(1).lower().replace("_", "-"), m.group(2)
+        if name in pinned:
+            # torch's own pins are installed already and must not move; a compiler whose
+            # runtime is not the one torch ships would build ops against the wrong CUDA.
+            if pinned[name] != ver and name in _COMPILER_CORE:
+                raise ResolveError(f"{image.name}: {spec} wants {name}=={ver}, torch pins {pinned[name]}")
+            if pinned[name] != ver:
+                notes.append(f"# {spec} asks for {name}=={ver}; torch pins {pinned[name]}, which is installed\n")
+            continue
+        keep.append(block)
+    return "".join(notes) + "\n".join(keep) + "\n"

@@ -22,12 +22,14 @@ def load(path=None):
         data = json.load(f)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object")
-    # Facts measured from the installed torch at build time (its arch list) live beside
-    # the rendered manifest; the manifest's own keys win.
-    facts = os.path.join(os.path.dirname(path), "torch-facts.json")
-    if os.path.exists(facts):
-        with open(facts, encoding="utf-8") as f:
-            data = {**json.load(f), **data}
+    # Facts measured at build time live beside the rendered manifest: what the installed
+    # torch reports (its arch list) and how the DeepSpeed ops were built (their arch list,
+    # toolkit, patches). The manifest's own keys win.
+    for name in ("torch-facts.json", "ops-facts.json"):
+        facts = os.path.join(os.path.dirname(path), name)
+        if os.path.exists(facts):
+            with open(facts, encoding="utf-8") as f:
+                data = {**json.load(f), **data}
     return data
 
 

@@ -1,0 +1,165 @@
+"""Build DeepSpeed's wheel with its ops compiled for the `cuda` accelerator, then prove it.
+
+    opsbuild.py SDIST --ops cpu_adam,fused_adam,... --cpu-arch x86-64-v3 --dist DIR
+
+DeepSpeed's recipe for a builder without a GPU (its nv-pre-compile-ops workflow):
+DS_ACCELERATOR=cuda, TORCH_CUDA_ARCH_LIST and one DS_BUILD_<OP> per op. An op whose
+prerequisites are missing is skipped with a warning only, so every op is checked in the
+finished wheel. The same script builds the wheel in an image's builder stage and on a
+machine without Docker (`python -m pytorch_cuda_runtime.opsbuild`), with torch and a
+CUDA toolkit (CUDA_HOME) already installed. Standard library only, apart from torch.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+# Patches to DeepSpeed's sources, each (file, old, new, sign the fix is upstream already).
+# 1. CPU ops are compiled for the build host's CPU (-march=native, AVX-512 where present);
+#    such an op dies with SIGILL on a GPU node without AVX-512: use the matrix's baseline.
+# 2. DeepSpeed < 0.18 (PR #8539): _allgather_params_coalesced waits only on the last async
+#    all_gather; on gloo the handles are independent threads, so GatheredParameters can
+#    read half-gathered memory (all-NaN weights seen in DeepSpeed's own checkpoint test).
+RACE_OLD = "        launch_handles[-1].wait()\n"
+RACE_NEW = "        for handle in launch_handles:  # PR #8539: every gloo handle, not the last\n            handle.wait()\n"
+RACE_FIXED = "for handle in launch_handles:"
+
+
+def fail(msg):
+    sys.exit(f"opsbuild: error: {msg}")
+
+
+def simd_define(cpu_arch):
+    return "-D__AVX512__" if cpu_arch == "x86-64-v4" else "-D__AVX256__"
+
+
+def patch(src, cpu_arch):
+    """Apply both patches and prove each took (or was not needed); return what was done."""
+    done = []
+    builder = src / "op_builder" / "builder.py"
+    text = builder.read_text()
+    new = text.replace("-march=native", f"-march={cpu_arch}")
+    new = re.sub(r"return '-D__AVX(512|256)__'", f"return '{simd_define(cpu_arch)}'", new)
+    if "-march=native" in new or f"-march={cpu_arch}" not in new or f"return '{simd_define(cpu_arch)}'" not in new:
+        fail(f"{builder}: the CPU-baseline patch did not apply (DeepSpeed changed its builder)")
+    builder.write_text(new)
+    done.append(f"builder.py: -march={cpu_arch}, {simd_define(cpu_arch)}")
+    pp = src / "deepspeed" / "runtime" / "zero" / "partition_parameters.py"
+    text = pp.read_text()
+    if RACE_OLD in text:
+        pp.write_text(text.replace(RACE_OLD, RACE_NEW))
+        if RACE_OLD in pp.read_text() or RACE_FIXED not in pp.read_text():
+            fail(f"{pp}: the all_gather wait patch did not apply")
+        done.append("partition_parameters.py: wait on every all_gather handle (PR #8539)")
+    elif RACE_FIXED not in text:
+        fail(f"{pp}: neither the racy wait nor its fix found; check DeepSpeed PR #8539 against this version")
+    return done
+
+
+def arch_list():
+    """TORCH_CUDA_ARCH_LIST: every arch the installed torch was built for that this nvcc can
+    compile, PTX of the newest one on top so newer GPUs run the ops through the driver's JIT."""
+    import torch
+
+    torch_archs = sorted({int(a.split("_")[1]) for a in torch._C._cuda_getArchFlags().split() if a.startswith("sm_")})
+    if not torch_archs:
+        fail("this torch reports no CUDA architectures; is it a CUDA build?")
+    out = subprocess.run([nvcc(), "--list-gpu-code"], capture_output=True, text=True, check=True).stdout
+    nvcc_archs = {int(m) for m in re.findall(r"sm_(\d+)\b", out)}
+    kept = [a for a in torch_archs if a in nvcc_archs]
+    dropped = [a for a in torch_archs if a not in nvcc_archs]
+    if not kept:
+        fail(f"nvcc compiles none of torch's architectures {torch_archs}")
+    fmt = lambda a: f"{a // 10}.{a % 10}"  # noqa: E731
+    return ";".join(fmt(a) for a in kept) + "+PTX", [fmt(a) for a in dropped]
+
+
+def nvcc():
+    home = os.environ.get("CUDA_HOME")
+    if not home or not os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
+        fail(f"CUDA_HOME ({home}) has no bin/nvcc")
+    return os.path.join(home, "bin", "nvcc")
+
+
+def build_vars(src, ops):
+    """DS_BUILD_<X> of each op, read from DeepSpeed's own builders (async_io is DS_BUILD_AIO)."""
+    code = ("import json, sys; sys.path.insert(0, '.'); from op_builder.all_ops import ALL_OPS; "
+            "print(json.dumps({n: b.BUILD_VAR for n, b in ALL_OPS.items()}))")
+    env = dict(os.environ, DS_ACCELERATOR="cuda")
+    found = json.loads(subprocess.run([sys.executable, "-c", code], cwd=src, env=env, capture_output=True,
+                                      text=True, check=True).stdout.strip().splitlines()[-1])
+    unknown = [op for op in ops if op not in found]
+    if unknown:
+        fail(f"DeepSpeed has no op {', '.join(unknown)}; it has {', '.join(sorted(found))}")
+    return {found[op]: "1" for op in ops}
+
+
+def check_wheel(wheel, ops, cpu_arch):
+    """Every op is in the wheel, recorded as installed for `cuda`; CPUAdam stays in the CPU baseline."""
+    with tempfile.TemporaryDirectory() as d, zipfile.ZipFile(wheel) as z:
+        z.extractall(d)
+        info = Path(d) / "deepspeed" / "git_version_info_installed.py"
+        ns = {}
+        exec(info.read_text(), ns)  # DeepSpeed writes plain assignments there
+        missing = [op for op in ops if not ns.get("installed_ops", {}).get(op)]
+        if missing or ns.get("accelerator_name") != "cuda":
+            fail(f"wheel built for {ns.get('accelerator_name')!r} without {', '.join(missing) or '-'}; "
+                 "DeepSpeed skipped them (see the warnings above)")
+        sos = {op: sorted(Path(d).rglob(f"{op}_op*.so")) for op in ops}
+        empty = [op for op, found in sos.items() if not found]
+        if empty:
+            fail(f"no shared object for {', '.join(empty)} in {wheel.name}")
+        if cpu_arch == "x86-64-v3" and "cpu_adam" in ops:
+            dis = subprocess.run(["objdump", "-d", str(sos["cpu_adam"][0])], capture_output=True, text=True, check=True)
+            if not dis.stdout.strip():
+                fail("objdump printed nothing for cpu_adam; cannot check its instruction set")
+            if re.search(r"\bzmm\d", dis.stdout):
+                fail(f"CPUAdam contains AVX-512 instructions beyond {cpu_arch}")
+        return {op: str(found[0].relative_to(d)) for op, found in sos.items()}, ns.get("torch_info", {})
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="opsbuild.py", description=__doc__)
+    p.add_argument("sdist", type=Path)
+    p.add_argument("--ops", required=True, help="comma list of DeepSpeed op names")
+    p.add_argument("--cpu-arch", required=True, choices=["x86-64-v3", "x86-64-v4"])
+    p.add_argument("--dist", type=Path, required=True, help="where the wheel and ops-facts.json go")
+    p.add_argument("--toolkit", required=True, help="the CUDA toolkit's version, recorded in the facts")
+    a = p.parse_args(argv)
+    ops = [o for o in a.ops.split(",") if o]
+    a.dist.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(a.sdist) as t:
+            t.extractall(tmp, filter="data") if hasattr(tarfile, "data_filter") else t.extractall(tmp)
+        src = next(Path(tmp).iterdir())
+        patches = patch(src, a.cpu_arch)
+        archs, dropped = arch_list()
+        env = dict(os.environ, DS_ACCELERATOR="cuda", DS_BUILD_OPS="0", DS_ENABLE_NINJA="1", TORCH_CUDA_ARCH_LIST=archs,
+                   MAX_JOBS=str(os.cpu_count() or 1), PYTHONHASHSEED="0", **build_vars(src, ops))
+        print(f"opsbuild: {', '.join(ops)} for TORCH_CUDA_ARCH_LIST={archs} with {nvcc()} ({a.toolkit}); "
+              f"{'not compiled by this nvcc: ' + ', '.join(dropped) if dropped else 'every torch arch'}", flush=True)
+        t0 = time.monotonic()
+        # DeepSpeed's setup.py lists extras from sets: PYTHONHASHSEED=0 keeps METADATA stable.
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                        "--wheel-dir", str(a.dist), "."], cwd=src, env=env, check=True)
+        seconds = round(time.monotonic() - t0, 1)
+    wheels = sorted(a.dist.glob("deepspeed-*.whl"))
+    if len(wheels) != 1:
+        fail(f"expected one DeepSpeed wheel in {a.dist}, found {len(wheels)}")
+    files, torch_info = check_wheel(wheels[0], ops, a.cpu_arch)
+    facts = {"ops_accelerator": "cuda", "prebuilt_ops": ops, "op_files": files, "cuda_toolkit": a.toolkit,
+             "ops_arch_list": archs, "ops_arch_not_compiled": dropped, "patches": patches,
+             "ops_torch_info": torch_info}
+    (a.dist / "ops-facts.json").write_text(json.dumps(facts, indent=2, sort_keys=True) + "\n")
+    print(f"opsbuild: {wheels[0].name}: {', '.join(ops)} prebuilt for cuda in {seconds} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
