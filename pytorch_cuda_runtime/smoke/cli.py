@@ -3,19 +3,25 @@ every library touch happens in a child process with a timeout."""
 import argparse
 import json
 import os
+import platform
 import shutil
 import socket
 import sys
 import tempfile
 import time
 
+from .. import banner
 from .. import manifest as mf
-from . import launch, nocompile, versions
-from .results import FAIL, SKIP, read_rank_files, record, summary, table, write_report
+from . import launch, nocompile, versions, zero
+from .results import FAIL, INFO, SKIP, read_rank_files, record, summary, table, write_report
 
-FAMILIES = ["versions", "gpu", "collectives", "zero3", "zero3_offload", "zero3_launcher",
-            "fsdp2", "nocompile"]
-SHARDING = {"zero3", "zero3_offload", "zero3_launcher", "fsdp2"}
+ZERO = ["zero1", "zero1_offload", "zero2", "zero2_offload", "zero3", "zero3_offload",
+        "zero3_launcher"]
+MULTI = ["collectives", "ddp"] + ZERO + ["fsdp2"]  # several ranks (torchrun/deepspeed)
+SINGLE = ["bf16", "compile"]  # one process
+FAMILIES = ["versions", "gpu"] + MULTI + SINGLE + ["nocompile"]
+# One GPU cannot show replication or sharding: these then also run on CPU ranks.
+SHARDING = set(MULTI) - {"collectives"}
 DEFAULT_REPORT = "/tmp/pytorch-cuda-smoke/report.json"
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -23,12 +29,15 @@ PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__f
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="pytorch-cuda-smoke", description=__doc__)
     p.add_argument("--report", default=DEFAULT_REPORT, help="JSON report path")
+    p.add_argument("--manifest", default=None, help="manifest to check against (default: "
+                   f"$PYTORCH_CUDA_MANIFEST or {mf.DEFAULT_PATH})")
     p.add_argument("--require-gpu", action="store_true", help="a missing GPU is a failure")
     p.add_argument("--cpu", action="store_true", help="force CPU mode (gloo), ignore GPUs")
     p.add_argument("--timeout", type=float, default=300, help="seconds per launched step")
     p.add_argument("--only", default="", help="comma list of: " + ",".join(FAMILIES))
     p.add_argument("--ranks", type=int, default=2, help="CPU ranks (default 2)")
     a = p.parse_args(argv)
+    a.manifest = a.manifest or mf.manifest_path()
     a.only = [x.strip() for x in a.only.split(",") if x.strip()] or list(FAMILIES)
     bad = [x for x in a.only if x not in FAMILIES]
     if bad:
@@ -37,14 +46,18 @@ def parse_args(argv):
 
 
 def plan(only, gpus, ranks):
-    """[(family, device, world)]. One GPU cannot show sharding: the sharding
-    families then also run on `ranks` CPU ranks."""
+    """[(family, device, world)] in FAMILIES order. One GPU cannot show sharding: the
+    SHARDING families then also run on `ranks` CPU ranks. The one-process families run
+    on the CPU always (Inductor's C++ path, CPU autocast), and on GPU 0 when there is one."""
     runs = []
-    for fam in [f for f in only if f in SHARDING or f == "collectives"]:
-        if gpus:
-            runs.append((fam, "cuda", gpus))
-        if not gpus or (gpus == 1 and fam in SHARDING):
-            runs.append((fam, "cpu", ranks))
+    for fam in [f for f in FAMILIES if f in only]:
+        if fam in SINGLE:
+            runs += ([(fam, "cuda", 1)] if gpus else []) + [(fam, "cpu", 1)]
+        elif fam in MULTI:
+            if gpus:
+                runs.append((fam, "cuda", gpus))
+            if not gpus or (gpus == 1 and fam in SHARDING):
+                runs.append((fam, "cpu", ranks))
     return runs
 
 
@@ -54,12 +67,16 @@ class Suite:
         self.work = tempfile.mkdtemp(prefix="pytorch-cuda-smoke-")
         self.logs = os.path.join(os.path.dirname(os.path.abspath(args.report)), "logs")
         os.makedirs(self.logs, exist_ok=True)
-        # Fresh, empty: anything JIT-compiled by a child lands here and is caught.
-        self.ext_dir = os.path.join(self.work, "torch_extensions")
-        os.makedirs(self.ext_dir)
+        # Fresh, empty, one per kind of child (see nocompile.py): anything JIT-compiled
+        # lands in one of these and is caught or reported. CPU children share theirs.
+        self.ext = {k: os.path.join(self.work, f"torch_extensions_{k}") for k in ("cpu", "cuda", "ops")}
+        for d in self.ext.values():
+            os.makedirs(d)
+        self.jit_builds = []  # [(op, built, step, seconds)] in the CPU directory
 
     def env(self, device="cpu", **extra):
-        e = dict(os.environ, TORCH_EXTENSIONS_DIR=self.ext_dir, PCR_TIMEOUT=str(self.args.timeout),
+        ext = self.ext["cpu" if device == "cpu" else "cuda"]
+        e = dict(os.environ, TORCH_EXTENSIONS_DIR=ext, PCR_TIMEOUT=str(self.args.timeout),
                  PYTHONPATH=os.pathsep.join(filter(None, [PKG_PARENT, os.environ.get("PYTHONPATH")])))
         e.setdefault("OMP_NUM_THREADS", "1")  # 2 ranks on 2 cores: no oversubscription
         if device == "cpu":
@@ -68,8 +85,12 @@ class Suite:
         e.update({k: str(v) for k, v in extra.items()})
         return e
 
-    def step(self, name, cmd, env):
-        r = launch.run_step(cmd, env, self.args.timeout, os.path.join(self.logs, name + ".log"))
+    def step(self, name, cmd, env, timeout=None):
+        before = nocompile.built_ops(self.ext["cpu"])
+        r = launch.run_step(cmd, env, timeout or self.args.timeout,
+                            os.path.join(self.logs, name + ".log"))
+        self.jit_builds += nocompile.new_builds(before, nocompile.built_ops(self.ext["cpu"]),
+                                                name, r["seconds"])
         print(f"  {name}: rc={r['rc']} {r['seconds']}s{' TIMEOUT' if r['timed_out'] else ''}",
               file=sys.stderr, flush=True)
         return r
@@ -109,6 +130,8 @@ def _free_port():
 
 def launcher_cmd(family, device, world):
     mod = ["pytorch_cuda_runtime.smoke.worker", family]
+    if family in SINGLE:
+        return [sys.executable, "-m"] + mod
     if family == "zero3_launcher":
         ds = _bin("deepspeed")
         cmd = [ds] if ds else [sys.executable, "-m", "deepspeed.launcher.runner"]
@@ -126,7 +149,7 @@ def run_family(suite, family, device, world):
     out = os.path.join(suite.work, name)
     os.makedirs(out)
     env = suite.env(device, PCR_DEVICE=device, PCR_RESULTS_DIR=out, PCR_RUN=run, PCR_WORK=out,
-                    PCR_EXPECT_WORLD=world)
+                    PCR_EXPECT_WORLD=world, **family_env(family, out))
     r = suite.step(name, launcher_cmd(family, device, world), env)
     recs = read_rank_files(out)
     missing = sorted(set(range(world)) - {x["rank"] for x in recs})
@@ -134,6 +157,71 @@ def run_family(suite, family, device, world):
         recs.append(record(f"{family}.ranks", FAIL, run, expected=list(range(world)),
                            actual=sorted({x["rank"] for x in recs}), detail=f"no results from {missing}"))
     return recs + suite.step_failure(f"{family}.launch", run, r, recs)
+
+
+def family_env(family, out):
+    """Extra environment of a family: compile gets caches of its own, empty, so the
+    code is generated in this run and nothing of an earlier one is reused."""
+    if family == "compile":
+        cache = os.path.join(out, "inductor_cache")
+        return {"TORCHINDUCTOR_CACHE_DIR": cache, "TRITON_CACHE_DIR": os.path.join(cache, "triton")}
+    return {}
+
+
+def cpu_jit_ops(runs):
+    """The DeepSpeed ops the planned CPU families will JIT-compile (DS_ACCELERATOR=cpu)."""
+    fams = [zero.VARIANTS[f] for f, device, _ in runs if device == "cpu" and f in zero.VARIANTS]
+    ops = ["shm_comm"] if fams else []  # built by init_distributed on the cpu accelerator
+    if any(v["offload"] for v in fams):
+        ops.append("cpu_adam")
+    if any(not v["offload"] and v["adam"] == "default" for v in fams):
+        ops.append("fused_adam")  # DeepSpeed's CPU FusedAdam
+    return ops
+
+
+def run_cpu_jit(suite, ops):
+    """Build them once, before the families, each within a timeout of its own."""
+    out = os.path.join(suite.work, "cpu_jit")
+    os.makedirs(out)
+    env = suite.env("cpu", PCR_RESULTS_DIR=out, PCR_RUN="cpu")
+    r = suite.step("cpu_jit", [sys.executable, "-m", "pytorch_cuda_runtime.smoke.ops", "--jit",
+                               ",".join(ops)], env, timeout=suite.args.timeout * len(ops))
+    recs = read_rank_files(out)
+    if r["timed_out"]:  # torch waits forever on a killed build's lock file
+        nocompile.clear_locks(suite.ext["cpu"])
+    # A timeout here is INFO too: the families then build what is missing themselves.
+    return recs + [dict(x, status=INFO) for x in suite.step_failure("nocompile.cpu_jit", "cpu", r, recs)]
+
+
+def run_ops(suite, manifest):
+    """The prebuilt DeepSpeed ops load under the accelerator they were built for, with
+    nothing compiled. Never DS_ACCELERATOR=cpu nor a hidden GPU here: CUDA extensions
+    load on a CPU-only host too."""
+    acc = manifest.get("ops_accelerator")
+    if not acc:
+        return [record("nocompile.ops_accelerator", FAIL, expected="manifest 'ops_accelerator'",
+                       actual=None, detail=f"{suite.args.manifest} names no accelerator for its ops")]
+    ops = list(manifest.get("prebuilt_ops") or mf.DEFAULT_PREBUILT_OPS)
+    out, run = os.path.join(suite.work, "ops"), f"ops DS_ACCELERATOR={acc}"
+    os.makedirs(out)
+    env = dict(suite.env("host", PCR_RESULTS_DIR=out, PCR_RUN=run),
+               DS_ACCELERATOR=acc, TORCH_EXTENSIONS_DIR=suite.ext["ops"])
+    r = suite.step("ops", [sys.executable, "-m", "pytorch_cuda_runtime.smoke.ops", ",".join(ops)], env)
+    recs = read_rank_files(out)
+    recs += suite.step_failure("nocompile.ops", run, r, recs)
+    return recs + [nocompile.empty_check("nocompile.torch_extensions", run, suite.ext["ops"],
+                                         "prebuilt ops load")]
+
+
+def check_compiles(suite, gpus):
+    """After the families: nothing compiled on a GPU host; what CPU ranks compiled, as INFO."""
+    out = []
+    if gpus:
+        out.append(nocompile.empty_check("nocompile.torch_extensions_training", f"cuda x{gpus}",
+                                         suite.ext["cuda"], "GPU families"))
+    if suite.jit_builds or any(d == "cpu" for _, d, _ in plan(suite.args.only, gpus, 1)):
+        out.append(nocompile.jit_info(suite.jit_builds, f"cpu x{suite.args.ranks}"))
+    return out
 
 
 def run_gpu_basics(suite, gpus, reason):
@@ -154,10 +242,10 @@ def main(argv=None):
     t0 = time.monotonic()
     suite = Suite(args)
     try:
-        manifest = mf.load()
+        manifest = mf.load(args.manifest)
     except (OSError, ValueError) as e:
         manifest = {}
-        suite.records.append(record("manifest", FAIL, expected=mf.manifest_path(), actual=str(e)))
+        suite.records.append(record("manifest", FAIL, expected=args.manifest, actual=str(e)))
     facts = suite.probe("cpu" if args.cpu else "host")
     gpus = 0 if args.cpu else int(facts.get("cuda_device_count") or 0)
     reason = "--cpu given" if args.cpu else "no CUDA device visible"
@@ -167,20 +255,33 @@ def main(argv=None):
         suite.records += versions.check(manifest, facts)
     if "gpu" in args.only:
         suite.records += run_gpu_basics(suite, gpus, reason)
-    for family, device, world in plan(args.only, gpus, args.ranks):
+    runs = plan(args.only, gpus, args.ranks)
+    if cpu_jit_ops(runs):
+        suite.records += run_cpu_jit(suite, cpu_jit_ops(runs))
+    for family, device, world in runs:
         suite.records += run_family(suite, family, device, world)
     if "nocompile" in args.only:
-        suite.records += nocompile.check(suite.ext_dir, facts, manifest)
-    return finish(suite, gpus, time.monotonic() - t0)
+        suite.records += run_ops(suite, manifest) + check_compiles(suite, gpus)
+    return finish(suite, gpus, time.monotonic() - t0, host_facts(facts))
 
 
-def finish(suite, gpus, seconds):
+def host_facts(facts):
+    """What a committed report must say about where it ran (driver from nvidia-smi:
+    torch does not report it)."""
+    keys = ("python", "torch", "torch_cuda", "cudnn", "nccl", "deepspeed", "ds_build_accelerator",
+            "cuda_device_count", "devices")
+    smi = banner.query_gpus()
+    return dict({k: facts.get(k) for k in keys}, platform=platform.platform(),
+                nvidia_smi=[{"name": n, "driver": d, "capability": c} for n, d, c in smi or []])
+
+
+def finish(suite, gpus, seconds, host):
     recs = suite.records
     print(table(recs))
     s = summary(recs)
     print(f"\n{s['PASS']} passed, {s['FAIL']} failed, {s['SKIPPED']} skipped, {s['INFO']} info "
           f"in {seconds:.0f}s; report {suite.args.report}")
-    write_report(suite.args.report, {"manifest": mf.manifest_path(), "gpus": gpus,
+    write_report(suite.args.report, {"manifest": suite.args.manifest, "host": host, "gpus": gpus,
                                      "seconds": round(seconds, 1), "summary": s, "results": recs,
                                      "logs": suite.logs})
     shutil.rmtree(suite.work, ignore_errors=True)

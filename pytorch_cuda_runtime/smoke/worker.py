@@ -1,6 +1,7 @@
-"""Entry point of every distributed rank: `python -m pytorch_cuda_runtime.smoke.worker FAMILY`.
+"""Entry point of every family's process: `python -m pytorch_cuda_runtime.smoke.worker FAMILY`.
 
-Launched by torchrun or the deepspeed launcher; both set RANK/WORLD_SIZE/LOCAL_RANK.
+Launched by torchrun or the deepspeed launcher (both set RANK/WORLD_SIZE/LOCAL_RANK),
+or directly for the one-process families (rank 0 of 1).
 The orchestrator passes the rest through PCR_* environment variables. The same code
 runs on GPUs (NCCL) and on CPU ranks (gloo): only the device differs.
 """
@@ -61,10 +62,11 @@ class Ctx:
 
 
 def _family(name):
-    from . import collectives, fsdp2, zero3
-    return {"collectives": collectives.run, "fsdp2": fsdp2.run,
-            "zero3": zero3.run_plain, "zero3_offload": zero3.run_offload,
-            "zero3_launcher": zero3.run_launcher}[name]
+    from . import bf16, collectives, ddp, fsdp2, torch_compile, zero
+    if name in zero.VARIANTS:
+        return lambda ctx: zero.run(ctx, name)
+    return {"collectives": collectives.run, "ddp": ddp.run, "fsdp2": fsdp2.run,
+            "bf16": bf16.run, "compile": torch_compile.run}[name]
 
 
 def main(argv=None):

@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from pytorch_cuda_runtime import banner, manifest as mf  # noqa: E402
-from pytorch_cuda_runtime.smoke import cli, launch, nocompile, results, versions  # noqa: E402
+from pytorch_cuda_runtime.smoke import cli, launch, nocompile, ops, results, versions, zero  # noqa: E402
 
 MANIFEST = {"image": "2.7.1-cuda12.1-runtime", "torch": "2.7.1", "cuda_platform": "12.1",
             "torch_cuda": "12.6", "cudnn": "9.5.1.17", "nccl": "2.26.2", "python": "3.11",
@@ -22,7 +22,7 @@ MANIFEST = {"image": "2.7.1-cuda12.1-runtime", "torch": "2.7.1", "cuda_platform"
 FACTS = {"torch": "2.7.1+cu126", "torch_cuda": "12.6", "cudnn": 90501, "nccl": "2.26.2",
          "python": "3.11.2", "deepspeed": "0.17.6", "arch_list": MANIFEST["cuda_arch_list"],
          "installed_ops": {"cpu_adam": 1, "deepspeed_shm_comm": 1},
-         "ds_build_accelerator": "cpu", "ds_runtime_accelerator": "cpu"}
+         "ds_build_accelerator": "cuda", "ds_runtime_accelerator": "cpu"}
 
 
 class VersionTests(unittest.TestCase):
@@ -109,10 +109,62 @@ class SuiteLogicTests(unittest.TestCase):
                          [("collectives", "cuda", 1), ("fsdp2", "cuda", 1), ("fsdp2", "cpu", 2)])
         self.assertEqual(cli.plan(["zero3"], 4, 2), [("zero3", "cuda", 4)])
 
+    def test_plan_new_families(self):
+        # One GPU: replication and sharding need CPU ranks too, DDP and ZeRO 1/2 included.
+        self.assertEqual(cli.plan(["zero2_offload", "ddp"], 1, 2),
+                         [("ddp", "cuda", 1), ("ddp", "cpu", 2),
+                          ("zero2_offload", "cuda", 1), ("zero2_offload", "cpu", 2)])
+        # One-process families: the GPU when there is one, and always the CPU.
+        self.assertEqual(cli.plan(["compile", "bf16"], 2, 2),
+                         [("bf16", "cuda", 1), ("bf16", "cpu", 1),
+                          ("compile", "cuda", 1), ("compile", "cpu", 1)])
+        self.assertEqual(cli.plan(["compile"], 0, 2), [("compile", "cpu", 1)])
+        self.assertEqual(cli.plan(["versions", "gpu", "nocompile"], 1, 2), [])
+        everything = cli.plan(cli.FAMILIES, 0, 2)
+        self.assertEqual({f for f, _, _ in everything},
+                         set(cli.FAMILIES) - {"versions", "gpu", "nocompile"})
+
+    def test_cpu_jit_ops_follow_the_plan(self):
+        self.assertEqual(cli.cpu_jit_ops(cli.plan(["zero3"], 0, 2)), ["shm_comm"])
+        self.assertEqual(cli.cpu_jit_ops(cli.plan(cli.ZERO, 0, 2)),
+                         ["shm_comm", "cpu_adam", "fused_adam"])
+        self.assertEqual(cli.cpu_jit_ops(cli.plan(["zero2", "ddp", "fsdp2"], 0, 2)),
+                         ["shm_comm", "fused_adam"])
+        # 2 GPUs: ZeRO runs on the GPUs only, nothing to build for the CPU.
+        self.assertEqual(cli.cpu_jit_ops(cli.plan(cli.FAMILIES, 2, 2)), [])
+        self.assertEqual(cli.cpu_jit_ops(cli.plan(["zero1_offload"], 1, 2)),
+                         ["shm_comm", "cpu_adam"])
+
+    def test_launcher_per_family(self):
+        self.assertEqual(cli.launcher_cmd("bf16", "cpu", 1)[1:],
+                         ["-m", "pytorch_cuda_runtime.smoke.worker", "bf16"])
+        self.assertIn("--nproc_per_node", cli.launcher_cmd("zero1", "cpu", 2))
+        self.assertIn("--num_gpus", cli.launcher_cmd("zero3_launcher", "cpu", 2))
+
     def test_only_validation(self):
         with self.assertRaises(SystemExit):
             cli.parse_args(["--only", "bogus"])
         self.assertEqual(cli.parse_args(["--only", "versions,fsdp2"]).only, ["versions", "fsdp2"])
+        for fam in cli.FAMILIES:
+            self.assertEqual(cli.parse_args(["--only", fam]).only, [fam])
+
+    def test_manifest_option(self):
+        self.assertEqual(cli.parse_args(["--manifest", "m.json"]).manifest, "m.json")
+        old = os.environ.get("PYTORCH_CUDA_MANIFEST")
+        os.environ["PYTORCH_CUDA_MANIFEST"] = "/x/m.json"
+        try:
+            self.assertEqual(cli.parse_args([]).manifest, "/x/m.json")
+        finally:
+            if old is None:
+                del os.environ["PYTORCH_CUDA_MANIFEST"]
+            else:
+                os.environ["PYTORCH_CUDA_MANIFEST"] = old
+
+    def test_family_env_gives_compile_fresh_caches(self):
+        env = cli.family_env("compile", "/w/compile_cpu1")
+        self.assertEqual(env["TORCHINDUCTOR_CACHE_DIR"], "/w/compile_cpu1/inductor_cache")
+        self.assertTrue(env["TRITON_CACHE_DIR"].startswith(env["TORCHINDUCTOR_CACHE_DIR"]))
+        self.assertEqual(cli.family_env("zero1", "/w"), {})
 
     def test_table_and_summary(self):
         recs = [results.record("a.b", "PASS", "cpu x2", 0, actual="ok"),
@@ -121,16 +173,88 @@ class SuiteLogicTests(unittest.TestCase):
         self.assertIn("expected 1, got 2", t)
         self.assertEqual(results.summary(recs)["FAIL"], 1)
 
-    def test_nocompile(self):
+    def test_nocompile_empty_check(self):
         with tempfile.TemporaryDirectory() as d:
-            self.assertEqual([r["status"] for r in nocompile.check(d, FACTS, MANIFEST)],
-                             ["PASS"] * 3)
-            os.makedirs(os.path.join(d, "shm_comm"))
-            open(os.path.join(d, "shm_comm", "x.so"), "w").close()
-            recs = nocompile.check(d, dict(FACTS, installed_ops={"cpu_adam": 1}), MANIFEST)
-            self.assertEqual([r["status"] for r in recs], ["FAIL", "PASS", "FAIL"])
-            recs = nocompile.check(d, dict(FACTS, ds_runtime_accelerator="cuda"), MANIFEST)
-            self.assertIn("would JIT", recs[1]["actual"])
+            r = nocompile.empty_check("nocompile.torch_extensions", "ops", d, "prebuilt ops load")
+            self.assertEqual((r["status"], r["actual"]), ("PASS", "empty"))
+            os.makedirs(os.path.join(d, "fused_adam"))
+            open(os.path.join(d, "fused_adam", "fused_adam.so"), "w").close()
+            r = nocompile.empty_check("nocompile.torch_extensions", "ops", d, "prebuilt ops load")
+            self.assertEqual((r["status"], r["actual"]), ("FAIL", ["fused_adam/fused_adam.so"]))
+
+    def test_nocompile_jit_builds_are_info(self):
+        with tempfile.TemporaryDirectory() as d:
+            before = nocompile.built_ops(d)
+            os.makedirs(os.path.join(d, "cpu_adam"))
+            os.makedirs(os.path.join(d, "deepspeed_shm_comm"))  # a build that left no library
+            open(os.path.join(d, "cpu_adam", "cpu_adam.so"), "w").close()
+            after = nocompile.built_ops(d)
+            self.assertEqual(after, {"cpu_adam": True, "deepspeed_shm_comm": False})
+            builds = nocompile.new_builds(before, after, "zero1_offload_cpu2", 95.0)
+            self.assertEqual(nocompile.new_builds(after, after, "zero2_cpu2", 9.0), [])
+        r = nocompile.jit_info(builds)
+        self.assertEqual(r["status"], "INFO")
+        self.assertEqual(r["actual"], "cpu_adam; failed: deepspeed_shm_comm")
+        self.assertIn("cpu_adam in zero1_offload_cpu2 (95 s step)", r["detail"])
+        self.assertEqual(nocompile.jit_info([])["actual"], "nothing compiled")
+
+
+class OpsTests(unittest.TestCase):
+    def test_builder_names(self):
+        self.assertEqual(ops.builder_class("cpu_adam"), "CPUAdamBuilder")
+        self.assertEqual(ops.builder_class("fused_adam"), "FusedAdamBuilder")
+        self.assertEqual(ops.builder_class("fused_lamb"), "FusedLambBuilder")
+        self.assertEqual(ops.builder_class("async_io"), "AsyncIOBuilder")
+        self.assertEqual(ops.builder_class("shm_comm"), "ShareMemCommBuilder")
+        self.assertEqual(ops.builder_class("new_thing"), "NewThingBuilder")
+
+    def test_installed_key(self):
+        inst = {"cpu_adam": True, "deepspeed_shm_comm": True}
+        self.assertEqual(ops.installed_key("shm_comm", inst), "deepspeed_shm_comm")
+        self.assertEqual(ops.installed_key("cpu_adam", inst), "cpu_adam")
+        self.assertEqual(ops.installed_key("fused_adam", inst), "fused_adam")
+
+    def test_why_not_prebuilt(self):
+        inst = {"cpu_adam": True, "fused_adam": True, "async_io": False}
+        self.assertIsNone(ops.why_not_prebuilt("fused_adam", inst, "cuda", "cuda", "cuda"))
+        self.assertIn("installed_ops['async_io']=False",
+                      ops.why_not_prebuilt("async_io", inst, "cuda", "cuda", "cuda"))
+        self.assertIn("built for accelerator 'cpu', run-time 'cuda'",
+                      ops.why_not_prebuilt("cpu_adam", inst, "cpu", "cuda", "cuda"))
+        self.assertIn("run-time accelerator 'cpu'",
+                      ops.why_not_prebuilt("cpu_adam", inst, "cuda", "cpu", "cuda"))
+
+    def test_accelerator_record(self):
+        self.assertEqual(ops.accelerator_record("cuda", "cuda", "cuda", None)[1], "PASS")
+        check, status, _, actual, detail = ops.accelerator_record("cpu", "cuda", "cuda", None)
+        self.assertEqual((check, status), ("nocompile.ops_accelerator", "FAIL"))
+        self.assertIn("built for 'cpu'", actual)
+        self.assertIn("no CUDA", detail)
+
+
+class ZeroConfigTests(unittest.TestCase):
+    def test_every_variant_is_a_family(self):
+        self.assertEqual(list(zero.VARIANTS), cli.ZERO)
+
+    def test_raw_config_has_integer_sizes(self):
+        for fam, v in zero.VARIANTS.items():
+            cfg = zero.ds_config(2, v["stage"], v["offload"], v["adam"])
+            for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                      "gradient_accumulation_steps"):
+                self.assertIsInstance(cfg[k], int, (fam, k))
+            self.assertEqual(cfg["zero_optimization"]["stage"], v["stage"])
+            self.assertEqual("offload_optimizer" in cfg["zero_optimization"], v["offload"])
+
+    def test_deepspeed_default_adam_is_covered(self):
+        # {"type": "Adam"} without torch_adam: FusedAdam, the config most users write.
+        plain = [f for f, v in zero.VARIANTS.items() if not v["offload"] and v["adam"] == "default"]
+        self.assertTrue(plain)
+        cfg = zero.ds_config(2, 2, False, "default")
+        self.assertEqual(cfg["optimizer"], {"type": "Adam", "params": {"lr": 1e-2}})
+        self.assertEqual(zero.expected_optimizer(False, "default"), ("FusedAdam",))
+        self.assertEqual(zero.expected_optimizer(True, "default"), ("DeepSpeedCPUAdam",))
+        self.assertTrue(zero.ds_config(2, 3, False, "torch")["optimizer"]["params"]["torch_adam"])
+        self.assertIn("AdamW", zero.expected_optimizer(False, "torch"))
 
     def test_step_timeout_kills_group(self):
         with tempfile.TemporaryDirectory() as d:
