@@ -12,8 +12,8 @@ import time
 
 from .. import banner
 from .. import manifest as mf
-from . import launch, nocompile, versions, zero
-from .results import FAIL, INFO, SKIP, read_rank_files, record, summary, table, write_report
+from . import launch, nocompile, versions
+from .results import FAIL, SKIP, read_rank_files, record, summary, table, write_report
 
 ZERO = ["zero1", "zero1_offload", "zero2", "zero2_offload", "zero3", "zero3_offload",
         "zero3_launcher"]
@@ -168,62 +168,6 @@ def family_env(family, out):
     return {}
 
 
-def cpu_jit_ops(runs):
-    """The DeepSpeed ops the planned CPU families will JIT-compile (DS_ACCELERATOR=cpu)."""
-    fams = [zero.VARIANTS[f] for f, device, _ in runs if device == "cpu" and f in zero.VARIANTS]
-    ops = ["shm_comm"] if fams else []  # built by init_distributed on the cpu accelerator
-    if any(v["offload"] for v in fams):
-        ops.append("cpu_adam")
-    if any(not v["offload"] and v["adam"] == "default" for v in fams):
-        ops.append("fused_adam")  # DeepSpeed's CPU FusedAdam
-    return ops
-
-
-def run_cpu_jit(suite, ops):
-    """Build them once, before the families, each within a timeout of its own."""
-    out = os.path.join(suite.work, "cpu_jit")
-    os.makedirs(out)
-    env = suite.env("cpu", PCR_RESULTS_DIR=out, PCR_RUN="cpu")
-    r = suite.step("cpu_jit", [sys.executable, "-m", "pytorch_cuda_runtime.smoke.ops", "--jit",
-                               ",".join(ops)], env, timeout=suite.args.timeout * len(ops))
-    recs = read_rank_files(out)
-    if r["timed_out"]:  # torch waits forever on a killed build's lock file
-        nocompile.clear_locks(suite.ext["cpu"])
-    # A timeout here is INFO too: the families then build what is missing themselves.
-    return recs + [dict(x, status=INFO) for x in suite.step_failure("nocompile.cpu_jit", "cpu", r, recs)]
-
-
-def run_ops(suite, manifest):
-    """The prebuilt DeepSpeed ops load under the accelerator they were built for, with
-    nothing compiled. Never DS_ACCELERATOR=cpu nor a hidden GPU here: CUDA extensions
-    load on a CPU-only host too."""
-    acc = manifest.get("ops_accelerator")
-    if not acc:
-        return [record("nocompile.ops_accelerator", FAIL, expected="manifest 'ops_accelerator'",
-                       actual=None, detail=f"{suite.args.manifest} names no accelerator for its ops")]
-    ops = list(manifest.get("prebuilt_ops") or mf.DEFAULT_PREBUILT_OPS)
-    out, run = os.path.join(suite.work, "ops"), f"ops DS_ACCELERATOR={acc}"
-    os.makedirs(out)
-    env = dict(suite.env("host", PCR_RESULTS_DIR=out, PCR_RUN=run),
-               DS_ACCELERATOR=acc, TORCH_EXTENSIONS_DIR=suite.ext["ops"])
-    r = suite.step("ops", [sys.executable, "-m", "pytorch_cuda_runtime.smoke.ops", ",".join(ops)], env)
-    recs = read_rank_files(out)
-    recs += suite.step_failure("nocompile.ops", run, r, recs)
-    return recs + [nocompile.empty_check("nocompile.torch_extensions", run, suite.ext["ops"],
-                                         "prebuilt ops load")]
-
-
-def check_compiles(suite, gpus):
-    """After the families: nothing compiled on a GPU host; what CPU ranks compiled, as INFO."""
-    out = []
-    if gpus:
-        out.append(nocompile.empty_check("nocompile.torch_extensions_training", f"cuda x{gpus}",
-                                         suite.ext["cuda"], "GPU families"))
-    if suite.jit_builds or any(d == "cpu" for _, d, _ in plan(suite.args.only, gpus, 1)):
-        out.append(nocompile.jit_info(suite.jit_builds, f"cpu x{suite.args.ranks}"))
-    return out
-
-
 def run_gpu_basics(suite, gpus, reason):
     if not gpus:
         status = FAIL if suite.args.require_gpu else SKIP
@@ -256,12 +200,12 @@ def main(argv=None):
     if "gpu" in args.only:
         suite.records += run_gpu_basics(suite, gpus, reason)
     runs = plan(args.only, gpus, args.ranks)
-    if cpu_jit_ops(runs):
-        suite.records += run_cpu_jit(suite, cpu_jit_ops(runs))
+    if nocompile.cpu_jit_ops(runs):
+        suite.records += nocompile.run_cpu_jit(suite, nocompile.cpu_jit_ops(runs))
     for family, device, world in runs:
         suite.records += run_family(suite, family, device, world)
     if "nocompile" in args.only:
-        suite.records += run_ops(suite, manifest) + check_compiles(suite, gpus)
+        suite.records += nocompile.run_ops(suite, manifest) + nocompile.check_compiles(suite, gpus, runs)
     return finish(suite, gpus, time.monotonic() - t0, host_facts(facts))
 
 

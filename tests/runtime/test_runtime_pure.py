@@ -125,14 +125,14 @@ class SuiteLogicTests(unittest.TestCase):
                          set(cli.FAMILIES) - {"versions", "gpu", "nocompile"})
 
     def test_cpu_jit_ops_follow_the_plan(self):
-        self.assertEqual(cli.cpu_jit_ops(cli.plan(["zero3"], 0, 2)), ["shm_comm"])
-        self.assertEqual(cli.cpu_jit_ops(cli.plan(cli.ZERO, 0, 2)),
+        self.assertEqual(nocompile.cpu_jit_ops(cli.plan(["zero3"], 0, 2)), ["shm_comm"])
+        self.assertEqual(nocompile.cpu_jit_ops(cli.plan(cli.ZERO, 0, 2)),
                          ["shm_comm", "cpu_adam", "fused_adam"])
-        self.assertEqual(cli.cpu_jit_ops(cli.plan(["zero2", "ddp", "fsdp2"], 0, 2)),
+        self.assertEqual(nocompile.cpu_jit_ops(cli.plan(["zero2", "ddp", "fsdp2"], 0, 2)),
                          ["shm_comm", "fused_adam"])
         # 2 GPUs: ZeRO runs on the GPUs only, nothing to build for the CPU.
-        self.assertEqual(cli.cpu_jit_ops(cli.plan(cli.FAMILIES, 2, 2)), [])
-        self.assertEqual(cli.cpu_jit_ops(cli.plan(["zero1_offload"], 1, 2)),
+        self.assertEqual(nocompile.cpu_jit_ops(cli.plan(cli.FAMILIES, 2, 2)), [])
+        self.assertEqual(nocompile.cpu_jit_ops(cli.plan(["zero1_offload"], 1, 2)),
                          ["shm_comm", "cpu_adam"])
 
     def test_launcher_per_family(self):
@@ -197,6 +197,21 @@ class SuiteLogicTests(unittest.TestCase):
         self.assertEqual(r["actual"], "cpu_adam; failed: deepspeed_shm_comm")
         self.assertIn("cpu_adam in zero1_offload_cpu2 (95 s step)", r["detail"])
         self.assertEqual(nocompile.jit_info([])["actual"], "nothing compiled")
+
+
+    def test_host_facts_for_the_report(self):
+        host = cli.host_facts(dict(FACTS, devices=[{"index": 0, "name": "H100"}]))
+        self.assertEqual((host["torch"], host["deepspeed"]), ("2.7.1+cu126", "0.17.6"))
+        self.assertEqual(host["devices"][0]["name"], "H100")
+        self.assertIsInstance(host["nvidia_smi"], list)
+        self.assertIn("platform", host)
+
+    def test_ops_step_needs_the_manifest_accelerator(self):
+        suite = type("S", (), {"args": type("A", (), {"manifest": "/m.json"})})()
+        recs = nocompile.run_ops(suite, dict(MANIFEST))  # no 'ops_accelerator'
+        self.assertEqual([(r["check"], r["status"]) for r in recs],
+                         [("nocompile.ops_accelerator", "FAIL")])
+        self.assertIn("/m.json", recs[0]["detail"])
 
 
 class OpsTests(unittest.TestCase):
