@@ -55,7 +55,19 @@ def version_lines(m):
         f"torch.version.cuda {m.get('torch_cuda', '?')} | cuDNN {m.get('cudnn', '?')} | "
         f"NCCL {m.get('nccl', '?')}",
         f"DeepSpeed {m.get('deepspeed', '-')} | Python {m.get('python', '?')}",
+        ops_line(m),
     ]
+
+
+def ops_line(m):
+    """Which DeepSpeed ops are prebuilt, for what, and with which compiler: a minor version
+    other than torch's CUDA is said as openly as the platform/wheel difference above."""
+    ops = ", ".join(m.get("prebuilt_ops") or []) or "none"
+    toolkit = m.get("cuda_toolkit") or "?"
+    same = ".".join(toolkit.split(".")[:2]) == m.get("torch_cuda")
+    note = "" if same else f" (torch's is {m.get('torch_cuda', '?')}; same major, accepted by torch and DeepSpeed)"
+    return (f"DeepSpeed ops prebuilt for {m.get('ops_accelerator', '?')}: {ops} | built with CUDA {toolkit}{note} "
+            f"for {m.get('ops_arch_list', '?')}")
 
 
 def gpu_lines(gpus):

@@ -88,6 +88,17 @@ def nvcc():
     return os.path.join(home, "bin", "nvcc")
 
 
+def no_driver_link(tmp):
+    """async_io links -lcuda, the driver, which a builder without a GPU lacks and none of its code
+    calls. Link against an empty stand-in with --as-needed, so the op records no libcuda.so.1 and
+    loads on any host; check_wheel proves no op needs the driver, the image's load test the rest."""
+    stubs = Path(tmp) / "stubs"
+    stubs.mkdir()
+    subprocess.run(["gcc", "-shared", "-x", "c", "-o", str(stubs / "libcuda.so"), "/dev/null"], check=True)
+    return {"LIBRARY_PATH": os.pathsep.join(filter(None, [str(stubs), os.environ.get("LIBRARY_PATH")])),
+            "LDFLAGS": " ".join(filter(None, ["-Wl,--as-needed", os.environ.get("LDFLAGS")]))}
+
+
 def build_vars(src, ops):
     """DS_BUILD_<X> of each op, read from DeepSpeed's own builders (async_io is DS_BUILD_AIO)."""
     code = ("import json, sys; sys.path.insert(0, '.'); from op_builder.all_ops import ALL_OPS; "
@@ -116,6 +127,10 @@ def check_wheel(wheel, ops, cpu_arch):
         empty = [op for op, found in sos.items() if not found]
         if empty:
             fail(f"no shared object for {', '.join(empty)} in {wheel.name}")
+        for op, found in sos.items():
+            needed = subprocess.run(["objdump", "-p", str(found[0])], capture_output=True, text=True, check=True).stdout
+            if re.search(r"NEEDED\s+libcuda\.so", needed):
+                fail(f"{op} needs the CUDA driver (libcuda.so) to load; it must load on hosts without one")
         if cpu_arch == "x86-64-v3" and "cpu_adam" in ops:
             dis = subprocess.run(["objdump", "-d", str(sos["cpu_adam"][0])], capture_output=True, text=True, check=True)
             if not dis.stdout.strip():
@@ -142,7 +157,7 @@ def main(argv=None):
         patches = patch(src, a.cpu_arch)
         archs, dropped = arch_list()
         env = dict(os.environ, DS_ACCELERATOR="cuda", DS_BUILD_OPS="0", DS_ENABLE_NINJA="1", TORCH_CUDA_ARCH_LIST=archs,
-                   MAX_JOBS=str(os.cpu_count() or 1), PYTHONHASHSEED="0", **build_vars(src, ops))
+                   MAX_JOBS=str(os.cpu_count() or 1), PYTHONHASHSEED="0", **build_vars(src, ops), **no_driver_link(tmp))
         print(f"opsbuild: {', '.join(ops)} for TORCH_CUDA_ARCH_LIST={archs} with {nvcc()} ({a.toolkit}); "
               f"{'not compiled by this nvcc: ' + ', '.join(dropped) if dropped else 'every torch arch'}", flush=True)
         t0 = time.monotonic()

@@ -69,11 +69,15 @@ def test_manifest_equals_rendered(host, row):
     assert render.manifest(row, {"files_sha256": committed["lock_sha256"]}) == committed
 
 
-def test_installed_versions_come_from_the_lock(host, lock_meta):
+def test_installed_versions_come_from_the_lock(host, row, lock_meta):
     """Every package pip reports installed is the version the lock pins (and nothing unpinned)."""
+    from pytorch_cuda_build import resolve
+
     out = host.check_output("pip list --format=json --disable-pip-version-check")
     installed = {p["name"].lower().replace("_", "-"): p["version"] for p in json.loads(out)}
-    pins = lock_meta["pins"]
+    pins = dict(lock_meta["pins"])
+    if row.flavor == "devel" and row.toolkit.source == "pypi":  # nvcc & co. from toolkit.lock
+        pins.update(resolve.pins((ROOT / "images" / row.name / "toolkit.lock").read_text()))
     # The venv's own pip and setuptools predate the lock; everything else must be pinned.
     extra = {n: v for n, v in installed.items() if n not in pins and n not in ("pip", "setuptools")}
     assert not extra, f"installed but not in the lock: {extra}"
@@ -86,19 +90,80 @@ def test_pip_check_passes(host):
     assert cmd.rc == 0, cmd.stdout + cmd.stderr
 
 
-def test_deepspeed_ops_prebuilt(host):
-    out = host.run("DS_ACCELERATOR=cpu ds_report")
+def test_ds_report_shows_every_prebuilt_op_installed_for_cuda(host, row):
+    out = host.run("DS_ACCELERATOR=cuda ds_report")
     assert out.rc == 0, out.stderr
-    for op in ("cpu_adam", "deepspeed_shm_comm"):
+    for op in row.prebuilt_ops:
         line = next((ln for ln in out.stdout.splitlines() if ln.startswith(op + " ")), "")
         assert "[YES]" in line, f"{op} not prebuilt: {line!r}"
 
 
-def test_no_compiler_in_runtime_image(host, row):
-    if row.flavor != "runtime":
-        pytest.skip("devel images carry compilers on purpose")
-    for cc in ("gcc", "g++", "cc", "c++", "nvcc"):
-        assert not host.exists(cc), f"{cc} found in a runtime image"
+LOAD_OPS = """
+import json, os, sys
+from deepspeed.accelerator import get_accelerator
+from deepspeed.git_version_info import accelerator_name, installed_ops
+from deepspeed.ops.op_builder.all_ops import ALL_OPS
+loaded = {}
+for op in sys.argv[1].split(","):
+    builder = get_accelerator().create_op_builder(type(ALL_OPS[op]).__name__)
+    loaded[op] = bool(builder.load(verbose=False))
+built = [os.path.join(r, f) for r, _, fs in os.walk(os.environ["TORCH_EXTENSIONS_DIR"]) for f in fs]
+print(json.dumps({"accelerator": get_accelerator()._name, "wheel": accelerator_name, "loaded": loaded, "built": built}))
+"""
+
+
+def test_prebuilt_cuda_ops_load_without_a_gpu_and_compile_nothing(host, row):
+    """What DeepSpeed does on every GPU host (accelerator `cuda`), minus the GPU: loading a CUDA
+    extension needs none. A JIT build would leave files in the empty TORCH_EXTENSIONS_DIR."""
+    cmd = host.run(f"d=$(mktemp -d) && DS_ACCELERATOR=cuda TORCH_EXTENSIONS_DIR=$d python -c '{LOAD_OPS}' {','.join(row.prebuilt_ops)}")
+    assert cmd.rc == 0, cmd.stdout[-2000:] + cmd.stderr[-3000:]
+    facts = json.loads(cmd.stdout.strip().splitlines()[-1])
+    assert facts["accelerator"] == facts["wheel"] == "cuda", facts
+    assert facts["loaded"] == {op: True for op in row.prebuilt_ops}, facts
+    assert facts["built"] == [], f"compiled at run time: {facts['built']}"
+
+
+def test_ops_were_built_for_every_torch_arch_the_toolkit_compiles(host):
+    facts = json.loads(host.file("/opt/pytorch-cuda/ops-facts.json").content_string)
+    torch_archs = json.loads(host.file("/opt/pytorch-cuda/torch-facts.json").content_string)["cuda_arch_list"]
+    built = {a.replace(".", "") for a in facts["ops_arch_list"].removesuffix("+PTX").split(";")}
+    skipped = {a.replace(".", "") for a in facts["ops_arch_not_compiled"]}
+    wanted = {a.split("_")[1] for a in torch_archs if a.startswith("sm_")}
+    assert built | skipped == wanted and built, (facts, torch_archs)
+    assert facts["ops_arch_list"].endswith("+PTX"), "newer GPUs need the PTX of the newest arch"
+
+
+def test_deepspeed_has_the_zero3_all_gather_fix(host, row):
+    """DeepSpeed PR #8539: a coalesced ZeRO-3 gather waits on every gloo handle (patched into 0.17.6)."""
+    path = host.check_output("python -c 'import deepspeed.runtime.zero.partition_parameters as p; print(p.__file__)'")
+    text = host.file(path).content_string
+    assert "launch_handles[-1].wait()" not in text and "for handle in launch_handles:" in text
+
+
+def test_torch_compile_has_its_compiler_and_headers(host, row):
+    """Inductor (CPU) and Triton (GPU) compile at run time: a C++ compiler and Python.h must be there."""
+    for cc in ("gcc", "g++", "cc", "c++"):
+        assert host.exists(cc), f"{cc} missing: torch.compile needs it"
+    inc = host.check_output("python -c 'import sysconfig; print(sysconfig.get_paths()[\"include\"])'")
+    assert host.file(f"{inc}/Python.h").exists
+    assert host.exists("nvcc") == (row.flavor == "devel"), "nvcc belongs to the devel flavor only"
+
+
+TORCH_COMPILE = """
+import torch
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+x = torch.randn(8, 16)
+eager = m(x)
+compiled = torch.compile(m)(x)
+torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-5)
+print("COMPILED_OK")
+"""
+
+
+def test_torch_compile_matches_eager_on_the_cpu(host):
+    cmd = host.run(f"TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) python -c '{TORCH_COMPILE}'")
+    assert cmd.rc == 0 and "COMPILED_OK" in cmd.stdout, cmd.stdout[-2000:] + cmd.stderr[-3000:]
 
 
 @pytest.mark.parametrize("path", ["/root/.cache", "/home/trainer/.cache", "/wheelhouse", "/dist", "/run/secrets"])
@@ -126,11 +191,11 @@ def test_zero_to_fp32_command_works(host):
     assert out.rc == 0 and "checkpoint" in out.stdout.lower(), out.stdout + out.stderr
 
 
-def test_banner_prints_versions_and_cpu_warning(image_ref, row):
+def test_banner_prints_versions_and_cpu_warning(image_ref, row, lock_meta):
     proc = run_image(image_ref, ["true"], ("--shm-size", "64m"))
     assert proc.returncode == 0, shown(proc)
     banner = proc.stderr
-    for fact in (row.torch, row.cuda, row.wheel_cuda, row.deepspeed):
+    for fact in (row.torch, row.cuda, row.wheel_cuda, row.deepspeed, f"built with CUDA {lock_meta['cuda_toolkit']}", *row.prebuilt_ops):
         assert fact in banner, f"{fact} missing from banner:\n{banner}"
     assert "--gpus all" in banner  # no GPU: says how to get one
     assert "shm" in banner.lower()  # 64 MB /dev/shm: says how to fix it

@@ -6,7 +6,7 @@ import subprocess
 import pytest
 from helpers import ROOT, project_copy, run_build_py, tmpfs, tree_snapshot
 
-from pytorch_cuda_build import build, docker_env, files
+from pytorch_cuda_build import build, docker_env, files, matrix
 from pytorch_cuda_build.errors import EnvironmentProblem
 
 NO_DOCKER = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}
@@ -21,7 +21,7 @@ def one_error_line(proc: subprocess.CompletedProcess, code: int, text: str) -> N
 
 def test_unknown_row_lists_rows():
     proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.4", env=NO_DOCKER)
-    one_error_line(proc, 2, "rows for torch 2.7: cuda 12.1 (runtime, default), cuda 12.6 (runtime)")
+    one_error_line(proc, 2, "rows for torch 2.7: cuda 12.1 (devel, default), cuda 12.1 (runtime, default), cuda 12.6 (runtime)")
 
 
 @pytest.mark.parametrize("args", [["--only", "size,bogus"], ["--only", ","], ["--runs", "0"], ["--cold-runs", "0"]])
@@ -53,7 +53,7 @@ def test_dry_run_prints_the_plan_without_docker():
 def test_list_shows_every_row_without_docker():
     proc = run_build_py(ROOT, "list", env=NO_DOCKER)
     assert proc.returncode == 0, proc.stderr
-    assert len(proc.stdout.strip().splitlines()) == 1 + 13
+    assert len(proc.stdout.strip().splitlines()) == 1 + len(matrix.load(ROOT / "matrix.yaml").images)
     assert "2.7.1-cuda12.1-runtime" in proc.stdout and "v2.7-cuda12.1 v2.7" in proc.stdout
 
 

@@ -88,13 +88,29 @@ def test_rendered_dockerfile_shape():
     assert "# syntax=" not in text  # a syntax line makes BuildKit pull a frontend image
     assert f"ARG BASE_IMAGE={render.rootfs_ref(DEFAULT)}" in text
     stages = [ln.split()[1:] for ln in text.splitlines() if ln.startswith("FROM ")]
-    assert stages == [["${BASE_IMAGE}", "AS", "base"], ["base", "AS", "python-env"], ["python-env", "AS", "ops-builder"], ["python-env", "AS", "runtime"]]
+    assert stages == [["${BASE_IMAGE}", "AS", "base"], ["base", "AS", "python-env"], ["base", "AS", "cuda-toolkit"],
+                      ["python-env", "AS", "ops-builder"], ["python-env", "AS", "runtime"]]
+    # The ops are built with the toolkit of the lock, for the ops matrix.yaml lists.
+    assert "COPY --from=cuda-toolkit /usr/local/cuda /usr/local/cuda" in text
+    assert "--ops cpu_adam,fused_adam,fused_lamb,async_io" in text and "--toolkit 12.4.131" in text
     # Platform settings come after the heavy layers so rows sharing a lock share them.
     assert text.index("pip install --quiet --no-index --find-links") < text.index("NVIDIA_REQUIRE_CUDA")
     assert 'NVIDIA_REQUIRE_CUDA="cuda>=12.1"' in text
     assert "torch 2.7 has no CUDA 12.1 build" in text
     manifest = json.loads((lock.image_dir(ROOT, DEFAULT) / "manifest.json").read_text())
     assert (manifest["cuda_platform"], manifest["torch_cuda"]) == ("12.1", "12.6")
+    assert (manifest["cuda_toolkit"], manifest["ops_accelerator"]) == ("12.4.131", "cuda")
+    assert manifest["prebuilt_ops"] == list(DEFAULT.prebuilt_ops)
+
+
+def test_pypi_toolkit_rows_install_nvcc_wheels_and_devel_keeps_them():
+    cu13 = MATRIX.select("2.11", "13.0")
+    text = (lock.image_dir(ROOT, cu13) / "Dockerfile").read_text()
+    assert "AS cuda-toolkit" not in text and "toolkit.py wheels --prefix /usr/local/cuda" in text
+    assert resolve.pins((lock.image_dir(ROOT, cu13) / "toolkit.lock").read_text())["nvidia-cuda-nvcc"].startswith("13.0.")
+    devel = (lock.image_dir(ROOT, MATRIX.select("2.7", "12.1", "devel")) / "Dockerfile").read_text()
+    final = devel[devel.index("AS devel"):]
+    assert "COPY --from=cuda-toolkit /usr/local/cuda /usr/local/cuda" in final and "ENV PATH=/usr/local/cuda/bin:$PATH" in final
 
 
 def test_template_drift_and_orphans_are_caught_and_fixed(tmp_path):

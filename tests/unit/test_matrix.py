@@ -34,6 +34,9 @@ rows:
     cudnn: 9.5.1.17
     nccl: 2.26.2
     deepspeed: 0.17.6
+toolkits:
+  "12": {source: debian, mirror: http://deb.debian.org/debian, suite: trixie, components: [non-free],
+         packages: [nvidia-cuda-toolkit], version: 12.4.131~12.4.1-2}
 """
 
 
@@ -140,6 +143,26 @@ def test_not_a_mapping_and_missing_file(tmp_path):
         matrix.load(tmp_path / "absent.yaml")
 
 
-def test_devel_flavor_is_refused_until_it_exists(tmp_path):
-    lines = problems(tmp_path, VALID.replace("    default: true\n", "    default: true\n    flavors: [runtime, devel]\n"))
-    assert any("rows[0].flavors[1]" in ln and "'runtime'" in ln for ln in lines), lines
+def test_devel_flavor_gets_its_own_name_and_tags(tmp_path):
+    m = load(tmp_path, VALID.replace("    default: true\n", "    default: true\n    flavors: [runtime, devel]\n"))
+    devel = m.select("2.7", None, "devel")
+    assert devel.name == "2.7.1-cuda12.1-devel"
+    assert devel.tags == ["2.7.1-cuda12.1-devel", "v2.7-cuda12.1-devel", "v2.7-devel"]
+    assert devel.lock_key == m.select("2.7", None).lock_key  # same wheels: shared layers
+
+
+def test_unknown_flavor_is_named(tmp_path):
+    lines = problems(tmp_path, VALID.replace("    default: true\n", "    default: true\n    flavors: [runtime, slim]\n"))
+    assert any("rows[0].flavors[1]" in ln and "'devel'" in ln for ln in lines), lines
+
+
+def test_every_cuda_major_needs_a_toolkit(tmp_path):
+    lines = problems(tmp_path, VALID.replace('"12": {source: debian', '"13": {source: debian'))
+    assert any("no CUDA toolkit for CUDA 12.x" in ln for ln in lines), lines
+
+
+def test_a_toolkit_says_where_it_comes_from(tmp_path):
+    lines = problems(tmp_path, VALID.replace("packages: [nvidia-cuda-toolkit], version: 12.4.131~12.4.1-2", "packages: []"))
+    assert any("a debian toolkit needs packages, version" in ln for ln in lines), lines
+    lines = problems(tmp_path, VALID.replace("version: 12.4.131~12.4.1-2", "version: latest"))
+    assert any("not a Debian CUDA toolkit version" in ln for ln in lines), lines
