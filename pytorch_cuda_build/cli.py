@@ -39,7 +39,7 @@ class _Parser(argparse.ArgumentParser):
 def _selection(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--torch", required=required, help="torch minor (2.7) or full version (2.7.1)")
     p.add_argument("--cuda", help="CUDA platform, e.g. 12.1; default: the torch minor's default row")
-    p.add_argument("--flavor", default="runtime", help="image flavor (default and only one so far: runtime)")
+    p.add_argument("--flavor", default="runtime", help="image flavor: runtime (default) or devel (adds the CUDA toolkit)")
 
 
 def _registry(p: argparse.ArgumentParser, push_help: str) -> None:

@@ -20,6 +20,7 @@ from .matrix import Image, Matrix
 LABEL_PREFIX = "io.pytorch-cuda"
 WHEELHOUSE_CACHE_ID = "pytorch-cuda-wheelhouse"
 DEB_CACHE_ID = "pytorch-cuda-debs"
+OPS_CACHE_ID = "pytorch-cuda-ops"
 RENDERED = ("Dockerfile", "manifest.json")
 SBOM_PATH = "/opt/pytorch-cuda/sbom.cdx.json"  # CycloneDX, baked into every image
 _BASE_ARG = re.compile(r"^ARG BASE_IMAGE=\S+$", re.M)
@@ -126,7 +127,7 @@ def render_image(root: Path, image: Image) -> dict[str, str]:
     try:
         dockerfile = _env(root).get_template("Dockerfile.j2").render(
             image=image, base_stage=base_stage(root, image, meta), labels=labels(image, meta), cache_id=WHEELHOUSE_CACHE_ID,
-            build_packages=apt_list(image.os.build_packages, meta.get("apt", {})), deb_cache_id=DEB_CACHE_ID,
+            build_packages=apt_list(image.os.build_packages, meta.get("apt", {})), deb_cache_id=DEB_CACHE_ID, ops_cache_id=OPS_CACHE_ID,
             toolkit_version=meta.get("cuda_toolkit") or "unknown",
         )
     except jinja2.TemplateError as e:

@@ -10,9 +10,11 @@ machine without Docker (`python -m pytorch_cuda_runtime.opsbuild`), with torch a
 CUDA toolkit (CUDA_HOME) already installed. Standard library only, apart from torch.
 """
 import argparse
+import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -147,9 +149,47 @@ def main(argv=None):
     p.add_argument("--cpu-arch", required=True, choices=["x86-64-v3", "x86-64-v4"])
     p.add_argument("--dist", type=Path, required=True, help="where the wheel and ops-facts.json go")
     p.add_argument("--toolkit", required=True, help="the CUDA toolkit's version, recorded in the facts")
+    p.add_argument("--cache", type=Path, help="keep built wheels here, keyed by every input of the compile")
     a = p.parse_args(argv)
     ops = [o for o in a.ops.split(",") if o]
     a.dist.mkdir(parents=True, exist_ok=True)
+    key = cache_key(a.sdist, ops, a.cpu_arch)
+    cached = a.cache / key if a.cache else None
+    if cached and (cached / "ops-facts.json").exists():
+        for f in cached.iterdir():
+            shutil.copy2(f, a.dist / f.name)
+        print(f"opsbuild: inputs {key[:16]} built before; wheel taken from the ops cache, nothing compiled", flush=True)
+    else:
+        build(a, ops)
+    wheels = sorted(a.dist.glob("deepspeed-*.whl"))
+    if len(wheels) != 1:
+        fail(f"expected one DeepSpeed wheel in {a.dist}, found {len(wheels)}")
+    check_wheel(wheels[0], ops, a.cpu_arch)  # a cached wheel is proved again, like a new one
+    if cached and not cached.exists():
+        tmp = cached.with_name(cached.name + ".part")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(a.dist, tmp)
+        tmp.rename(cached)
+
+
+def cache_key(sdist, ops, cpu_arch):
+    """Everything the compiled ops depend on: sources, this recipe, torch, the compiler, the ops."""
+    import torch
+
+    h = hashlib.sha256()
+    for part in (sha256_file(sdist), sha256_file(Path(__file__)), torch.__version__, str(torch.version.cuda),
+                 torch._C._cuda_getArchFlags(), subprocess.run([nvcc(), "--version"], capture_output=True, text=True).stdout,
+                 ",".join(ops), cpu_arch):
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()
+
+
+def sha256_file(path):
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def build(a, ops):
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(a.sdist) as t:
             t.extractall(tmp, filter="data") if hasattr(tarfile, "data_filter") else t.extractall(tmp)
