@@ -57,7 +57,7 @@ def fault_copy(tmp: Path, client, runtime_steps: str = "") -> Path:
     mp = root / "matrix.yaml"
     mp.write_text(mp.read_text().replace("repository: pytorch-cuda\n", f"repository: {FAULT_REPO}\n", 1))
     if runtime_steps:
-        tpl = root / "templates" / "runtime.j2"
+        tpl = root / "templates" / "finish.j2"
         tpl.write_text(tpl.read_text().replace("USER trainer", runtime_steps + "\nUSER trainer", 1))
     m = matrix.load(mp)
     render.write(root, m, list(m.images), log=lambda s: None)
@@ -109,7 +109,7 @@ def test_sigint_during_a_build_step_then_the_rerun_reuses_the_cache(built, docke
     assert fault_tags(docker_client) == [] and public_tags(docker_client) == before
     assert tree_snapshot(root / "images") == committed
     # Again, without the sleep: the layer finished before the interrupt comes from the cache.
-    tpl = root / "templates" / "runtime.j2"
+    tpl = root / "templates" / "finish.j2"
     tpl.write_text(tpl.read_text().replace(f"RUN sleep 120 # {token}\n", ""))
     m = matrix.load(root / "matrix.yaml")
     render.write(root, m, list(m.images), log=lambda s: None)

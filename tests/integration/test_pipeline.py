@@ -125,7 +125,7 @@ def test_failing_smoke_suite_moves_no_tag(built, docker_client, tmp_path):
 @pytest.mark.fault
 def test_failing_build_step_is_named_with_the_log_tail(built, docker_client, tmp_path):
     root = project_copy(tmp_path / "p")
-    tpl = root / "templates" / "runtime.j2"
+    tpl = root / "templates" / "finish.j2"
     tpl.write_text(tpl.read_text().replace("USER trainer", 'RUN echo "simulated failure: index refused the download" && false\nUSER trainer'))
     render.write(root, MATRIX, list(MATRIX.images), log=lambda m: None)
     before = tag_ids(docker_client)

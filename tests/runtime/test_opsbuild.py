@@ -1,0 +1,52 @@
+"""opsbuild.py's patches to DeepSpeed's sources: each applies, or the build stops (pure, no torch)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytorch_cuda_runtime import opsbuild
+
+BUILDER = """\
+    def cpu_arch(self):
+        return '-march=native'
+
+    def simd_width(self):
+        if avx512:
+            return '-D__AVX512__'
+        return '-D__AVX256__'
+"""
+RACY = "    def _allgather_params_coalesced(self):\n        launch_handles[-1].wait()\n        return\n"
+FIXED = "    def _allgather_params_coalesced(self):\n        for handle in launch_handles:\n            handle.wait()\n"
+
+
+def tree(tmp_path: Path, builder: str = BUILDER, pp: str = RACY) -> Path:
+    (tmp_path / "op_builder").mkdir(parents=True)
+    (tmp_path / "op_builder" / "builder.py").write_text(builder)
+    zero = tmp_path / "deepspeed" / "runtime" / "zero"
+    zero.mkdir(parents=True)
+    (zero / "partition_parameters.py").write_text(pp)
+    return tmp_path
+
+
+def test_both_patches_apply_to_an_old_deepspeed(tmp_path):
+    src = tree(tmp_path)
+    done = opsbuild.patch(src, "x86-64-v3")
+    builder = (src / "op_builder" / "builder.py").read_text()
+    assert "-march=native" not in builder and "-march=x86-64-v3" in builder
+    assert "-D__AVX512__" not in builder
+    pp = (src / "deepspeed" / "runtime" / "zero" / "partition_parameters.py").read_text()
+    assert "launch_handles[-1].wait()" not in pp and "for handle in launch_handles:" in pp
+    assert len(done) == 2
+
+
+def test_a_deepspeed_with_the_fix_needs_only_the_cpu_patch(tmp_path):
+    assert len(opsbuild.patch(tree(tmp_path, pp=FIXED), "x86-64-v4")) == 1
+    assert "-D__AVX512__" in (tmp_path / "op_builder" / "builder.py").read_text()
+
+
+def test_unknown_sources_stop_the_build(tmp_path):
+    with pytest.raises(SystemExit, match="neither the racy wait nor its fix"):
+        opsbuild.patch(tree(tmp_path / "a", pp="def other(): pass\n"), "x86-64-v3")
+    with pytest.raises(SystemExit, match="CPU-baseline patch did not apply"):
+        opsbuild.patch(tree(tmp_path / "b", builder="def nothing(): pass\n"), "x86-64-v3")
