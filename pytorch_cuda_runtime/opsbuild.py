@@ -198,6 +198,8 @@ def build(a, ops):
         archs, dropped = arch_list()
         env = dict(os.environ, DS_ACCELERATOR="cuda", DS_BUILD_OPS="0", DS_ENABLE_NINJA="1", TORCH_CUDA_ARCH_LIST=archs,
                    MAX_JOBS=str(os.cpu_count() or 1), PYTHONHASHSEED="0", **build_vars(src, ops), **no_driver_link(tmp))
+        # Each .cu is compiled once per architecture; nvcc runs those passes in parallel only when asked.
+        env["NVCC_APPEND_FLAGS"] = " ".join(filter(None, [os.environ.get("NVCC_APPEND_FLAGS"), f"--threads {os.cpu_count() or 1}"]))
         print(f"opsbuild: {', '.join(ops)} for TORCH_CUDA_ARCH_LIST={archs} with {nvcc()} ({a.toolkit}); "
               f"{'not compiled by this nvcc: ' + ', '.join(dropped) if dropped else 'every torch arch'}", flush=True)
         t0 = time.monotonic()
