@@ -14,7 +14,11 @@ import sys
 from . import model as M
 
 TAG = "final"
-GATHER_ROUNDS = 20  # the 0.17.6 race hit ~9 runs in 20 in DeepSpeed's CI; 20 rounds per run
+# The 0.17.6 race (see _check_gathered) needs some bytes in flight to show: measured here
+# with unpatched 0.17.6 on 2 gloo ranks, 8 Linear(512, 512) read half-gathered in ~1
+# round of 8 (6 params of the tiny model: 0 of 20), so 60 rounds miss it ~1 run in 2000.
+GATHER_ROUNDS = 20
+WIDE_ROUNDS, WIDE_WIDTH, WIDE_LAYERS = 60, 512, 8
 
 # adam: "default" is DeepSpeed's own choice for {"type": "Adam"} (FusedAdam; DeepSpeedCPUAdam
 # when offloaded), "torch" adds "torch_adam": true. Both configs users write must work.
@@ -69,6 +73,7 @@ def run(ctx, family):
     _train(ctx, family, engine, torch)
     if v["stage"] == 3:
         reference = _check_stage3(ctx, family, engine, deepspeed, dist, torch)
+        _check_wide_gather(ctx, family, cfg, deepspeed, dist, torch)
     else:
         reference = _check_stage12(ctx, family, engine, dist, torch)
     ckpt = os.path.join(ctx.work, f"{family}_ckpt")
@@ -98,8 +103,20 @@ def _check_stage3(ctx, family, engine, deepspeed, dist, torch):
     M.check_share(ctx.rec, family, sum(p.ds_tensor.numel() for p in params),
                   sum(p.ds_numel for p in params), ctx.world)
     reference = _assemble_shards(engine.module, dist, torch)
-    _check_gathered(ctx, family, engine.module, reference, deepspeed, torch)
+    _check_gathered(ctx, f"{family}.gathered_parameters", engine.module, reference,
+                    GATHER_ROUNDS, deepspeed, torch)
     return reference
+
+
+def _check_wide_gather(ctx, family, cfg, deepspeed, dist, torch):
+    """The same check on a model wide enough for the race to show (built by zero.Init,
+    the way large models are, so it is partitioned from the start)."""
+    with deepspeed.zero.Init(config_dict_or_path=cfg):
+        torch.manual_seed(0)
+        wide = torch.nn.Sequential(*[torch.nn.Linear(WIDE_WIDTH, WIDE_WIDTH)
+                                     for _ in range(WIDE_LAYERS)])
+    _check_gathered(ctx, f"{family}.gathered_parameters_wide", wide,
+                    _assemble_shards(wide, dist, torch), WIDE_ROUNDS, deepspeed, torch)
 
 
 def _check_stage12(ctx, family, engine, dist, torch):
@@ -130,7 +147,7 @@ def _assemble_shards(module, dist, torch):
     return full
 
 
-def _check_gathered(ctx, family, module, reference, deepspeed, torch):
+def _check_gathered(ctx, check, module, reference, rounds, deepspeed, torch):
     """GatheredParameters over ALL parameters at once, read at once, several rounds.
 
     DeepSpeed 0.17.6's `_allgather_params_coalesced` waited only on the last of its
@@ -140,15 +157,15 @@ def _check_gathered(ctx, family, module, reference, deepspeed, torch):
     """
     params = list(module.parameters())
     bad = []
-    for i in range(GATHER_ROUNDS):
+    for i in range(rounds):
         with deepspeed.zero.GatheredParameters(params):
             got = {n: p.detach().cpu().clone() for n, p in module.named_parameters()}
         differ = [n for n in reference if not torch.equal(got[n], reference[n])]
         if differ:
             bad.append(f"round {i}: {','.join(differ)}")
-    ctx.rec.check(f"{family}.gathered_parameters", not bad,
-                  f"{GATHER_ROUNDS} gathers of {len(params)} params equal the shards",
-                  "; ".join(bad[:3]) or f"{GATHER_ROUNDS} x {len(params)} params equal")
+    ctx.rec.check(check, not bad, f"{rounds} gathers of {len(params)} params equal the shards",
+                  f"{len(bad)} rounds differ: " + "; ".join(bad[:3]) if bad
+                  else f"{rounds} x {len(params)} params equal")
 
 
 def _consolidate_api(ckpt):
