@@ -13,8 +13,9 @@ from pathlib import Path
 
 import docker
 import docker.errors
+import requests
 
-from .errors import EnvironmentProblem
+from .errors import DockerRefused, EnvironmentProblem
 
 ENGINE_SCRIPT = Path(__file__).with_name("engine.sh")
 DOCKER_ENV = "PYTORCH_CUDA_DOCKER"
@@ -30,14 +31,50 @@ def client() -> docker.DockerClient:
         c = docker.from_env(timeout=600)
         c.ping()
         return c
-    except docker.errors.DockerException as e:
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+        if api_error(e) is not None:
+            raise failure("a ping", e) from None
         raise EnvironmentProblem(f"no Docker daemon answers at {daemon_address()}: {_short(e)}") from None
 
 
-def lost(during: str, e: Exception | None = None) -> EnvironmentProblem:
-    """The daemon went away mid-run (stopped, crashed, restarted)."""
-    why = f": {_short(e)}" if e is not None else ""
-    return EnvironmentProblem(f"the Docker daemon at {daemon_address()} stopped answering during {during}{why}; no tag moved")
+def api_error(e: BaseException) -> docker.errors.APIError | None:
+    """The daemon's HTTP error behind e, if the daemon answered at all (else None)."""
+    seen = 0
+    while e is not None and seen < 10:  # the SDK wraps; follow the chain a little way
+        if isinstance(e, docker.errors.APIError) and e.status_code is not None:
+            return e
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return None
+
+
+def failure(during: str, e: BaseException) -> EnvironmentProblem:
+    """One line for any Docker SDK error: the daemon refused (HTTP status and its message), or it is gone.
+
+    Gone means nothing answered: connection refused or reset, the socket missing, a
+    timeout. A refusal is the daemon answering no, e.g. 500 "could not select device
+    driver" for a GPU request on a host without the NVIDIA runtime: restarting Docker
+    does not help there, so the two must never read alike.
+    """
+    api = api_error(e)
+    if api is not None:
+        return DockerRefused(daemon_address(), during, api.status_code, refusal(api))
+    return EnvironmentProblem(f"the Docker daemon at {daemon_address()} stopped answering during {during}: {_short(e)}; no tag moved")
+
+
+def refusal(e: docker.errors.APIError) -> str:
+    """The daemon's own message (its JSON `message`), else the HTTP reason."""
+    text = e.explanation.decode(errors="replace") if isinstance(e.explanation, bytes) else (e.explanation or "")
+    if not text and e.response is not None:
+        text = getattr(e.response, "reason", "") or ""
+    return (text.strip().splitlines() or ["no message"])[0][:300]
+
+
+def lost(during: str, e: BaseException | None = None) -> EnvironmentProblem:
+    """The daemon went away mid-run (stopped, crashed, restarted); with the error at hand,
+    classified by failure(), since an answer of the daemon is no loss of it."""
+    if e is not None:
+        return failure(during, e)
+    return EnvironmentProblem(f"the Docker daemon at {daemon_address()} stopped answering during {during}; no tag moved")
 
 
 def answers(c: docker.DockerClient) -> bool:
@@ -47,7 +84,7 @@ def answers(c: docker.DockerClient) -> bool:
         return False
 
 
-def _short(e: Exception) -> str:
+def _short(e: BaseException) -> str:
     text = str(e).splitlines()[0] if str(e) else type(e).__name__
     return text[:200]
 

@@ -133,3 +133,78 @@ class PublishError(PipelineError):
 
     def lines(self) -> list[str]:
         return [self.message] + [f"  {w}" for w in self.where]
+
+
+@dataclass
+class DockerRefused(EnvironmentProblem):
+    """The daemon answered, with an HTTP error: a refusal to name, not a daemon gone."""
+
+    address: str
+    during: str
+    status: int | None
+    explanation: str
+
+    def __post_init__(self) -> None:
+        super().__init__(self.during)
+
+    def __str__(self) -> str:
+        return f"the Docker daemon at {self.address} refused {self.during} ({self.status}: {self.explanation})"
+
+
+@dataclass
+class CommandFailed(PipelineError):
+    """An external command we needed exited non-zero (or could not run at all)."""
+
+    command: str
+    returncode: int | None
+    detail: str = ""
+    exit_code = 1
+
+    def __post_init__(self) -> None:
+        super().__init__(self.command)
+
+    def __str__(self) -> str:
+        how = f"exited {self.returncode}" if self.returncode is not None else "could not run"
+        return f"`{self.command}` {how}" + (f": {self.detail}" if self.detail else "")
+
+
+@dataclass
+class ArchiveLayoutError(EnvironmentProblem):
+    """`docker save` wrote an archive whose layout we cannot read (a Docker version we do not know)."""
+
+    ref: str
+    detail: str
+
+    def __post_init__(self) -> None:
+        super().__init__(self.ref)
+
+    def __str__(self) -> str:
+        return f"cannot read `docker save {self.ref}`: {self.detail}"
+
+
+@dataclass
+class TagTaken:
+    """An immutable tag that the registry already holds at another image."""
+
+    target: str  # REGISTRY/NS/REPO:TAG
+    digest: str  # the registry's manifest digest
+    config: str | None  # the image ID it holds
+    image_id: str  # ours
+
+
+@dataclass
+class ImmutableTagTaken(PipelineError):
+    """Immutable tags never move: pushing one that holds another image is refused, nothing pushed."""
+
+    taken: list[TagTaken]
+    exit_code = 2
+
+    def __post_init__(self) -> None:
+        super().__init__(self.taken[0].target)
+
+    def __str__(self) -> str:
+        return self.lines()[0]
+
+    def lines(self) -> list[str]:
+        return [f"{t.target} is immutable and already holds another image (registry: manifest {t.digest}, "
+                f"config {t.config}; this image: {t.image_id}); nothing pushed" for t in self.taken]

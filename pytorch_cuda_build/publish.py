@@ -1,13 +1,18 @@
 """Stage 8: publish tested images to a registry.
 
-Only an image ID recorded as tested is pushed. Every immutable tag of the run goes
-first and is read back from the registry (manifest digest and config digest = the local
-image ID) before any alias moves, so a failure part-way leaves the aliases where they
-were. A tag already holding this image is skipped. Pushing happens only with push=True:
-the default is a dry run that prints what would move.
+Only an image ID recorded as tested is pushed. Each row's immutable tag is dated:
+`<row>-<YYYYMMDD>-<lock8>`, the source commit's day (UTC) and the lock's hash, both read
+from the image's labels so the tag is a fact of the artefact. It never moves: one that
+the registry holds at another image is refused before anything is pushed. Every
+immutable tag of the run goes first and is read back from the registry (manifest digest
+and config digest = the local image ID) before any moving tag (the row's name, the
+aliases) moves, so a failure part-way leaves them where they were. A tag already
+holding this image is skipped. Pushing happens only with push=True: the default is a
+dry run that prints what would move.
 """
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import ipaddress
 import os
@@ -21,9 +26,11 @@ import docker.errors
 import requests
 import tenacity
 
+from . import docker_env
 from . import tag as tags
-from .errors import EnvironmentProblem, PublishError, UsageError
+from .errors import EnvironmentProblem, ImmutableTagTaken, PublishError, TagTaken, UsageError
 from .matrix import Image
+from .render import LABEL_PREFIX
 
 _LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
 _PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"  # the distribution spec's path component
@@ -38,6 +45,9 @@ _ACCEPT = ", ".join([
 # (unauthorized, denied, a malformed name) fails the same way every time.
 _PERMANENT = re.compile(r"unauthori[sz]ed|denied|authentication required|invalid reference|name unknown", re.I)
 USER_ENV, PASSWORD_ENV = "PYTORCH_CUDA_REGISTRY_USER", "PYTORCH_CUDA_REGISTRY_PASSWORD"
+CREATED_LABEL = "org.opencontainers.image.created"  # the source commit's time (SOURCE_DATE_EPOCH)
+LOCK_LABEL = f"{LABEL_PREFIX}.lock-sha256"
+_LOCK_HASH = re.compile(r"^[0-9a-f]{64}$")
 
 
 class Transient(Exception):
@@ -206,14 +216,45 @@ def tested_id(c: docker.DockerClient, image: Image) -> str:
     return image_id
 
 
+def dated_tag(image: Image, labels: dict[str, str] | None, ref: str) -> str:
+    """The row's immutable tag, e.g. 2.7.1-cuda12.1-runtime-20261122-7904bf67.
+
+    From the image's labels, not this checkout or the clock: the day (UTC) of the
+    commit it was built from, and the first 8 hex of the hash of its lock files.
+    """
+    labels = labels or {}
+    rebuild = f"rebuild it (python build.py --torch {image.torch} --cuda {image.cuda})"
+    created, lock = labels.get(CREATED_LABEL, ""), labels.get(LOCK_LABEL, "")
+    if not _LOCK_HASH.match(lock):
+        raise UsageError(f"{ref} has no valid label {LOCK_LABEL} ({lock!r}), so no immutable tag can name its lock; {rebuild}")
+    try:
+        when = dt.datetime.fromisoformat(created.replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(f"{ref} has no valid label {CREATED_LABEL} ({created!r}), so no immutable tag can date it; {rebuild}") from None
+    when = when.replace(tzinfo=dt.timezone.utc) if when.tzinfo is None else when.astimezone(dt.timezone.utc)
+    if when.timestamp() <= 0:  # the build found no commit time: the date would say nothing
+        raise UsageError(f"{ref} was built without a commit time ({CREATED_LABEL}={created}); {rebuild} from a git checkout")
+    return f"{image.name}-{when:%Y%m%d}-{lock[:8]}"
+
+
 def plan(c: docker.DockerClient, api: RegistryAPI, images: list[Image], retry: Callable) -> list[Move]:
-    """Immutable tags of every row first, then the aliases; each with where it is now."""
+    """Immutable tags of every row first, then the moving ones; each with where it is now.
+
+    An immutable tag that the registry holds at another image is refused here, for every
+    row at once, before anything is pushed. (A registry has no compare-and-set: a push
+    by someone else between this read and ours is caught by execute's read-back.)
+    """
     ids = {i.name: tested_id(c, i) for i in images}
+    dated = {i.name: dated_tag(i, c.images.get(ids[i.name]).labels, i.refs()[0]) for i in images}
     retry(api.ping, "contacting the registry")
-    moves = [Move(i, ids[i.name], i.tags[0], True) for i in images]
-    moves += [Move(i, ids[i.name], t, False) for i in images for t in i.tags[1:]]
+    moves = [Move(i, ids[i.name], dated[i.name], True) for i in images]
+    moves += [Move(i, ids[i.name], t, False) for i in images for t in i.tags]
     for mv in moves:
         mv.before = retry(lambda: api.manifest(mv.image, mv.tag), f"reading {mv.target(api.reg)}")
+    taken = [TagTaken(mv.target(api.reg), mv.before.digest, mv.before.config, mv.image_id)
+             for mv in moves if mv.immutable and mv.before is not None and not mv.in_place]
+    if taken:
+        raise ImmutableTagTaken(taken)
     return moves
 
 
@@ -253,7 +294,7 @@ def push_one(c: docker.DockerClient, mv: Move, reg: Registry, creds: dict | None
                     raise (PublishError if _PERMANENT.search(err) else Transient)(err)
                 digest = (ev.get("aux") or {}).get("Digest", digest)
         except (docker.errors.APIError, requests.ConnectionError) as e:
-            raise Transient(str(e)) from None
+            raise Transient(str(docker_env.failure(f"the push of {repo}:{mv.tag}", e))) from None
         if not digest:
             raise Transient("the daemon reported no digest")
         return digest
