@@ -21,6 +21,9 @@ LABEL_PREFIX = "io.pytorch-cuda"
 WHEELHOUSE_CACHE_ID = "pytorch-cuda-wheelhouse"
 DEB_CACHE_ID = "pytorch-cuda-debs"
 OPS_CACHE_ID = "pytorch-cuda-ops"
+# What DeepSpeed's CPU accelerator compiles for ZeRO (its comm op, CPUAdam for offload, its
+# FusedAdam for the default Adam config): builder class -> extension name.
+CPU_OPS = {"ShareMemCommBuilder": "deepspeed_shm_comm", "CPUAdamBuilder": "cpu_adam", "FusedAdamBuilder": "fused_adam"}
 RENDERED = ("Dockerfile", "manifest.json")
 SBOM_PATH = "/opt/pytorch-cuda/sbom.cdx.json"  # CycloneDX, baked into every image
 _BASE_ARG = re.compile(r"^ARG BASE_IMAGE=\S+$", re.M)
@@ -128,6 +131,7 @@ def render_image(root: Path, image: Image) -> dict[str, str]:
         dockerfile = _env(root).get_template("Dockerfile.j2").render(
             image=image, base_stage=base_stage(root, image, meta), labels=labels(image, meta), cache_id=WHEELHOUSE_CACHE_ID,
             build_packages=apt_list(image.os.build_packages, meta.get("apt", {})), deb_cache_id=DEB_CACHE_ID, ops_cache_id=OPS_CACHE_ID,
+            cpu_builders=list(CPU_OPS), cpu_ops=list(CPU_OPS.values()),
             toolkit_version=meta.get("cuda_toolkit") or "unknown",
         )
     except jinja2.TemplateError as e:

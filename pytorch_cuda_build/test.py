@@ -27,7 +27,7 @@ from . import docker_env
 from .errors import EnvironmentProblem, TestFailure
 from .matrix import Image
 
-SMOKE_TIMEOUT_S = int(os.environ.get("PYTORCH_CUDA_SMOKE_TIMEOUT", "1500"))
+SMOKE_TIMEOUT_S = int(os.environ.get("PYTORCH_CUDA_SMOKE_TIMEOUT", "2400"))
 STRUCTURE_TIMEOUT_S = 900
 # The test code a pass record vouches for. The smoke suite is baked into the image (its
 # ID covers it) but is hashed too; tests/conftest.py and tests/helpers.py are imported

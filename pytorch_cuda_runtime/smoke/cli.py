@@ -72,6 +72,12 @@ class Suite:
         self.ext = {k: os.path.join(self.work, f"torch_extensions_{k}") for k in ("cpu", "cuda", "ops")}
         for d in self.ext.values():
             os.makedirs(d)
+        # The image compiled DeepSpeed's CPU ops at build time ($PYTORCH_CUDA_CPU_OPS): the CPU
+        # children start from a copy (times kept, so torch finds them up to date); a build
+        # that still happens shows up as a changed library in nocompile's INFO.
+        seed = os.environ.get("PYTORCH_CUDA_CPU_OPS")
+        if seed and os.path.isdir(seed):
+            shutil.copytree(seed, self.ext["cpu"], dirs_exist_ok=True, ignore=shutil.ignore_patterns("lock"))
         self.jit_builds = []  # [(op, built, step, seconds)] in the CPU directory
 
     def env(self, device="cpu", **extra):

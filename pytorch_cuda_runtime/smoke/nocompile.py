@@ -25,12 +25,15 @@ def built_files(ext_dir):
 
 
 def built_ops(ext_dir):
-    """{op directory: True when it holds a loadable library, False for a failed build}."""
+    """{op directory: (mtime_ns of its newest library, or 0 when a build left none)}.
+
+    torch nests op directories under py<ver>_<cuda>/ (DeepSpeed) or not (a build_directory
+    of one's own); an op directory is one holding build.ninja."""
     out = {}
-    for name in sorted(os.listdir(ext_dir)) if os.path.isdir(ext_dir) else []:
-        path = os.path.join(ext_dir, name)
-        if os.path.isdir(path):
-            out[name] = any(f.endswith(".so") for _, _, fs in os.walk(path) for f in fs)
+    for root, _, files in os.walk(ext_dir) if os.path.isdir(ext_dir) else []:
+        if "build.ninja" in files:
+            libs = [os.path.join(root, f) for f in files if f.endswith(".so")]
+            out[os.path.basename(root)] = max((os.stat(p).st_mtime_ns for p in libs), default=0)
     return out
 
 
@@ -50,9 +53,9 @@ def empty_check(check, run, ext_dir, what):
 
 
 def new_builds(before, after, step, seconds):
-    """[(op, built, step, seconds)] for op directories a step added or completed."""
-    return [(op, ok, step, seconds) for op, ok in after.items()
-            if op not in before or (ok and not before[op])]
+    """[(op, built, step, seconds)] for op directories a step added, completed or rebuilt."""
+    return [(op, bool(mtime), step, seconds) for op, mtime in after.items()
+            if op not in before or mtime != before[op]]
 
 
 def jit_info(builds, run="cpu"):

@@ -185,13 +185,18 @@ class SuiteLogicTests(unittest.TestCase):
     def test_nocompile_jit_builds_are_info(self):
         with tempfile.TemporaryDirectory() as d:
             before = nocompile.built_ops(d)
-            os.makedirs(os.path.join(d, "cpu_adam"))
-            os.makedirs(os.path.join(d, "deepspeed_shm_comm"))  # a build that left no library
-            open(os.path.join(d, "cpu_adam", "cpu_adam.so"), "w").close()
+            for op in ("cpu_adam", "deepspeed_shm_comm"):
+                os.makedirs(os.path.join(d, "py311_cu126", op))
+                open(os.path.join(d, "py311_cu126", op, "build.ninja"), "w").close()
+            so = os.path.join(d, "py311_cu126", "cpu_adam", "cpu_adam.so")  # shm_comm left no library
+            open(so, "w").close()
             after = nocompile.built_ops(d)
-            self.assertEqual(after, {"cpu_adam": True, "deepspeed_shm_comm": False})
+            self.assertEqual(after, {"cpu_adam": os.stat(so).st_mtime_ns, "deepspeed_shm_comm": 0})
             builds = nocompile.new_builds(before, after, "zero1_offload_cpu2", 95.0)
             self.assertEqual(nocompile.new_builds(after, after, "zero2_cpu2", 9.0), [])
+            os.utime(so, ns=(1, after["cpu_adam"] + 10**9))  # rebuilt in place, e.g. over a seeded copy
+            rebuilt = nocompile.new_builds(after, nocompile.built_ops(d), "zero2_cpu2", 9.0)
+            self.assertEqual(rebuilt, [("cpu_adam", True, "zero2_cpu2", 9.0)])
         r = nocompile.jit_info(builds)
         self.assertEqual(r["status"], "INFO")
         self.assertEqual(r["actual"], "cpu_adam; failed: deepspeed_shm_comm")

@@ -166,11 +166,38 @@ def test_torch_compile_matches_eager_on_the_cpu(host):
     assert cmd.rc == 0 and "COMPILED_OK" in cmd.stdout, cmd.stdout[-2000:] + cmd.stderr[-3000:]
 
 
-@pytest.mark.parametrize("path", ["/root/.cache", "/home/trainer/.cache", "/wheelhouse", "/dist", "/run/secrets"])
+@pytest.mark.parametrize("path", ["/root/.cache", "/wheelhouse", "/dist", "/opscache", "/debs", "/run/secrets"])
 def test_no_caches_or_secrets_left(root_host, path):
     # BuildKit leaves mount targets behind as empty directories; their content must not ship.
     files = root_host.run(f"find {path} -mindepth 1 2>/dev/null | head -5").stdout.strip()
     assert not files, f"{path} is not empty in the image: {files}"
+
+
+def test_trainer_cache_holds_only_the_prebuilt_cpu_ops(root_host, host):
+    """DeepSpeed's CPU-accelerator ops, compiled at build time, are the only thing in ~trainer/.cache."""
+    assert root_host.check_output("ls -A /home/trainer/.cache") == "torch_extensions"
+    assert host.environment()["PYTORCH_CUDA_CPU_OPS"] == "/home/trainer/.cache/torch_extensions"
+    libs = root_host.check_output("cd /home/trainer/.cache/torch_extensions && ls */*/*.so").split()
+    assert sorted(p.split("/")[-1] for p in libs) == ["cpu_adam.so", "deepspeed_shm_comm.so", "fused_adam.so"]
+    assert root_host.check_output("find /home/trainer/.cache ! -user trainer | wc -l") == "0"
+
+
+CPU_OPS_UP_TO_DATE = """
+import os, time
+from deepspeed.accelerator import get_accelerator
+t0 = time.time()
+for b in ("ShareMemCommBuilder", "CPUAdamBuilder", "FusedAdamBuilder"):
+    get_accelerator().create_op_builder(b).load(verbose=False)
+print("LOADED_IN", round(time.time() - t0, 1))
+"""
+
+
+def test_cpu_accelerator_ops_load_as_built_without_recompiling(host):
+    """As the default user, DS_ACCELERATOR=cpu loads the baked ops: no library is rebuilt."""
+    before = host.check_output("cd ~/.cache/torch_extensions && stat -c '%n %Y' */*/*.so")
+    cmd = host.run(f"DS_ACCELERATOR=cpu python -c '{CPU_OPS_UP_TO_DATE}'")
+    assert cmd.rc == 0 and "LOADED_IN" in cmd.stdout, cmd.stdout[-2000:] + cmd.stderr[-3000:]
+    assert host.check_output("cd ~/.cache/torch_extensions && stat -c '%n %Y' */*/*.so") == before
 
 
 def test_no_apt_lists_or_debs(root_host):
