@@ -6,12 +6,17 @@ interleaved so drift in the machine's load hits both sides alike.
 the floor and a naive Dockerfile, cold builds of both, the no-change and smoke-only
 rebuilds, a second row sharing the lock, a matrix build (`--all --jobs`), and the banner.
 Report: bench/ (committed).
+
+The cold and matrix measures empty the daemon's whole build cache (BuildKit cannot empty
+only our entries without also dropping the cache mounts the cold build must not reuse),
+so they run only with the user's --yes.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -19,14 +24,44 @@ import tempfile
 import time
 from pathlib import Path
 
+from .errors import CommandFailed, UsageError
 from .matrix import Image
 
 MEASURES = ("size", "cold", "rebuild", "rows", "matrix", "banner")
+EMPTIES_CACHE = ("cold", "matrix")  # measured from an empty build cache
+
+
+class BenchError(CommandFailed):
+    """A command the benchmark runs failed: which one, its exit code, its last stderr line."""
+
+
+def check_consent(only: set[str], yes: bool) -> None:
+    """Refuse to empty the build cache, which holds every project's entries, unasked."""
+    wanted = [m for m in EMPTIES_CACHE if m in only]
+    if wanted and not yes:
+        rest = ",".join(m for m in MEASURES if m not in EMPTIES_CACHE)
+        raise UsageError(f"cold builds (the {' and '.join(wanted)} measure{'s' if len(wanted) > 1 else ''}) need an empty build cache, "
+                         "and emptying it (`docker builder prune --all`) removes every entry of this daemon's build cache, "
+                         f"other projects' too; pass --yes to allow that, or leave them out: --only {rest}")
+
+
+def _run(cmd: list[str], timeout: float | None = None, **kw) -> subprocess.CompletedProcess:
+    """Run a command; a failure is a BenchError naming it and its exit code, never a traceback."""
+    shown = shlex.join(cmd[:6]) + (" ..." if len(cmd) > 6 else "")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+    except subprocess.TimeoutExpired:
+        raise BenchError(shown, None, f"timed out after {timeout:.0f} s") from None
+    except OSError as e:
+        raise BenchError(shown, None, str(e)) from None
+    if proc.returncode != 0:
+        raise BenchError(shown, proc.returncode, (proc.stderr.strip().splitlines() or [""])[-1][:300])
+    return proc
 
 
 def _time_run(ref: str, env: list[str]) -> float:
     t0 = time.perf_counter()
-    subprocess.run(["docker", "run", "--rm", *env, ref, "true"], check=True, capture_output=True, timeout=120)
+    _run(["docker", "run", "--rm", *env, ref, "true"], timeout=120)
     return time.perf_counter() - t0
 
 
@@ -90,14 +125,8 @@ def steps(build_log: str) -> list[dict]:
 
 def timed(cmd: list[str], env: dict | None = None, cwd: Path | None = None) -> float:
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=cwd)
-    if proc.returncode != 0:
-        raise BenchError(f"{' '.join(cmd[:6])}... exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
+    _run(cmd, env={**os.environ, **(env or {})}, cwd=cwd)
     return time.perf_counter() - t0
-
-
-class BenchError(Exception):
-    pass
 
 
 def image_size(c, ref: str) -> int:
@@ -105,8 +134,7 @@ def image_size(c, ref: str) -> int:
 
 
 def du_venv(ref: str) -> int:
-    out = subprocess.run(["docker", "run", "--rm", "--entrypoint", "du", ref, "-sb", "/opt/venv"],
-                         capture_output=True, text=True, check=True).stdout
+    out = _run(["docker", "run", "--rm", "--entrypoint", "du", ref, "-sb", "/opt/venv"], timeout=600).stdout
     return int(out.split()[0])
 
 
@@ -151,8 +179,11 @@ def svg_bars(title: str, unit: str, bars: list[tuple[str, float]]) -> str:
 
 
 def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_runs: int, only: set[str],
-         out_dir: Path, log) -> dict:
-    """Every figure of the benchmark issue for one row, measured in one run on this machine."""
+         out_dir: Path, log, yes: bool = False) -> dict:
+    """Every figure of the benchmark issue for one row, measured in one run on this machine.
+
+    yes: the user allowed emptying the daemon's whole build cache (cold, matrix)."""
+    check_consent(only, yes)
     from . import build, files, render
     buildpy = [sys.executable, str(root / "build.py")]
     row = ["--torch", image.torch, "--cuda", image.cuda]
@@ -178,9 +209,8 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
         with tempfile.TemporaryDirectory(prefix="pytorch-cuda-bench-") as tmp:
             ctx = Path(tmp)
             build.stage_context(root, image, ctx)
-            subprocess.run([*bc.argv, "--progress=plain", "--file", str(root / "images" / image.name / "Dockerfile"),
-                            "--target", "base", "--tag", "pytorch-cuda-bench:base", str(ctx)],
-                           env={**os.environ, **bc.env}, check=True, capture_output=True)
+            _run([*bc.argv, "--progress=plain", "--file", str(root / "images" / image.name / "Dockerfile"),
+                  "--target", "base", "--tag", "pytorch-cuda-bench:base", str(ctx)], env={**os.environ, **bc.env})
         base, venv, ours = image_size(c, "pytorch-cuda-bench:base"), du_venv(ref), image_size(c, ref)
         c.images.remove("pytorch-cuda-bench:base", noprune=True)
         r["size"] = {"image": ours, "base_os_python": base, "locked_env": venv, "floor": base + venv,
@@ -250,7 +280,8 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
 
 
 def _empty_build_cache(bc) -> None:
-    subprocess.run([bc.argv[0], "builder", "prune", "--all", "--force"], env={**os.environ, **bc.env}, capture_output=True)
+    """Every entry of the daemon's build cache, not only ours: the caller has the user's --yes."""
+    _run([bc.argv[0], "builder", "prune", "--all", "--force"], env={**os.environ, **bc.env})
 
 
 def _matrix(c, m, image: Image, root: Path, bc, buildpy: list[str], r: dict, log) -> dict:

@@ -111,6 +111,7 @@ def parser() -> argparse.ArgumentParser:
     bn.add_argument("--full", action="store_true", help="every benchmark; report in bench/ (~15 min; empties the build cache for the cold builds)")
     bn.add_argument("--cold-runs", type=int, default=1, help="with --full: cold builds of each kind (default 1)")
     bn.add_argument("--only", default=",".join(bench.MEASURES), help="with --full: comma list of " + ",".join(bench.MEASURES))
+    bn.add_argument("--yes", action="store_true", help="allow the cold and matrix measures to empty this daemon's whole build cache")
     bn.add_argument("--docker")
     bn.add_argument("--ca-bundle")
 
@@ -494,6 +495,8 @@ def cmd_bench(m: matrix.Matrix, args) -> int:
     only = {x.strip() for x in args.only.split(",") if x.strip()}
     if not only or only - set(bench.MEASURES) or args.runs < 1 or args.cold_runs < 1:
         raise UsageError(f"--only takes {','.join(bench.MEASURES)}; --runs and --cold-runs at least 1")
+    if args.full:  # before Docker is touched: nothing runs, nothing is pruned
+        bench.check_consent(only, args.yes)
     c = docker_env.ensure_engine(log)
     ref = image.refs()[0]
     if tag.current(c, image)[ref] is None:
@@ -506,7 +509,7 @@ def cmd_bench(m: matrix.Matrix, args) -> int:
     if only & {"cold", "matrix"}:
         build.check_disk(docker_env.root_dir(c))
     try:
-        result = bench.full(c, m, image, ROOT, bc, ca_bundle(args.ca_bundle), args.runs, args.cold_runs, only, ROOT / "bench", log)
+        result = bench.full(c, m, image, ROOT, bc, ca_bundle(args.ca_bundle), args.runs, args.cold_runs, only, ROOT / "bench", log, yes=args.yes)
     except bench.BenchError as e:
         raise PipelineError(f"benchmark step failed: {e}") from None
     print(bench.report_markdown(result))

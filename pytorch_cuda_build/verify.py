@@ -13,6 +13,8 @@ import subprocess
 import tarfile
 from dataclasses import dataclass, field
 
+from .errors import ArchiveLayoutError, CommandFailed
+
 Entry = tuple  # (type, mode, uid, gid, size, sha256, linkname)
 
 
@@ -31,20 +33,61 @@ class Comparison:
 
 def layer_index(ref: str) -> list[dict[str, tuple[Entry, int]]]:
     """For each layer of the image in order: path -> (entry, mtime)."""
-    save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE)
-    by_name: dict[str, dict] = {}
-    order: list[str] = []
+    save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        outer = tarfile.open(fileobj=save.stdout, mode="r|")
-        for member in outer:
-            if member.name == "manifest.json":
-                order = json.load(outer.extractfile(member))[0]["Layers"]
-            elif member.name.endswith("layer.tar"):
-                by_name[member.name] = _index(tarfile.open(fileobj=outer.extractfile(member), mode="r|"))
+        parsed: tuple | ArchiveLayoutError = read_save(save.stdout, ref)
+    except ArchiveLayoutError as e:
+        parsed = e  # a failed save writes nothing: its exit code says more than the empty stream
+        while save.stdout.read(1 << 20):  # and a good one must end on its own, not on a broken pipe
+            pass
     finally:
         save.stdout.close()
+        err = save.stderr.read().decode(errors="replace").strip()
+        save.stderr.close()
         save.wait()
+    if save.returncode != 0:
+        raise CommandFailed(f"docker save {ref}", save.returncode, (err.splitlines() or [""])[-1][:300])
+    if isinstance(parsed, ArchiveLayoutError):
+        raise parsed
+    order, by_name = parsed
+    missing = [name for name in order if name not in by_name]
+    if missing:
+        raise ArchiveLayoutError(ref, f"manifest.json lists layer {missing[0]}, which is not a tar archive in it")
     return [by_name[name] for name in order]
+
+
+def read_save(stream, ref: str) -> tuple[list[str], dict[str, dict]]:
+    """The layer order (manifest.json) and every layer's index from a `docker save` stream.
+
+    Docker before 25 names layers <id>/layer.tar; from 25 on the archive is an OCI layout
+    whose layers are blobs/sha256/<hex>, next to config and manifest blobs that are JSON.
+    The stream is read once, and manifest.json may come last, so every candidate is
+    indexed and the manifest picks the layers.
+    """
+    by_name: dict[str, dict] = {}
+    order: list[str] | None = None
+    try:
+        outer = tarfile.open(fileobj=stream, mode="r|")
+        for member in outer:
+            if member.name == "manifest.json":
+                order = _layers(json.load(outer.extractfile(member)), ref)
+            elif member.isfile() and (member.name.endswith("layer.tar") or member.name.startswith("blobs/")):
+                try:
+                    by_name[member.name] = _index(tarfile.open(fileobj=outer.extractfile(member), mode="r|"))
+                except tarfile.TarError:
+                    pass  # a JSON blob (config, manifest), not a layer
+    except (tarfile.TarError, ValueError, UnicodeDecodeError) as e:
+        raise ArchiveLayoutError(ref, f"not a readable archive ({type(e).__name__}: {e})") from None
+    if order is None:
+        raise ArchiveLayoutError(ref, "no manifest.json in it")
+    return order, by_name
+
+
+def _layers(manifest: object, ref: str) -> list[str]:
+    if (not isinstance(manifest, list) or len(manifest) != 1 or not isinstance(manifest[0], dict)
+            or not isinstance(manifest[0].get("Layers"), list)):
+        raise ArchiveLayoutError(ref, "manifest.json is not one image with a Layers list")
+    return [str(x) for x in manifest[0]["Layers"]]
 
 
 def _index(layer: tarfile.TarFile) -> dict[str, tuple[Entry, int]]:
