@@ -1,8 +1,9 @@
 """Publishing the tested (2.7, 12.1) image to a real registry on 127.0.0.1.
 
 The registry is Debian's docker-registry, started here; the tests stop it mid-push,
-put it in read-only mode and put it behind htpasswd, and check that aliases never move
-before every immutable tag is verified in place, and that a retry completes the job.
+put it in read-only mode and put it behind htpasswd, and check that no moving tag (the
+row's name, the aliases) moves before the dated immutable tag is verified in place, and
+that a retry completes the job. That a dated tag never moves: test_issue11_immutable_tag.py.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from helpers import ROOT, run_build_py, shown
 from registry import BINARY, LocalRegistry
 
 from conftest import IN_CI
-from pytorch_cuda_build import matrix, tag
+from pytorch_cuda_build import matrix, publish as publishing, tag
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -45,29 +46,36 @@ def image_id(docker_client):
     return docker_client.images.get(DEFAULT.refs()[0]).id
 
 
+@pytest.fixture(scope="module")
+def all_tags(docker_client, image_id) -> list[str]:
+    """Every tag a publish of the row sets: the dated immutable one first, then the moving ones."""
+    labels = docker_client.images.get(image_id).labels
+    return [publishing.dated_tag(DEFAULT, labels, DEFAULT.refs()[0]), *DEFAULT.tags]
+
+
 def publish(address: str, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return run_build_py(ROOT, "publish", "--torch", "2.7", "--cuda", "12.1", "--registry", address, *extra,
                         env={**FAST, **(env or {})}, timeout=1800)
 
 
-def remote_state(reg: LocalRegistry, namespace: str) -> dict[str, str | None]:
+def remote_state(reg: LocalRegistry, namespace: str, tags: list[str]) -> dict[str, str | None]:
     """tag -> config digest (the image ID it holds) in the registry, None if absent."""
     out = {}
-    for tag in DEFAULT.tags:
+    for tag in tags:
         found = reg.manifest(f"{namespace}/{DEFAULT.repository}", tag)
         out[tag] = found[1]["config"]["digest"] if found else None
     return out
 
 
-def test_dry_run_prints_the_moves_and_pushes_nothing(registry, image_id):
+def test_dry_run_prints_the_moves_and_pushes_nothing(registry, image_id, all_tags):
     proc = publish(registry.address("dry"))
     assert proc.returncode == 0, shown(proc)
-    assert proc.stdout.count("would push") == 3 and "dry run: nothing pushed" in proc.stdout
+    assert proc.stdout.count("would push") == len(all_tags) == 4 and "dry run: nothing pushed" in proc.stdout
     assert registry.catalog() == []
 
 
 @pytest.mark.fault
-def test_registry_stopped_mid_push_moves_no_alias_and_a_retry_completes(registry, image_id, docker_client):
+def test_registry_stopped_mid_push_moves_no_alias_and_a_retry_completes(registry, image_id, all_tags, docker_client):
     proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "publish", "--torch", "2.7", "--cuda", "12.1",
                              "--registry", registry.address("ml"), "--push", "--retries", "2"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -81,39 +89,39 @@ def test_registry_stopped_mid_push_moves_no_alias_and_a_retry_completes(registry
     assert not docker_client.images.list(name=f"{registry.host}/ml/pytorch-cuda")  # no local push tag left
 
     registry.start()
-    state = remote_state(registry, "ml")
-    assert state[DEFAULT.tags[1]] is None and state[DEFAULT.tags[2]] is None, state  # aliases never moved
+    state = remote_state(registry, "ml", all_tags)
+    assert all(state[t] is None for t in DEFAULT.tags), state  # the name and the aliases never moved
 
     again = publish(registry.address("ml"), "--push")
     assert again.returncode == 0, shown(again)
-    assert again.stdout.count("pushed, verified") == 3, again.stdout
-    assert remote_state(registry, "ml") == {t: image_id for t in DEFAULT.tags}
+    assert again.stdout.count("pushed, verified") == 4, again.stdout
+    assert remote_state(registry, "ml", all_tags) == {t: image_id for t in all_tags}
     published = json.loads((RESULTS / "published.json").read_text())
-    assert published["image_id"] == image_id and published["tags"] == DEFAULT.tags
+    assert published["image_id"] == image_id and published["tags"] == all_tags
     assert registry.manifest("ml/pytorch-cuda", published["digest"])[0] == published["digest"]
 
 
 def test_republish_is_idempotent(registry, image_id):
     proc = publish(registry.address("ml"), "--push")
     assert proc.returncode == 0, shown(proc)
-    assert proc.stdout.count("already there") == 3 and "pushing" not in proc.stderr, shown(proc)
+    assert proc.stdout.count("already there") == 4 and "pushing" not in proc.stderr, shown(proc)
 
 
 @pytest.mark.fault
-def test_read_only_registry_moves_nothing_then_recovers(registry, image_id):
+def test_read_only_registry_moves_nothing_then_recovers(registry, image_id, all_tags):
     registry.start(readonly=True)
     try:
         proc = publish(registry.address("ro"), "--push", "--retries", "2")
         assert proc.returncode == 1, shown(proc)
         assert "attempt 2/2" in proc.stderr, proc.stderr  # retried with backoff before giving up
-        for tag in DEFAULT.tags:
+        for tag in all_tags:
             assert f"{registry.address('ro')}/pytorch-cuda:{tag}: absent" in proc.stderr, proc.stderr
     finally:
         registry.start()
-    assert remote_state(registry, "ro") == {t: None for t in DEFAULT.tags}
+    assert remote_state(registry, "ro", all_tags) == {t: None for t in all_tags}
     proc = publish(registry.address("ro"), "--push")
     assert proc.returncode == 0, shown(proc)
-    assert remote_state(registry, "ro") == {t: image_id for t in DEFAULT.tags}
+    assert remote_state(registry, "ro", all_tags) == {t: image_id for t in all_tags}
 
 
 @pytest.mark.parametrize("address, needle", [
@@ -160,7 +168,7 @@ def test_credentials_are_required_used_and_never_printed(tmp_path, image_id):
         wrong = publish(reg.address("auth"), env={"PYTORCH_CUDA_REGISTRY_USER": "ci", "PYTORCH_CUDA_REGISTRY_PASSWORD": "nope"})
         assert wrong.returncode == 2 and "refused the credentials" in wrong.stderr, shown(wrong)
         good = publish(reg.address("auth"), env={"PYTORCH_CUDA_REGISTRY_USER": "ci", "PYTORCH_CUDA_REGISTRY_PASSWORD": secret})
-        assert good.returncode == 0 and good.stdout.count("would push") == 3, shown(good)
+        assert good.returncode == 0 and good.stdout.count("would push") == 4, shown(good)
         for p in (proc, wrong, good):
             assert secret not in p.stdout + p.stderr
     finally:
