@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from .errors import EnvironmentProblem, ResolveError
@@ -34,6 +35,13 @@ _NCCL = re.compile(r"^nvidia-nccl-cu\d+$")
 # The packages whose versions must agree exactly between torch and the toolkit.
 _COMPILER_CORE = {"nvidia-cuda-runtime", "nvidia-cuda-nvcc", "nvidia-nvvm", "nvidia-cuda-crt", "cuda-toolkit"}
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
+
+# PYTORCH_CUDA_EXCLUDE_NEWER (an ISO 8601 date or UTC date-time, e.g. 2026-11-22T21:30:00Z)
+# freezes resolution in time: uv ignores every file uploaded to the index after it
+# (--exclude-newer), so the same inputs resolve to the same pins on any later day. The
+# test suite sets it (tests/conftest.py) so that no test depends on the index's newest
+# release; unset, `lock` resolves against the index as it is now.
+EXCLUDE_NEWER_ENV = "PYTORCH_CUDA_EXCLUDE_NEWER"
 
 
 @dataclass(frozen=True)
@@ -60,13 +68,33 @@ def requirements_for(image: Image) -> list[str]:
     return [f"torch=={image.torch}", f"deepspeed=={image.deepspeed}", *image.extra_requirements]
 
 
-def compile_lock(image: Image, ca_bundle: str | None, upgrade: bool = False) -> str:
-    """Hash-pinned requirements for the image's whole Python environment."""
+def frozen_at(given: str | None = None) -> str | None:
+    """The point in time resolution is frozen at: `given`, else $PYTORCH_CUDA_EXCLUDE_NEWER, else None."""
+    value = (given or os.environ.get(EXCLUDE_NEWER_ENV, "")).strip()
+    if not value:
+        return None
+    try:
+        datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ResolveError(f"{EXCLUDE_NEWER_ENV}={value!r} is not an ISO 8601 date or date-time (e.g. 2026-11-22T21:30:00Z)") from None
+    return value
+
+
+def _uv_compile(image: Image, when: str | None, *extra: str) -> list[str]:
     cmd = [
-        uv_binary(), "pip", "compile", "-", "--quiet", "--generate-hashes", "--no-header",
+        uv_binary(), "pip", "compile", "-", "--quiet", "--generate-hashes", "--no-header", *extra,
         "--python-version", image.python, "--python-platform", PYTHON_PLATFORM,
         "--index-url", image.index, "--no-cache",
     ]
+    return [*cmd, "--exclude-newer", when] if when else cmd
+
+
+def compile_lock(image: Image, ca_bundle: str | None, upgrade: bool = False, exclude_newer: str | None = None) -> str:
+    """Hash-pinned requirements for the image's whole Python environment.
+
+    exclude_newer (ISO 8601) ignores files uploaded after it; None reads $PYTORCH_CUDA_EXCLUDE_NEWER.
+    """
+    cmd = _uv_compile(image, frozen_at(exclude_newer))
     env = dict(os.environ)
     if ca_bundle:
         env["SSL_CERT_FILE"] = ca_bundle  # uv ignores pip's config and the system store
@@ -225,15 +253,17 @@ def debian_toolkit(mirror: str, suite: str, components: tuple[str, ...], package
     return [Deb(p, index[p]["Version"], index[p]["Filename"], index[p]["SHA256"], int(index[p]["Size"])) for p in packages]
 
 
-def pypi_toolkit(image: Image, wheel_lock: str, ca_bundle: str | None) -> str:
-    """Hash-pinned nvcc & co. from `cuda-toolkit[extras]` at the version torch pins, minus what torch already installs."""
+def pypi_toolkit(image: Image, wheel_lock: str, ca_bundle: str | None, exclude_newer: str | None = None) -> str:
+    """Hash-pinned nvcc & co. from `cuda-toolkit[extras]` at the version torch pins, minus what torch already installs.
+
+    exclude_newer as for compile_lock.
+    """
     pinned = pins(wheel_lock)
     version = pinned.get("cuda-toolkit")
     if not version:
         raise ResolveError(f"{image.name}: torch {image.torch} pins no cuda-toolkit; a pypi toolkit needs one (use a debian toolkit for this CUDA major)")
     spec = f"cuda-toolkit[{','.join(image.toolkit.extras)}]=={version}"
-    cmd = [uv_binary(), "pip", "compile", "-", "--quiet", "--generate-hashes", "--no-header", "--no-annotate",
-           "--python-version", image.python, "--python-platform", PYTHON_PLATFORM, "--index-url", image.index, "--no-cache"]
+    cmd = _uv_compile(image, frozen_at(exclude_newer), "--no-annotate")
     env = {**os.environ, **({"SSL_CERT_FILE": ca_bundle} if ca_bundle else {})}
     proc = subprocess.run(cmd, input=spec + "\n", capture_output=True, text=True, env=env, timeout=600)
     if proc.returncode != 0:
