@@ -8,6 +8,7 @@ everything was skipped proves nothing.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -15,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,11 +69,8 @@ def smoke(c: docker.DockerClient, image: Image, image_id: str, results: Path, re
     log_path = results / "smoke.log"
     with tempfile.TemporaryDirectory(prefix="pytorch-cuda-smoke-") as out:
         os.chmod(out, 0o777)  # the image's default user is not root
-        container = c.containers.run(
-            image_id, args, detach=True, volumes={out: {"bind": "/results", "mode": "rw"}},
-            environment={"PYTORCH_CUDA_NO_BANNER": "1"}, labels={"pytorch-cuda.test": "smoke"}, **gpu_opts,
-        )
-        try:
+        with throwaway_container(c, image_id, args, volumes={out: {"bind": "/results", "mode": "rw"}},
+                                 environment={"PYTORCH_CUDA_NO_BANNER": "1"}, kind="smoke", log=log, **gpu_opts) as container:
             code = _wait(container, SMOKE_TIMEOUT_S)
             log_path.write_bytes(container.logs())
             report_file = Path(out) / "report.json"
@@ -79,13 +78,51 @@ def smoke(c: docker.DockerClient, image: Image, image_id: str, results: Path, re
             if (Path(out) / "logs").is_dir():
                 shutil.rmtree(results / "smoke-logs", ignore_errors=True)
                 shutil.copytree(Path(out) / "logs", results / "smoke-logs")
-        finally:
-            container.remove(force=True)
     (results / "smoke-report.json").write_text(json.dumps(report, indent=2) + "\n")
     if code != 0:
         raise TestFailure("smoke suite", _failures(report, code), str(log_path))
     check_smoke_report(report, require_gpu, str(log_path))
     return report
+
+
+# Every container a run makes carries RUN_LABEL=RUN_ID beside `pytorch-cuda.test`, so a
+# caller counts and cleans only its own. PYTORCH_CUDA_RUN_ID lets one (the test suite)
+# share an ID with the build.py processes it starts; otherwise each process has its own.
+RUN_LABEL = "pytorch-cuda.run"
+RUN_ID = os.environ.get("PYTORCH_CUDA_RUN_ID") or uuid.uuid4().hex
+
+
+@contextlib.contextmanager
+def throwaway_container(c: docker.DockerClient, image_id: str, command: list[str], kind: str, log=print, **opts):
+    """A started container that is removed on every way out: create or start failed (a
+    daemon without its bridge leaves a start-failed container behind, Created), timeout,
+    interrupt, daemon error. It has a unique name, so even a create whose answer was
+    lost is found and removed."""
+    name = f"pytorch-cuda-{kind}-{uuid.uuid4().hex[:12]}"
+    labels = {"pytorch-cuda.test": kind, RUN_LABEL: RUN_ID}
+    try:
+        container = c.containers.create(image_id, command, name=name, labels=labels, **opts)
+        try:
+            container.start()
+        except docker.errors.APIError as e:
+            if "could not find bridge" in str(e):
+                raise EnvironmentProblem(
+                    "the Docker daemon answers but cannot start a container: its bridge is gone "
+                    f"({docker_env._short(e)}); restart dockerd (as root: bash {docker_env.ENGINE_SCRIPT})") from None
+            raise
+        yield container
+    finally:
+        _remove(c, name, log)
+
+
+def _remove(c: docker.DockerClient, name: str, log) -> None:
+    try:
+        c.containers.get(name).remove(force=True)
+    except docker.errors.NotFound:
+        pass  # never created, or already gone
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+        # Never mask why we are leaving; say what is left behind and how to remove it.
+        log(f"warning: could not remove container {name} ({docker_env._short(e)}); remove it with `docker rm -f {name}`")
 
 
 def check_smoke_report(report: dict, require_gpu: bool, log_path: str) -> None:
@@ -107,10 +144,14 @@ def gpus_used(report: dict) -> int:
 
 
 def _wait(container, timeout: int) -> int:
+    """The container's exit code, or 124 after killing it when it outlives the timeout."""
     try:
         return container.wait(timeout=timeout)["StatusCode"]
     except (requests.exceptions.ConnectionError, requests.exceptions.ReadTimeout):
-        container.kill()
+        try:
+            container.kill()
+        except docker.errors.APIError:
+            pass  # it exited between the timeout and the kill; it is removed all the same
         return 124
 
 
