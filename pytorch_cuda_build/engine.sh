@@ -1,51 +1,23 @@
 #!/usr/bin/env bash
-# Make a Docker engine answer on this machine, or say clearly why we cannot.
+# Make a Docker engine answer on this machine, and start containers, or say clearly why not.
 #
 # Our build hosts start with only a Docker client. As root on Debian we install
 # Debian's docker.io and start dockerd; anywhere else we stop with a message,
 # because installing an engine is the machine owner's decision, not ours.
 # Also installs debootstrap (local base images) and docker-registry (publish tests)
 # when asked with --with-registry.
+#
+# Sourcing this file defines its functions without running anything (the unit tests
+# run check_bridge against a fake `ip` and `docker` that way).
 set -euo pipefail
 
 log=${PYTORCH_CUDA_DOCKERD_LOG:-/var/log/pytorch-cuda-dockerd.log}
 pidfile=/var/run/docker.pid
-want_registry=0
-[ "${1:-}" = "--with-registry" ] && want_registry=1
+# The pid of a dockerd this script started: only that one is ours to restart.
+marker=/var/run/pytorch-cuda-dockerd.pid
 
 say() { printf 'engine: %s\n' "$*" >&2; }
 answers() { timeout 10 docker info >/dev/null 2>&1; }
-
-need_pkgs=()
-if ! command -v dockerd >/dev/null 2>&1; then need_pkgs+=(docker.io); fi
-if ! command -v debootstrap >/dev/null 2>&1; then need_pkgs+=(debootstrap); fi
-if ! command -v objdump >/dev/null 2>&1; then need_pkgs+=(binutils); fi
-if [ "$want_registry" = 1 ] && [ ! -x /usr/bin/docker-registry ]; then need_pkgs+=(docker-registry); fi
-
-if answers && [ ${#need_pkgs[@]} -eq 0 ]; then exit 0; fi
-
-if [ "$(id -u)" != 0 ]; then
-  if answers; then
-    say "missing ${need_pkgs[*]}; install them (Debian: apt-get install ${need_pkgs[*]})"
-  else
-    say "no Docker daemon answers at ${DOCKER_HOST:-unix:///var/run/docker.sock} and we are not root; start Docker Engine (or set DOCKER_HOST) and retry"
-  fi
-  exit 3
-fi
-if ! command -v apt-get >/dev/null 2>&1 && [ ${#need_pkgs[@]} -gt 0 ]; then
-  say "need ${need_pkgs[*]} but this is not a Debian-like system; install Docker Engine and debootstrap yourself"
-  exit 3
-fi
-
-if [ ${#need_pkgs[@]} -gt 0 ]; then
-  say "installing ${need_pkgs[*]} (apt)"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >/dev/null
-  # The registry package must not start a service: we run it ourselves on 127.0.0.1.
-  apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" iptables >/dev/null
-fi
-
-if answers; then exit 0; fi
 
 # A process that exists and is not a zombie (a killed daemon stays one until reaped).
 alive() {
@@ -56,27 +28,122 @@ dockerd_running() {
   for p in $(pgrep -x dockerd 2>/dev/null); do alive "$p" && return 0; done
   return 1
 }
+started_by_us() {
+  local p
+  p=$(cat "$marker" 2>/dev/null || true)
+  alive "$p" && [ "$(cat "/proc/$p/comm" 2>/dev/null)" = dockerd ]
+}
 
 # A daemon killed with its session leaves its pid file; a new dockerd then refuses
 # to start. Remove it only when the process it names is gone.
-if [ -f "$pidfile" ]; then
-  pid=$(cat "$pidfile" 2>/dev/null || true)
-  if ! alive "$pid"; then
-    say "removing stale $pidfile (pid ${pid:-?} is gone)"
-    rm -f "$pidfile"
+remove_stale_pidfile() {
+  local pid
+  if [ -f "$pidfile" ]; then
+    pid=$(cat "$pidfile" 2>/dev/null || true)
+    if ! alive "$pid"; then
+      say "removing stale $pidfile (pid ${pid:-?} is gone)"
+      rm -f "$pidfile"
+    fi
   fi
-fi
-[ -S /var/run/containerd/containerd.sock ] || rm -f /var/run/docker/containerd/containerd.pid 2>/dev/null || true
+  [ -S /var/run/containerd/containerd.sock ] || rm -f /var/run/docker/containerd/containerd.pid 2>/dev/null || true
+}
 
-if ! dockerd_running; then
+start_dockerd() {
   say "starting dockerd (log: $log)"
   # Fully detached: a daemon holding our stdout/stderr would keep CI's pipe open.
+  # Without job control the background child is no group leader, so setsid and nohup
+  # exec in place and $! is dockerd's own pid.
   setsid nohup dockerd >"$log" 2>&1 </dev/null &
-fi
-for _ in $(seq 1 60); do
-  if answers; then say "Docker Engine is up"; exit 0; fi
-  sleep 1
-done
-say "dockerd did not answer within 60 s; see $log:"
-tail -n 5 "$log" >&2 || true
-exit 3
+  echo $! >"$marker"
+}
+
+stop_dockerd() {
+  local p _
+  p=$(cat "$marker" 2>/dev/null || true)
+  [ -n "$p" ] || return 1
+  kill -TERM "$p" 2>/dev/null || true
+  for _ in $(seq 1 30); do alive "$p" || break; sleep 1; done
+  if alive "$p"; then say "dockerd (pid $p) did not stop within 30 s"; return 1; fi
+  rm -f "$marker"
+}
+
+restart_dockerd() { stop_dockerd && remove_stale_pidfile && start_dockerd; }
+
+wait_answers() {
+  local _
+  for _ in $(seq 1 60); do answers && return 0; sleep 1; done
+  return 1
+}
+
+# The bridge the daemon attaches containers to: docker0 unless dockerd runs with
+# --bridge=NAME; nothing when it has no bridge network at all (--bridge=none).
+bridge_name() {
+  local name
+  name=$(docker network inspect bridge --format '{{index .Options "com.docker.network.bridge.name"}}' 2>/dev/null) || return 0
+  if [ -z "$name" ] || [ "$name" = "<no value>" ]; then name=docker0; fi
+  printf '%s\n' "$name"
+}
+link_exists() {
+  if command -v ip >/dev/null 2>&1; then ip link show "$1" >/dev/null 2>&1; else [ -e "/sys/class/net/$1" ]; fi
+}
+
+# A daemon can answer and still start no container: a second dockerd started with
+# --bridge=none deleted docker0 here, and every start then failed with "could not find
+# bridge docker0" (the container stays behind, Created). dockerd recreates its bridge
+# when it starts, so a daemon we started is restarted; anyone else's we only report.
+check_bridge() {
+  local name
+  name=$(bridge_name)
+  if [ -z "$name" ] || link_exists "$name"; then return 0; fi
+  if started_by_us; then
+    say "the Docker daemon's bridge $name is gone; restarting the dockerd this script started (pid $(cat "$marker"))"
+    if restart_dockerd && wait_answers && link_exists "$name"; then say "Docker Engine is up, bridge $name back"; return 0; fi
+  fi
+  say "the Docker daemon answers but its bridge $name is gone; restart dockerd"
+  return 3
+}
+
+main() {
+  local want_registry=0
+  [ "${1:-}" = "--with-registry" ] && want_registry=1
+
+  local need_pkgs=()
+  if ! command -v dockerd >/dev/null 2>&1; then need_pkgs+=(docker.io); fi
+  if ! command -v debootstrap >/dev/null 2>&1; then need_pkgs+=(debootstrap); fi
+  if ! command -v objdump >/dev/null 2>&1; then need_pkgs+=(binutils); fi
+  if [ "$want_registry" = 1 ] && [ ! -x /usr/bin/docker-registry ]; then need_pkgs+=(docker-registry); fi
+
+  if answers && [ ${#need_pkgs[@]} -eq 0 ]; then check_bridge; return; fi
+
+  if [ "$(id -u)" != 0 ]; then
+    if answers; then
+      say "missing ${need_pkgs[*]}; install them (Debian: apt-get install ${need_pkgs[*]})"
+    else
+      say "no Docker daemon answers at ${DOCKER_HOST:-unix:///var/run/docker.sock} and we are not root; start Docker Engine (or set DOCKER_HOST) and retry"
+    fi
+    exit 3
+  fi
+  if ! command -v apt-get >/dev/null 2>&1 && [ ${#need_pkgs[@]} -gt 0 ]; then
+    say "need ${need_pkgs[*]} but this is not a Debian-like system; install Docker Engine and debootstrap yourself"
+    exit 3
+  fi
+
+  if [ ${#need_pkgs[@]} -gt 0 ]; then
+    say "installing ${need_pkgs[*]} (apt)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    # The registry package must not start a service: we run it ourselves on 127.0.0.1.
+    apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" iptables >/dev/null
+  fi
+
+  if answers; then check_bridge; return; fi
+
+  remove_stale_pidfile
+  if ! dockerd_running; then start_dockerd; fi
+  if wait_answers; then say "Docker Engine is up"; check_bridge; return; fi
+  say "dockerd did not answer within 60 s; see $log:"
+  tail -n 5 "$log" >&2 || true
+  exit 3
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then main "$@"; fi
