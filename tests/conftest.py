@@ -1,13 +1,32 @@
 """Test tiers, each with a registered marker:
 
-  unit         pure logic, no daemon (tests/unit)
+  unit         pure logic, no daemon (tests/unit, tests/runtime)
+  network      reads the real package index (uv resolution, `lock`, `matrix --propose`);
+               in the default run (CI runs everything), frozen in time (below)
   docker       needs a Docker daemon; skipped without one, except in CI where that fails
   gpu          needs a Docker daemon with the NVIDIA runtime; skipped with the reason otherwise
+
+The fast tier, seconds with no network, root or daemon: pytest tests/unit tests/runtime -m "not network and not docker"
+
+Hermetic by construction, for the whole session and every build.py it starts:
+  PYTORCH_CUDA_STATE          a fresh temporary directory: no test reads or writes the user's
+                              ~/.cache/pytorch-cuda (pass records, locks held by their builds)
+                              nor depends on an earlier run's records.
+  PYTORCH_CUDA_EXCLUDE_NEWER  the package index frozen at a point in time (uv --exclude-newer),
+                              so resolving reproduces the committed locks whatever the index
+                              has published since. A value already in the environment wins
+                              (CI may freeze at another date); bump LOCKS_RESOLVED_AT when the
+                              committed locks are re-resolved.
+  PYTORCH_CUDA_RUN_ID         the label value of every container the session's runs make
+                              (pytorch-cuda.run=<id>), so tests count only their own.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
@@ -18,8 +37,22 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
+# When the committed locks were resolved (images/*/lock.json); resolving at this time gives them back.
+LOCKS_RESOLVED_AT = "2026-11-22T21:30:00Z"
+
+# Set before any test module imports the product: base.STATE_DIR and tag.TESTED are read at import.
+STATE_DIR = Path(tempfile.mkdtemp(prefix="pytorch-cuda-test-state-"))
+os.environ["PYTORCH_CUDA_STATE"] = str(STATE_DIR)
+os.environ.setdefault("PYTORCH_CUDA_EXCLUDE_NEWER", LOCKS_RESOLVED_AT)
+os.environ.setdefault("PYTORCH_CUDA_RUN_ID", f"test-{uuid.uuid4().hex}")
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(STATE_DIR, ignore_errors=True)
+
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "network: reads the real package index (frozen by PYTORCH_CUDA_EXCLUDE_NEWER)")
     config.addinivalue_line("markers", "docker: needs a Docker daemon (a failure in CI when absent)")
     config.addinivalue_line("markers", "gpu: needs the NVIDIA container runtime and a GPU")
     config.addinivalue_line("markers", "slow: builds an image")
