@@ -244,6 +244,7 @@ def cmd_build(m: matrix.Matrix, args) -> int:
     if args.dry_run:
         _plan(image)
         return 0
+    args.ca_path = ca_bundle(args.ca_bundle)  # bad input fails now, not after waiting for the row lock
     # Two runs of the same row would race on its candidate tag; different rows run in parallel.
     base.STATE_DIR.mkdir(parents=True, exist_ok=True)
     row_lock = FileLock(str(base.STATE_DIR / f"build-{image.name}.lock"))
@@ -312,7 +313,7 @@ def _build_many(m: matrix.Matrix, args) -> int:
 
 
 def _build(image: matrix.Image, args) -> int:
-    ca = ca_bundle(args.ca_bundle)
+    ca = args.ca_path
     timer = build.Timer()
     results = results_dir(image)
     results.mkdir(parents=True, exist_ok=True)
