@@ -20,7 +20,11 @@ from . import build, render
 from .errors import BuildError, EnvironmentProblem
 from .matrix import Image
 
-STATE_DIR = Path(os.environ.get("PYTORCH_CUDA_STATE", Path.home() / ".cache" / "pytorch-cuda"))
+# Machine-wide state shared by every run: pass records (tag.TESTED) and the locks that keep
+# two runs off one row. Read once, at import: a caller that wants its own (the test suite
+# does, tests/conftest.py) sets PYTORCH_CUDA_STATE before importing the package. Empty
+# means unset, never the current directory.
+STATE_DIR = Path(os.environ.get("PYTORCH_CUDA_STATE") or Path.home() / ".cache" / "pytorch-cuda").expanduser()
 
 
 def image_id(c: docker.DockerClient, ref: str) -> str | None:

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -50,6 +52,32 @@ def run_build_py(root: Path, *args: str, env: dict | None = None, timeout: int =
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, str(root / "build.py"), *args], capture_output=True, text=True,
                           env=full_env, timeout=timeout, cwd=root)
+
+
+def run_cli(root: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """build.py's CLI run in this process against the project at root: what run_build_py
+    checks, without a new interpreter importing the tool (about 1 s each).
+
+    For usage errors and offline commands; run_build_py covers the entry point itself
+    (build.py, its virtualenv). Exit code and both streams come back as from a process.
+    """
+    from unittest import mock
+
+    from pytorch_cuda_build import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}  # main() installs its own
+    try:
+        with mock.patch.dict(os.environ, env or {}), mock.patch.object(cli, "ROOT", Path(root)), \
+                contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = cli.main(list(args))
+            except SystemExit as e:
+                rc = e.code if isinstance(e.code, int) else 1
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    return subprocess.CompletedProcess(["build.py", *args], rc, out.getvalue(), err.getvalue())
 
 
 def tree_snapshot(path: Path) -> dict[str, bytes]:

@@ -1,10 +1,16 @@
-"""The CLI as users run it: one clear line, the right exit code, nothing half-written."""
+"""The CLI as users run it: one clear line, the right exit code, nothing half-written.
+
+Most tests call the CLI in this process (helpers.run_cli, milliseconds); a few run
+build.py itself as a user would (helpers.run_build_py, about a second each) to cover
+the entry point. Those marked `network` resolve against the real index, frozen at the
+committed locks' time by tests/conftest.py (PYTORCH_CUDA_EXCLUDE_NEWER).
+"""
 from __future__ import annotations
 
 import subprocess
 
 import pytest
-from helpers import ROOT, project_copy, run_build_py, tmpfs, tree_snapshot
+from helpers import ROOT, project_copy, run_build_py, run_cli, tmpfs, tree_snapshot
 
 from pytorch_cuda_build import build, docker_env, files, matrix
 from pytorch_cuda_build.errors import EnvironmentProblem
@@ -26,7 +32,7 @@ def test_unknown_row_lists_rows():
 
 @pytest.mark.parametrize("args", [["--only", "size,bogus"], ["--only", ","], ["--runs", "0"], ["--cold-runs", "0"]])
 def test_bench_rejects_bad_arguments_before_touching_docker(args):
-    proc = run_build_py(ROOT, "bench", "--torch", "2.7", "--cuda", "12.1", "--full", *args, env=NO_DOCKER)
+    proc = run_cli(ROOT, "bench", "--torch", "2.7", "--cuda", "12.1", "--full", *args, env=NO_DOCKER)
     one_error_line(proc, 2, "--only takes size,cold,rebuild,rows,matrix,banner; --runs and --cold-runs at least 1")
 
 
@@ -38,11 +44,11 @@ def test_bench_rejects_bad_arguments_before_touching_docker(args):
     (["--matrix", "/nonexistent.yaml", "list"], "cannot read matrix file /nonexistent.yaml"),
 ])
 def test_bad_arguments(args, text):
-    one_error_line(run_build_py(ROOT, *args, env=NO_DOCKER), 2, text)
+    one_error_line(run_cli(ROOT, *args, env=NO_DOCKER), 2, text)
 
 
 def test_dry_run_prints_the_plan_without_docker():
-    proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.1", "--dry-run", env=NO_DOCKER)
+    proc = run_cli(ROOT, "--torch", "2.7", "--cuda", "12.1", "--dry-run", env=NO_DOCKER)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "pytorch-cuda:2.7.1-cuda12.1-runtime pytorch-cuda:v2.7-cuda12.1 pytorch-cuda:v2.7" in out
@@ -51,7 +57,7 @@ def test_dry_run_prints_the_plan_without_docker():
 
 
 def test_list_shows_every_row_without_docker():
-    proc = run_build_py(ROOT, "list", env=NO_DOCKER)
+    proc = run_cli(ROOT, "list", env=NO_DOCKER)
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout.strip().splitlines()) == 1 + len(matrix.load(ROOT / "matrix.yaml").images)
     assert "2.7.1-cuda12.1-runtime" in proc.stdout and "v2.7-cuda12.1 v2.7" in proc.stdout
@@ -61,7 +67,7 @@ def test_matrix_errors_all_reported_at_once(tmp_path):
     root = project_copy(tmp_path / "p")
     text = (root / "matrix.yaml").read_text().replace("cudnn: 9.5.1.17", "cudnn: nine", 1).replace("nccl: 2.26.2", "ncl: 2.26.2", 1)
     (root / "matrix.yaml").write_text(text)
-    proc = run_build_py(root, "list", env=NO_DOCKER)
+    proc = run_cli(root, "list", env=NO_DOCKER)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert lines[0].endswith("3 problems") or len(lines) >= 3, proc.stderr
@@ -74,12 +80,13 @@ def test_stale_lock_refuses_to_build_and_writes_nothing(tmp_path):
     text = (root / "matrix.yaml").read_text().replace("deepspeed: 0.17.6\n    default: true", "deepspeed: 0.17.5\n    default: true")
     (root / "matrix.yaml").write_text(text)
     before = tree_snapshot(root / "images")
-    proc = run_build_py(root, "--torch", "2.7", "--cuda", "12.1", env=NO_DOCKER)
+    proc = run_cli(root, "--torch", "2.7", "--cuda", "12.1", env=NO_DOCKER)
     one_error_line(proc, 2, "lock is stale against matrix.yaml")
-    assert run_build_py(root, "lock", "--check", env=NO_DOCKER).returncode == 2
+    assert run_cli(root, "lock", "--check", env=NO_DOCKER).returncode == 2
     assert tree_snapshot(root / "images") == before
 
 
+@pytest.mark.network
 def test_lock_refuses_a_matrix_that_disagrees_with_the_wheel(tmp_path):
     """Real resolution against the index: the matrix claims the wrong NCCL for torch 2.7.1."""
     root = project_copy(tmp_path / "p")
@@ -95,17 +102,17 @@ def test_render_check_fails_on_a_hand_edit(tmp_path):
     root = project_copy(tmp_path / "p")
     df = root / "images" / "2.7.1-cuda12.1-runtime" / "Dockerfile"
     df.write_text(df.read_text() + "RUN echo hand-edit\n")
-    one_error_line(run_build_py(root, "render", "--check", env=NO_DOCKER), 2, "rendered files drifted")
+    one_error_line(run_cli(root, "render", "--check", env=NO_DOCKER), 2, "rendered files drifted")
 
 
 def test_unreadable_ca_bundle(tmp_path):
-    proc = run_build_py(ROOT, "--torch", "2.7", "--ca-bundle", str(tmp_path / "missing.pem"), env=NO_DOCKER)
+    proc = run_cli(ROOT, "--torch", "2.7", "--ca-bundle", str(tmp_path / "missing.pem"), env=NO_DOCKER)
     one_error_line(proc, 2, f"cannot read CA bundle {tmp_path / 'missing.pem'}")
 
 
 @pytest.mark.fault
 def test_no_docker_daemon_names_the_address():
-    proc = run_build_py(ROOT, "--torch", "2.7", "--ca-bundle", "/dev/null", env=NO_DOCKER)
+    proc = run_cli(ROOT, "--torch", "2.7", "--ca-bundle", "/dev/null", env=NO_DOCKER)
     one_error_line(proc, 2, "no Docker daemon answers at unix:///nonexistent/docker.sock")
 
 
@@ -172,16 +179,21 @@ def test_verify_refuses_a_row_without_lock_and_an_unreadable_ca(tmp_path):
     root = project_copy(tmp_path / "p")
     (root / "images" / "2.7.1-cuda12.6-runtime" / "lock.json").unlink()
     before = tree_snapshot(root / "images")
-    one_error_line(run_build_py(root, "verify", "--torch", "2.7", "--cuda", "12.6", env=NO_DOCKER), 2, "no lock")
+    one_error_line(run_cli(root, "verify", "--torch", "2.7", "--cuda", "12.6", env=NO_DOCKER), 2, "no lock")
     missing = tmp_path / "nope.pem"
-    one_error_line(run_build_py(root, "verify", "--torch", "2.7", "--cuda", "12.1", "--ca-bundle", str(missing), env=NO_DOCKER),
+    one_error_line(run_cli(root, "verify", "--torch", "2.7", "--cuda", "12.1", "--ca-bundle", str(missing), env=NO_DOCKER),
                    2, f"cannot read CA bundle {missing}")
     assert tree_snapshot(root / "images") == before
     assert not (root / "build-results").exists()
 
 
+@pytest.mark.network
 def test_lock_upgrade_prints_what_moved(tmp_path):
-    """Real re-resolution: a lock whose recorded tqdm pin is old reports the move to the current one."""
+    """Real re-resolution: a lock whose recorded tqdm pin is old reports the move to the committed one.
+
+    The index is frozen at the committed locks' time (PYTORCH_CUDA_EXCLUDE_NEWER, tests/conftest.py),
+    so a tqdm released since never moves the answer, and the files come back byte for byte.
+    """
     import json
 
     root = project_copy(tmp_path / "p")
@@ -194,3 +206,5 @@ def test_lock_upgrade_prints_what_moved(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert f"2.7.1-cuda12.6-runtime: tqdm 4.0.0 -> {current}" in proc.stdout
     assert json.loads(meta_path.read_text())["pins"]["tqdm"] == current
+    for name in ("requirements.lock", "deepspeed.lock", "toolkit.lock"):
+        assert (meta_path.parent / name).read_bytes() == (ROOT / "images" / "2.7.1-cuda12.6-runtime" / name).read_bytes(), name

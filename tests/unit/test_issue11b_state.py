@@ -1,0 +1,62 @@
+"""The suite is hermetic: its own state directory, the index frozen in time, no user state touched."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, run_build_py
+
+from pytorch_cuda_build import base, resolve, tag
+from pytorch_cuda_build.errors import ResolveError
+
+USER_STATE = Path.home() / ".cache" / "pytorch-cuda"
+
+
+def test_the_session_has_its_own_state_directory():
+    assert base.STATE_DIR == Path(os.environ["PYTORCH_CUDA_STATE"])
+    assert base.STATE_DIR.is_dir() and base.STATE_DIR != USER_STATE
+    assert tag.TESTED.parent == base.STATE_DIR
+
+
+def test_build_py_inherits_it_and_never_writes_the_users_state(tmp_path):
+    """`lock --check` takes the images lock in the state directory; with HOME elsewhere it lands in ours."""
+    proc = run_build_py(ROOT, "lock", "--check", env={"HOME": str(tmp_path), "DOCKER_HOST": "unix:///nonexistent"})
+    assert proc.returncode == 0, proc.stderr
+    assert any(p.name.startswith("images-") for p in base.STATE_DIR.iterdir()), list(base.STATE_DIR.iterdir())
+    assert not (tmp_path / ".cache").exists()
+
+
+def _state_dir_with(value: str | None, home: Path) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_STATE"}
+    env["HOME"] = str(home)
+    if value is not None:
+        env["PYTORCH_CUDA_STATE"] = value
+    code = "from pytorch_cuda_build import base; print(base.STATE_DIR)"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
+                          check=True).stdout.strip()
+
+
+def test_unset_or_empty_state_means_the_users_cache_never_the_current_directory(tmp_path):
+    assert _state_dir_with(None, tmp_path) == str(tmp_path / ".cache" / "pytorch-cuda")
+    assert _state_dir_with("", tmp_path) == str(tmp_path / ".cache" / "pytorch-cuda")
+    assert _state_dir_with("~/elsewhere", tmp_path) == str(tmp_path / "elsewhere")
+
+
+def test_the_index_is_frozen_for_the_session():
+    assert resolve.frozen_at() == os.environ["PYTORCH_CUDA_EXCLUDE_NEWER"]
+
+
+def test_exclude_newer_reaches_uv_and_is_checked(monkeypatch):
+    monkeypatch.setattr(resolve, "uv_binary", lambda: "uv")
+    image = type("I", (), {"python": "3.11", "index": "https://pypi.org/simple"})()
+    assert resolve._uv_compile(image, "2026-11-22T21:30:00Z")[-2:] == ["--exclude-newer", "2026-11-22T21:30:00Z"]
+    assert "--exclude-newer" not in resolve._uv_compile(image, None)
+    assert resolve.frozen_at("2025-01-31") == "2025-01-31"
+    monkeypatch.delenv(resolve.EXCLUDE_NEWER_ENV)
+    assert resolve.frozen_at() is None
+    monkeypatch.setenv(resolve.EXCLUDE_NEWER_ENV, "last tuesday")
+    with pytest.raises(ResolveError, match="PYTORCH_CUDA_EXCLUDE_NEWER='last tuesday' is not an ISO 8601"):
+        resolve.frozen_at()
