@@ -1,0 +1,50 @@
+"""A real daemon: the containers the tool creates are gone afterwards, even when start fails.
+
+Uses the small local Debian rootfs image (no registry, no image build); asserts only on
+this session's own containers (label pytorch-cuda.run=<session id>).
+"""
+from __future__ import annotations
+
+import docker.errors
+import pytest
+
+from pytorch_cuda_build import test as stage
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module")
+def rootfs(docker_client) -> str:
+    images = docker_client.images.list(name="pytorch-cuda-rootfs")
+    if not images:
+        pytest.skip("no local pytorch-cuda-rootfs image (build.py makes one with debootstrap)")
+    return images[0].id
+
+
+def ours(client) -> list:
+    return client.containers.list(all=True, filters={"label": f"{stage.RUN_LABEL}={stage.RUN_ID}"})
+
+
+def test_a_container_that_cannot_start_is_removed(docker_client, rootfs):
+    # The daemon creates it, then start fails (no such executable): it would stay behind, Created.
+    with pytest.raises(docker.errors.APIError):
+        with stage.throwaway_container(docker_client, rootfs, ["/nonexistent-binary"], kind="smoke", log=print):
+            pytest.fail("started a container whose command does not exist")
+    assert not ours(docker_client)
+
+
+def test_a_container_is_removed_after_it_ran_and_on_an_error_inside(docker_client, rootfs):
+    with stage.throwaway_container(docker_client, rootfs, ["/bin/sh", "-c", "echo hi"], kind="smoke", log=print) as c:
+        assert stage._wait(c, 60) == 0 and c.logs() == b"hi\n"
+        assert [x.id for x in ours(docker_client)] == [c.id]
+    assert not ours(docker_client)
+    with pytest.raises(RuntimeError):
+        with stage.throwaway_container(docker_client, rootfs, ["/bin/sh", "-c", "sleep 60"], kind="smoke", log=print):
+            raise RuntimeError("the step failed while the container ran")
+    assert not ours(docker_client)
+
+
+def test_timeout_kills_and_the_container_goes(docker_client, rootfs):
+    with stage.throwaway_container(docker_client, rootfs, ["/bin/sh", "-c", "sleep 60"], kind="smoke", log=print) as c:
+        assert stage._wait(c, 1) == 124
+    assert not ours(docker_client)
