@@ -29,20 +29,19 @@ def test_build_py_inherits_it_and_never_writes_the_users_state(tmp_path):
     assert not (tmp_path / ".cache").exists()
 
 
-def _state_dir_with(value: str | None, home: Path) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_STATE"}
-    env["HOME"] = str(home)
-    if value is not None:
-        env["PYTORCH_CUDA_STATE"] = value
-    code = "from pytorch_cuda_build import base; print(base.STATE_DIR)"
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
-                          check=True).stdout.strip()
-
-
 def test_unset_or_empty_state_means_the_users_cache_never_the_current_directory(tmp_path):
-    assert _state_dir_with(None, tmp_path) == str(tmp_path / ".cache" / "pytorch-cuda")
-    assert _state_dir_with("", tmp_path) == str(tmp_path / ".cache" / "pytorch-cuda")
-    assert _state_dir_with("~/elsewhere", tmp_path) == str(tmp_path / "elsewhere")
+    """One interpreter re-imports base under each value (STATE_DIR is read at import)."""
+    code = (
+        "import importlib, os, sys\n"
+        "from pytorch_cuda_build import base\n"
+        "for value in sys.argv[1:]:\n"
+        "    os.environ.pop('PYTORCH_CUDA_STATE', None) if value == 'UNSET' else os.environ.update(PYTORCH_CUDA_STATE=value)\n"
+        "    print(importlib.reload(base).STATE_DIR)\n"
+    )
+    env = {**os.environ, "HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code, "UNSET", "", "~/elsewhere"], capture_output=True, text=True,
+                         env=env, cwd=ROOT, check=True).stdout.split()
+    assert out == [str(tmp_path / ".cache" / "pytorch-cuda")] * 2 + [str(tmp_path / "elsewhere")]
 
 
 def test_the_index_is_frozen_for_the_session():
