@@ -92,16 +92,25 @@ def _short(e: BaseException) -> str:
 def ensure_engine(log=print) -> docker.DockerClient:
     """Run the project's engine setup (installs and starts dockerd as root on Debian), then connect."""
     try:
-        return client()
+        c = client()
     except EnvironmentProblem:
         if os.environ.get("DOCKER_HOST"):
             raise  # a remote daemon is the user's to start
-    log(f"no Docker daemon at {daemon_address()}: running {ENGINE_SCRIPT.name}")
+        log(f"no Docker daemon at {daemon_address()}: running {ENGINE_SCRIPT.name}")
+        _engine_setup()
+        return client()
+    if os.geteuid() == 0 and not os.environ.get("DOCKER_HOST"):
+        # A local daemon can answer and still fail every container start (its bridge deleted
+        # by another daemon, seen here): engine.sh checks that and restarts a dockerd it started.
+        _engine_setup()
+    return c
+
+
+def _engine_setup() -> None:
     proc = subprocess.run(["bash", str(ENGINE_SCRIPT)], capture_output=True, text=True)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["engine setup failed"])[-1]
         raise EnvironmentProblem(last.removeprefix("engine: "))
-    return client()
 
 
 @dataclass(frozen=True)

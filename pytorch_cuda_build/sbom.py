@@ -7,6 +7,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from . import test
 from .errors import PipelineError, UsageError
 
 SCRIPT = Path(__file__).resolve().parent.parent / "pytorch_cuda_runtime" / "sbom.py"
@@ -21,12 +22,14 @@ def generate(c: docker.DockerClient, ref: str) -> dict:
         "for p in /opt/venv/bin/python python3 python; do command -v $p >/dev/null 2>&1 && "
         "exec $p /sbom.py --subject \"$0\"; done; echo 'no python in this image' >&2; exit 3"
     )
-    try:
-        out = c.containers.run(
-            ref, ["-c", script, ref], entrypoint="/bin/sh", remove=True, user="0",
-            volumes={str(SCRIPT): {"bind": "/sbom.py", "mode": "ro"}}, network_disabled=True,
-            environment={"PYTORCH_CUDA_NO_BANNER": "1"}, labels={"pytorch-cuda.test": "sbom"},
-        )
-    except docker.errors.ContainerError as e:
-        raise PipelineError(f"sbom of {ref} failed: {e.stderr.decode(errors='replace').strip()[-200:] if e.stderr else e}") from None
+    # A throwaway container: removed on every way out, a failed start included.
+    with test.throwaway_container(
+        c, ref, ["-c", script, ref], "sbom", entrypoint="/bin/sh", user="0",
+        volumes={str(SCRIPT): {"bind": "/sbom.py", "mode": "ro"}}, network_disabled=True,
+        environment={"PYTORCH_CUDA_NO_BANNER": "1"},
+    ) as container:
+        code = container.wait(timeout=600)["StatusCode"]
+        out, err = container.logs(stdout=True, stderr=False), container.logs(stdout=False, stderr=True)
+    if code != 0:
+        raise PipelineError(f"sbom of {ref} failed (exit {code}): {err.decode(errors='replace').strip()[-200:]}")
     return json.loads(out)

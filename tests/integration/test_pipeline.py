@@ -10,7 +10,7 @@ import json
 import pytest
 from helpers import ROOT, project_copy, run_build_py
 
-from pytorch_cuda_build import bench, lock, matrix, render
+from pytorch_cuda_build import bench, lock, matrix, render, test
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -30,7 +30,8 @@ def tag_ids(client) -> dict[str, str | None]:
 
 
 def leftover_containers(client) -> list:
-    return client.containers.list(all=True, filters={"label": "pytorch-cuda.test"})
+    """This test session's containers still on the daemon (never another run's)."""
+    return client.containers.list(all=True, filters={"label": f"{test.RUN_LABEL}={test.RUN_ID}"})
 
 
 @pytest.fixture(scope="module", autouse=True)

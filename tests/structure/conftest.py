@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import testinfra
 
-from pytorch_cuda_build import lock, matrix, render
+from pytorch_cuda_build import lock, matrix, render, test
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,7 +43,7 @@ def container(docker_client, image_ref):
     """A long-running container of the image, removed at the end."""
     c = docker_client.containers.run(
         image_ref, ["sleep", "infinity"], detach=True, environment={"PYTORCH_CUDA_NO_BANNER": "1"},
-        labels={"pytorch-cuda.test": "structure"},
+        labels={"pytorch-cuda.test": "structure", test.RUN_LABEL: test.RUN_ID},
     )
     yield c
     c.remove(force=True)
