@@ -12,6 +12,7 @@ import re
 import ssl
 import urllib.error
 import urllib.request
+from datetime import datetime, timezone
 from typing import Callable
 
 from . import resolve
@@ -36,7 +37,27 @@ def index_versions(index: str, project: str, ca_bundle: str | None) -> list[str]
         raise ResolveError(f"cannot list {project} releases at {url}: {getattr(e, 'reason', e)}") from None
     if "versions" not in data:
         raise ResolveError(f"{url} does not serve the PEP 700 JSON API (no 'versions'); cannot propose rows")
-    return data["versions"]
+    return released_by(data, resolve.frozen_at())
+
+
+def released_by(data: dict, when: str | None) -> list[str]:
+    """The versions with a file uploaded at or before `when` (PEP 700 upload-time); all without it.
+    A frozen index (PYTORCH_CUDA_EXCLUDE_NEWER) must not propose what it cannot resolve."""
+    if not when:
+        return data["versions"]
+    limit = _instant(when)
+    seen = set()
+    for f in data.get("files", []):
+        stamp = f.get("upload-time")
+        m = re.match(rf"^{re.escape(data.get('name', 'torch'))}-([^-]+)-", f.get("filename", "").replace("_", "-"), re.I)
+        if stamp and m and _instant(stamp) <= limit:
+            seen.add(m.group(1))
+    return [v for v in data["versions"] if v in seen]
+
+
+def _instant(text: str) -> datetime:
+    t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
 def new_releases(m: Matrix, versions: list[str]) -> list[str]:

@@ -78,6 +78,7 @@ def test_new_releases_are_newer_minors_and_newer_patches():
     assert "no torch release" in propose.render([])
 
 
+@pytest.mark.network
 def test_propose_reads_the_pins_from_the_index(tmp_path):
     """Against the real index: drop the newest row and get it proposed back, same pins."""
     text = (ROOT / "matrix.yaml").read_text()
@@ -102,3 +103,13 @@ def test_publish_usage_errors_are_one_line(args, text):
     proc = run_build_py(ROOT, *args, env={"DOCKER_HOST": "unix:///nonexistent/docker.sock", "PYTORCH_CUDA_REGISTRY": ""})
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("error: ") and text in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_frozen_index_proposes_only_what_was_uploaded_by_then():
+    from pytorch_cuda_build import propose
+
+    data = {"name": "torch", "versions": ["2.15.0", "2.15.1"], "files": [
+        {"filename": "torch-2.15.0-cp311-cp311-manylinux_2_28_x86_64.whl", "upload-time": "2026-10-01T10:00:00.000Z"},
+        {"filename": "torch-2.15.1-cp311-cp311-manylinux_2_28_x86_64.whl", "upload-time": "2026-12-01T10:00:00Z"}]}
+    assert propose.released_by(data, "2026-11-22T21:30:00Z") == ["2.15.0"]
+    assert propose.released_by(data, None) == ["2.15.0", "2.15.1"]
