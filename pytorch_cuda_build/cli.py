@@ -93,7 +93,7 @@ def parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("test", help="run the smoke and structure tests against a built image")
     _selection(t)
-    t.add_argument("--image", help="image reference or ID to test (default: the row's immutable tag)")
+    t.add_argument("--image", help="image reference or ID to test (default: the row's own tag)")
     t.add_argument("--require-gpu", action="store_true")
 
     vf = sub.add_parser("verify", help="build a row twice without cache and compare the images file by file")

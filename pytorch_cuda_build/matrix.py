@@ -192,7 +192,7 @@ class Image:
 
     @property
     def name(self) -> str:
-        """Directory under images/ and the immutable tag, e.g. 2.7.1-cuda12.1-runtime."""
+        """Directory under images/ and the row's own (moving) tag, e.g. 2.7.1-cuda12.1-runtime; publish adds a dated immutable one."""
         return f"{self.torch.replace('+', '-')}-cuda{self.cuda}-{self.flavor}"
 
     @property
@@ -202,7 +202,7 @@ class Image:
 
     @property
     def tags(self) -> list[str]:
-        """The immutable tag first, then the aliases it moves."""
+        """The row's own tag first, then its aliases (all move with each new build of the row)."""
         suffix = "" if self.flavor == "runtime" else f"-{self.flavor}"
         tags = [self.name, f"v{self.torch_minor}-cuda{self.cuda}{suffix}"]
         if self.default:

@@ -1,7 +1,7 @@
 """Stage 7: promote a tested image ID to its public tags, and remember that it passed.
 
-Tags move only here, only for an image ID whose tests passed; the immutable tag moves
-first and the aliases after it.
+Local tags move only here, only for an image ID whose tests passed: the row's own tag
+first, the aliases after it. (The dated immutable tag exists only in registries: publish.)
 
 A pass record (STATE_DIR/tested.json) says which image ID passed, on what (`cpu` or
 `gpu`) and with which test code (a hash), so a CPU pass never stands in for a GPU run
