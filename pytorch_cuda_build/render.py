@@ -81,6 +81,11 @@ def labels(image: Image, lock_meta: dict) -> list[tuple[str, str]]:
     ]
 
 
+def torch_ext_folder(image: Image) -> str:
+    """The folder torch's default extensions root gets for this Python and torch CUDA (py311_cu126)."""
+    return f"py{image.python.replace('.', '')}_cu{image.wheel_cuda.replace('.', '')}"
+
+
 def toolkit_text(image: Image, lock_meta: dict) -> str:
     """The compiler the ops were built with, and how it relates to torch's CUDA: said openly."""
     version = lock_meta.get("cuda_toolkit") or "?"
@@ -131,7 +136,7 @@ def render_image(root: Path, image: Image) -> dict[str, str]:
         dockerfile = _env(root).get_template("Dockerfile.j2").render(
             image=image, base_stage=base_stage(root, image, meta), labels=labels(image, meta), cache_id=WHEELHOUSE_CACHE_ID,
             build_packages=apt_list(image.os.build_packages, meta.get("apt", {})), deb_cache_id=DEB_CACHE_ID, ops_cache_id=OPS_CACHE_ID,
-            cpu_builders=list(CPU_OPS), cpu_ops=list(CPU_OPS.values()),
+            cpu_builders=list(CPU_OPS), cpu_ops=list(CPU_OPS.values()), torch_ext_folder=torch_ext_folder(image),
             toolkit_version=meta.get("cuda_toolkit") or "unknown",
         )
     except jinja2.TemplateError as e:
