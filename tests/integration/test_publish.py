@@ -3,7 +3,7 @@
 The registry is Debian's docker-registry, started here; the tests stop it mid-push,
 put it in read-only mode and put it behind htpasswd, and check that no moving tag (the
 row's name, the aliases) moves before the dated immutable tag is verified in place, and
-that a retry completes the job. That a dated tag never moves: test_issue11_immutable_tag.py.
+that a retry completes the job. That a dated tag never moves: test_immutable_tag.py.
 """
 from __future__ import annotations
 
