@@ -60,6 +60,6 @@ def test_publish_only_after_a_tested_build_and_never_on_pull_requests():
     jobs = _jobs()
     build = jobs["build"]
     steps = [s.get("name", "") for s in build["steps"]]
-    assert steps.index("Build, smoke-test and tag") < steps.index("Publish the tested image (immutable tag, then aliases)")
+    assert steps.index("Build, smoke-test and tag") < steps.index("Publish the tested image (dated immutable tag, then the moving tags)")
     assert "pull_request" not in jobs["matrix"]["if"]
     assert not any("publish" in s.get("run", "") for s in jobs["pr-build"]["steps"])
