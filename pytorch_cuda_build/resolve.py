@@ -89,25 +89,28 @@ def _uv_compile(image: Image, when: str | None, *extra: str) -> list[str]:
     return [*cmd, "--exclude-newer", when] if when else cmd
 
 
+def _run_uv(image: Image, requirements: str, what: str, exclude_newer: str | None, ca_bundle: str | None, *extra: str) -> str:
+    """`uv pip compile` of `requirements` for the image's platform; stdout, or one ResolveError line."""
+    env = dict(os.environ)
+    if ca_bundle:
+        env["SSL_CERT_FILE"] = ca_bundle  # uv ignores pip's config and the system store
+    try:
+        proc = subprocess.run(_uv_compile(image, frozen_at(exclude_newer), *extra), input=requirements,
+                              capture_output=True, text=True, env=env, timeout=600)
+    except subprocess.TimeoutExpired:
+        raise ResolveError(f"{image.name}: resolving against {image.index} timed out after 600 s") from None
+    if proc.returncode != 0:
+        raise ResolveError(f"{image.name}: cannot resolve {what} from {image.index}: {_first_error_line(proc.stderr)}")
+    return proc.stdout
+
+
 def compile_lock(image: Image, ca_bundle: str | None, upgrade: bool = False, exclude_newer: str | None = None) -> str:
     """Hash-pinned requirements for the image's whole Python environment.
 
     exclude_newer (ISO 8601) ignores files uploaded after it; None reads $PYTORCH_CUDA_EXCLUDE_NEWER.
     """
-    cmd = _uv_compile(image, frozen_at(exclude_newer))
-    env = dict(os.environ)
-    if ca_bundle:
-        env["SSL_CERT_FILE"] = ca_bundle  # uv ignores pip's config and the system store
-    try:
-        proc = subprocess.run(
-            cmd, input="\n".join(requirements_for(image)) + "\n", capture_output=True, text=True, env=env, timeout=600
-        )
-    except subprocess.TimeoutExpired:
-        raise ResolveError(f"{image.name}: resolving against {image.index} timed out after 600 s") from None
-    if proc.returncode != 0:
-        reason = _first_error_line(proc.stderr)
-        raise ResolveError(f"{image.name}: cannot resolve {' '.join(requirements_for(image))} from {image.index}: {reason}")
-    return proc.stdout
+    reqs = requirements_for(image)
+    return _run_uv(image, "\n".join(reqs) + "\n", " ".join(reqs), exclude_newer, ca_bundle)
 
 
 def _first_error_line(stderr: str) -> str:
@@ -156,18 +159,11 @@ def debian_versions(mirror: str, suite: str, names: list[str], ca_bundle: str | 
     key = (mirror, suite)
     if key not in _DEBIAN_INDEX:
         url = f"{mirror.rstrip('/')}/dists/{suite}/main/binary-amd64/Packages.xz"
-        context = ssl.create_default_context(cafile=ca_bundle) if ca_bundle and url.startswith("https") else None
         try:
-            with urllib.request.urlopen(url, timeout=120, context=context) as r:
-                text = lzma.decompress(r.read()).decode()
-        except (urllib.error.URLError, OSError, lzma.LZMAError) as e:
+            text = lzma.decompress(_fetch(url, ca_bundle)).decode()
+        except lzma.LZMAError as e:
             raise ResolveError(f"cannot read the Debian package index {url}: {e}") from None
-        index = {}
-        for stanza in text.split("\n\n"):
-            fields = dict(ln.split(": ", 1) for ln in stanza.splitlines() if ": " in ln and not ln.startswith(" "))
-            if "Package" in fields:
-                index[fields["Package"]] = fields["Version"]
-        _DEBIAN_INDEX[key] = index
+        _DEBIAN_INDEX[key] = {f["Package"]: f["Version"] for f in _stanzas(text) if "Package" in f}
     index = _DEBIAN_INDEX[key]
     missing = [n for n in names if n not in index]
     if missing:
@@ -263,12 +259,8 @@ def pypi_toolkit(image: Image, wheel_lock: str, ca_bundle: str | None, exclude_n
     if not version:
         raise ResolveError(f"{image.name}: torch {image.torch} pins no cuda-toolkit; a pypi toolkit needs one (use a debian toolkit for this CUDA major)")
     spec = f"cuda-toolkit[{','.join(image.toolkit.extras)}]=={version}"
-    cmd = _uv_compile(image, frozen_at(exclude_newer), "--no-annotate")
-    env = {**os.environ, **({"SSL_CERT_FILE": ca_bundle} if ca_bundle else {})}
-    proc = subprocess.run(cmd, input=spec + "\n", capture_output=True, text=True, env=env, timeout=600)
-    if proc.returncode != 0:
-        raise ResolveError(f"{image.name}: cannot resolve {spec}: {_first_error_line(proc.stderr)}")
-    blocks = re.split(r"\n(?=\S)", proc.stdout.strip())
+    out = _run_uv(image, spec + "\n", spec, exclude_newer, ca_bundle, "--no-annotate")
+    blocks = re.split(r"\n(?=\S)", out.strip())
     keep, notes = [], []
     for block in blocks:
         m = _PIN.match(block)
