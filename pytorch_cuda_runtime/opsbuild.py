@@ -26,6 +26,9 @@ from pathlib import Path
 # Patches to DeepSpeed's sources, each (file, old, new, sign the fix is upstream already).
 # 1. CPU ops are compiled for the build host's CPU (-march=native, AVX-512 where present);
 #    such an op dies with SIGILL on a GPU node without AVX-512: use the matrix's baseline.
+#    The sdist has two copies of the builder: op_builder/ (what setup.py compiles the wheel's
+#    ops with) and deepspeed/ops/op_builder/ (what the installed DeepSpeed JIT-compiles with:
+#    the CPU accelerator's ops, and every op built on first use). Both are patched.
 # 2. DeepSpeed < 0.18 (PR #8539): _allgather_params_coalesced waits only on the last async
 #    all_gather; on gloo the handles are independent threads, so GatheredParameters can
 #    read half-gathered memory (all-NaN weights seen in DeepSpeed's own checkpoint test).
@@ -42,17 +45,26 @@ def simd_define(cpu_arch):
     return "-D__AVX512__" if cpu_arch == "x86-64-v4" else "-D__AVX256__"
 
 
+BUILDERS = ("op_builder/builder.py", "deepspeed/ops/op_builder/builder.py")
+
+
 def patch(src, cpu_arch):
     """Apply both patches and prove each took (or was not needed); return what was done."""
-    done = []
-    builder = src / "op_builder" / "builder.py"
-    text = builder.read_text()
-    new = text.replace("-march=native", f"-march={cpu_arch}")
-    new = re.sub(r"return '-D__AVX(512|256)__'", f"return '{simd_define(cpu_arch)}'", new)
-    if "-march=native" in new or f"-march={cpu_arch}" not in new or f"return '{simd_define(cpu_arch)}'" not in new:
-        fail(f"{builder}: the CPU-baseline patch did not apply (DeepSpeed changed its builder)")
-    builder.write_text(new)
-    done.append(f"builder.py: -march={cpu_arch}, {simd_define(cpu_arch)}")
+    done, seen = [], set()
+    for rel in BUILDERS:
+        builder = src / rel
+        if not builder.exists():
+            fail(f"{builder}: not in the sdist (DeepSpeed changed its layout)")
+        if builder.resolve() in seen:
+            continue  # a source checkout links the second copy to the first
+        seen.add(builder.resolve())
+        text = builder.read_text()
+        new = text.replace("-march=native", f"-march={cpu_arch}")
+        new = re.sub(r"return '-D__AVX(512|256)__'", f"return '{simd_define(cpu_arch)}'", new)
+        if "-march=native" in new or f"-march={cpu_arch}" not in new or f"return '{simd_define(cpu_arch)}'" not in new:
+            fail(f"{builder}: the CPU-baseline patch did not apply (DeepSpeed changed its builder)")
+        builder.write_text(new)
+        done.append(f"{rel}: -march={cpu_arch}, {simd_define(cpu_arch)}")
     pp = src / "deepspeed" / "runtime" / "zero" / "partition_parameters.py"
     text = pp.read_text()
     if RACE_OLD in text:
@@ -125,6 +137,10 @@ def check_wheel(wheel, ops, cpu_arch):
         if missing or ns.get("accelerator_name") != "cuda":
             fail(f"wheel built for {ns.get('accelerator_name')!r} without {', '.join(missing) or '-'}; "
                  "DeepSpeed skipped them (see the warnings above)")
+        runtime_builder = Path(d) / "deepspeed" / "ops" / "op_builder" / "builder.py"
+        if "-march=native" in runtime_builder.read_text():
+            fail(f"the wheel's {runtime_builder.relative_to(d)} still compiles for -march=native; "
+                 "ops JIT-built from it would be tied to the build host's CPU")
         sos = {op: sorted(Path(d).rglob(f"{op}_op*.so")) for op in ops}
         empty = [op for op, found in sos.items() if not found]
         if empty:

@@ -20,9 +20,13 @@ RACY = "    def _allgather_params_coalesced(self):\n        launch_handles[-1].w
 FIXED = "    def _allgather_params_coalesced(self):\n        for handle in launch_handles:\n            handle.wait()\n"
 
 
-def tree(tmp_path: Path, builder: str = BUILDER, pp: str = RACY) -> Path:
+def tree(tmp_path: Path, builder: str = BUILDER, pp: str = RACY, runtime_copy: bool = True) -> Path:
+    """An sdist's layout: the builder setup.py uses, and the copy the installed DeepSpeed uses."""
     (tmp_path / "op_builder").mkdir(parents=True)
     (tmp_path / "op_builder" / "builder.py").write_text(builder)
+    if runtime_copy:
+        (tmp_path / "deepspeed" / "ops" / "op_builder").mkdir(parents=True)
+        (tmp_path / "deepspeed" / "ops" / "op_builder" / "builder.py").write_text(builder)
     zero = tmp_path / "deepspeed" / "runtime" / "zero"
     zero.mkdir(parents=True)
     (zero / "partition_parameters.py").write_text(pp)
@@ -32,17 +36,29 @@ def tree(tmp_path: Path, builder: str = BUILDER, pp: str = RACY) -> Path:
 def test_both_patches_apply_to_an_old_deepspeed(tmp_path):
     src = tree(tmp_path)
     done = opsbuild.patch(src, "x86-64-v3")
-    builder = (src / "op_builder" / "builder.py").read_text()
-    assert "-march=native" not in builder and "-march=x86-64-v3" in builder
-    assert "-D__AVX512__" not in builder
+    # Both copies: the wheel's ops are compiled with the first, the image's JIT builds (the CPU
+    # accelerator's ops) with the second, which once stayed at -march=native.
+    for rel in ("op_builder/builder.py", "deepspeed/ops/op_builder/builder.py"):
+        builder = (src / rel).read_text()
+        assert "-march=native" not in builder and "-march=x86-64-v3" in builder, rel
+        assert "-D__AVX512__" not in builder, rel
     pp = (src / "deepspeed" / "runtime" / "zero" / "partition_parameters.py").read_text()
     assert "launch_handles[-1].wait()" not in pp and "for handle in launch_handles:" in pp
-    assert len(done) == 2
+    assert len(done) == 3
 
 
 def test_a_deepspeed_with_the_fix_needs_only_the_cpu_patch(tmp_path):
-    assert len(opsbuild.patch(tree(tmp_path, pp=FIXED), "x86-64-v4")) == 1
+    assert len(opsbuild.patch(tree(tmp_path, pp=FIXED), "x86-64-v4")) == 2
     assert "-D__AVX512__" in (tmp_path / "op_builder" / "builder.py").read_text()
+
+
+def test_a_linked_runtime_copy_is_patched_through_its_target(tmp_path):
+    """A source checkout links deepspeed/ops/op_builder to op_builder: one file, patched once."""
+    src = tree(tmp_path, runtime_copy=False)
+    (src / "deepspeed" / "ops").mkdir(parents=True)
+    (src / "deepspeed" / "ops" / "op_builder").symlink_to("../../op_builder")
+    assert len(opsbuild.patch(src, "x86-64-v3")) == 2
+    assert "-march=x86-64-v3" in (src / "deepspeed" / "ops" / "op_builder" / "builder.py").read_text()
 
 
 def test_unknown_sources_stop_the_build(tmp_path):
@@ -50,3 +66,7 @@ def test_unknown_sources_stop_the_build(tmp_path):
         opsbuild.patch(tree(tmp_path / "a", pp="def other(): pass\n"), "x86-64-v3")
     with pytest.raises(SystemExit, match="CPU-baseline patch did not apply"):
         opsbuild.patch(tree(tmp_path / "b", builder="def nothing(): pass\n"), "x86-64-v3")
+    with pytest.raises(SystemExit, match="CPU-baseline patch did not apply"):
+        src = tree(tmp_path / "c")
+        (src / "deepspeed" / "ops" / "op_builder" / "builder.py").write_text("def nothing(): pass\n")
+        opsbuild.patch(src, "x86-64-v3")

@@ -184,6 +184,22 @@ def test_trainer_cache_holds_only_the_prebuilt_cpu_ops(root_host, host, row):
     assert root_host.check_output("find /home/trainer/.cache ! -user trainer | wc -l") == "0"
 
 
+def test_cpu_accelerator_ops_are_built_for_the_cpu_baseline(root_host, row):
+    """The CPU Adam ops baked into the image, and any op DeepSpeed JIT-builds later, target the
+    matrix's CPU baseline, not the build host's CPU (-march=native gives AVX-512 on an AVX-512
+    builder, and SIGILL on a node without it). shm_comm takes no -march and carries its own
+    AVX-512 paths by DeepSpeed's design (README, Known limits)."""
+    ext = "/home/trainer/.cache/torch_extensions/*"
+    for op in ("cpu_adam", "fused_adam"):
+        cflags = root_host.check_output(f"grep '^cflags' {ext}/{op}/build.ninja")
+        assert "-march=native" not in cflags and f"-march={row.cpu_arch}" in cflags, cflags
+        if row.cpu_arch == "x86-64-v3":
+            dis = root_host.check_output(f"objdump -d {ext}/{op}/{op}.so")
+            assert dis and "%zmm" not in dis, f"{op} has AVX-512 instructions beyond {row.cpu_arch}"
+    builder = root_host.check_output("python -c 'import deepspeed.ops.op_builder.builder as b; print(b.__file__)'")
+    assert "-march=native" not in root_host.file(builder).content_string
+
+
 CPU_OPS_UP_TO_DATE = """
 import os, time
 from deepspeed.accelerator import get_accelerator
