@@ -27,7 +27,7 @@ from pathlib import Path
 from .errors import CommandFailed, UsageError
 from .matrix import Image
 
-MEASURES = ("size", "cold", "rebuild", "rows", "matrix", "banner")
+MEASURES = ("size", "cold", "opscache", "rebuild", "rows", "matrix", "banner")
 EMPTIES_CACHE = ("cold", "matrix")  # measured from an empty build cache
 
 
@@ -106,6 +106,41 @@ RUN python3 -m venv /opt/venv
 RUN --mount=type=secret,id=ca if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \\
     /opt/venv/bin/pip install torch=={torch} deepspeed=={deepspeed}
 """
+# The second baseline: what a user would write by hand to get the same DeepSpeed ops prebuilt
+# with DeepSpeed's DS_BUILD_* flags. Same base, the same toolkit .debs (unpacked where Debian
+# installs them: installing would pull the newer release's glibc), the arch list read from torch,
+# LIBRARY_PATH at the toolkit's stubs as NVIDIA's devel images set it; no lock, cache or checks.
+NAIVE_OPS = """\
+# What a user would write by hand to prebuild the same DeepSpeed ops with DS_BUILD_*.
+FROM {base}
+RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv python3-dev g++ libaio-dev ca-certificates \\
+    && rm -rf /var/lib/apt/lists/*
+RUN cd /tmp && python3 -c "import sys, urllib.request as u; [u.urlretrieve(x, x.rsplit('/', 1)[1]) for x in sys.argv[1:]]" {deb_urls} \\
+    && for d in /tmp/*.deb; do dpkg-deb -x "$d" /; done && rm /tmp/*.deb
+RUN python3 -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH CUDA_HOME=/usr LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/stubs
+RUN --mount=type=secret,id=ca if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \\
+    pip install torch=={torch} ninja
+RUN --mount=type=secret,id=ca if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \\
+    export TORCH_CUDA_ARCH_LIST="$(python -c 'import torch; print(";".join(a[3:-1] + "." + a[-1] for a in torch._C._cuda_getArchFlags().split() if a.startswith("sm_")) + "+PTX")')"; \\
+    DS_ACCELERATOR=cuda {ds_build} pip install --no-build-isolation deepspeed=={deepspeed}
+"""
+# DeepSpeed's DS_BUILD_* name of each op (async_io's is DS_BUILD_AIO).
+DS_BUILD_VAR = {"async_io": "DS_BUILD_AIO"}
+
+
+def naive_ops_dockerfile(image: Image, base: str, lock_dir: Path) -> str | None:
+    """The DS_BUILD_* baseline for a row whose toolkit is Debian's; None for a PyPI toolkit
+    (CUDA 13 rows), which this baseline does not cover."""
+    if image.toolkit.source != "debian":
+        return None
+    urls = [line.split()[2] for line in (lock_dir / "toolkit.lock").read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+    ds_build = " ".join(f"{DS_BUILD_VAR.get(op, 'DS_BUILD_' + op.upper())}=1" for op in image.prebuilt_ops)
+    return NAIVE_OPS.format(base=base, deb_urls=" ".join(urls), torch=image.torch, deepspeed=image.deepspeed,
+                            ds_build=ds_build)
+
+
 _STEP = re.compile(r"^#(\d+) \[([\w.-]+) [^\]]*\] (.*)$", re.M)
 _DONE = re.compile(r"^#(\d+) DONE ([\d.]+)s$", re.M)
 _CACHED = re.compile(r"^#(\d+) CACHED$", re.M)
@@ -216,8 +251,10 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
         r["size"] = {"image": ours, "base_os_python": base, "locked_env": venv, "floor": base + venv,
                      "ratio_to_floor": ours / (base + venv)}
     if "cold" in only:
-        r["cold"] = {"ours_s": [], "ours_ops_s": [], "ours_python_env_s": [], "naive_s": []}
+        r["cold"] = {"ours_s": [], "ours_ops_s": [], "ours_cpu_ops_s": [], "ours_python_env_s": [], "naive_s": [],
+                     "naive_ops_s": []}
         naive_ref = f"pytorch-cuda-bench-naive:{image.name}"
+        naive_ops = naive_ops_dockerfile(image, render.base_ref(image), root / "images" / image.name)
         for k in range(cold_runs):
             # Truly cold: no layer cache and no wheelhouse (a cache mount --no-cache would keep).
             _empty_build_cache(bc)
@@ -226,19 +263,37 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
             st = steps((root / "build-results" / image.name / "build.log").read_text())
             r["cold"]["ours_ops_s"].append(sum(s["seconds"] for s in st if s["stage"] == "ops-builder"))
             r["cold"]["ours_python_env_s"].append(sum(s["seconds"] for s in st if s["stage"] == "python-env"))
+            r["cold"]["ours_cpu_ops_s"].append(sum(s["seconds"] for s in st if "env -u TORCH_EXTENSIONS_DIR" in s["cmd"]))
             log(f"bench: naive cold build {k + 1}/{cold_runs}")
-            with tempfile.TemporaryDirectory(prefix="pytorch-cuda-naive-") as tmp:
-                (Path(tmp) / "Dockerfile").write_text(NAIVE.format(base=render.base_ref(image), torch=image.torch, deepspeed=image.deepspeed))
-                cmd = [*bc.argv, "--progress=plain", "--no-cache", "--tag", naive_ref, tmp]
-                if ca:
-                    cmd[-1:-1] = ["--secret", f"id=ca,src={ca}"]
-                r["cold"]["naive_s"].append(timed(cmd, env=bc.env))
+            naive = NAIVE.format(base=render.base_ref(image), torch=image.torch, deepspeed=image.deepspeed)
+            r["cold"]["naive_s"].append(_naive_build(bc, ca, naive, naive_ref))
+            if naive_ops:
+                # After the plain naive build, whose layers it cannot reuse (different first step).
+                log(f"bench: naive cold build with DS_BUILD_* ops {k + 1}/{cold_runs}")
+                _empty_build_cache(bc)
+                r["cold"]["naive_ops_s"].append(_naive_build(bc, ca, naive_ops, naive_ref + "-ops"))
         r["size"] = {**r.get("size", {}), "naive": image_size(c, naive_ref)}
         c.images.remove(naive_ref)
+        if naive_ops:
+            r["size"]["naive_ops"] = image_size(c, naive_ref + "-ops")
+            c.images.remove(naive_ref + "-ops")
         c.images.remove(build.candidate_ref(image), noprune=False)
         cold = r["cold"]
         cold["ratio_to_naive"] = statistics.median(cold["ours_s"]) / statistics.median(cold["naive_s"])
         cold["ratio_to_naive_without_ops"] = (statistics.median(cold["ours_s"]) - statistics.median(cold["ours_ops_s"])) / statistics.median(cold["naive_s"])
+        if cold["naive_ops_s"]:
+            cold["ratio_to_naive_ops"] = statistics.median(cold["ours_s"]) / statistics.median(cold["naive_ops_s"])
+    if "opscache" in only:
+        # After the cold build: the ops cache mount survives --no-cache, so nvcc must not run again.
+        log("bench: --no-cache rebuild (the ops cache must serve the compiled ops)")
+        t = timed(buildpy + row + ["--quiet", "--no-test", "--no-cache"])
+        text = (root / "build-results" / image.name / "build.log").read_text()
+        st = steps(text)
+        r["opscache"] = {"seconds": t, "ops_step_s": sum(s["seconds"] for s in st if s["stage"] == "ops-builder"),
+                         "cpu_ops_s": sum(s["seconds"] for s in st if "env -u TORCH_EXTENSIONS_DIR" in s["cmd"]),
+                         "served_from_cache": "taken from the ops cache, nothing compiled" in text}
+        if r.get("cold"):
+            r["opscache"]["cold_ops_step_s"] = statistics.median(r["cold"]["ours_ops_s"])
     if "rows" in only:
         twin = next((i for i in m.images if i.lock_key == image.lock_key and i.name != image.name and i.flavor == image.flavor), None)
         if twin:
@@ -269,14 +324,25 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
     if "size" in r and "naive" in r["size"]:
         s = r["size"]
         (out_dir / "sizes.svg").write_text(svg_bars(f"Image size, {image.name}", "GB", [
-            ("floor (base + locked env)", s["floor"] / 1e9), ("this tool", s["image"] / 1e9), ("naive Dockerfile", s["naive"] / 1e9)]))
+            ("floor (base + locked env)", s["floor"] / 1e9), ("this tool", s["image"] / 1e9), ("naive Dockerfile", s["naive"] / 1e9)]
+            + ([("naive, DS_BUILD_* ops", s["naive_ops"] / 1e9)] if "naive_ops" in s else [])))
     if "cold" in r:
         cd = r["cold"]
         (out_dir / "cold-build.svg").write_text(svg_bars(f"Cold build, {image.name} (median)", "min", [
             ("this tool", statistics.median(cd["ours_s"]) / 60),
             ("this tool without op prebuild", (statistics.median(cd["ours_s"]) - statistics.median(cd["ours_ops_s"])) / 60),
-            ("naive Dockerfile", statistics.median(cd["naive_s"]) / 60)]))
+            ("naive Dockerfile", statistics.median(cd["naive_s"]) / 60)]
+            + ([("naive, DS_BUILD_* ops", statistics.median(cd["naive_ops_s"]) / 60)] if cd.get("naive_ops_s") else [])))
     return r
+
+
+def _naive_build(bc, ca: str | None, dockerfile: str, ref: str) -> float:
+    with tempfile.TemporaryDirectory(prefix="pytorch-cuda-naive-") as tmp:
+        (Path(tmp) / "Dockerfile").write_text(dockerfile)
+        cmd = [*bc.argv, "--progress=plain", "--no-cache", "--tag", ref, tmp]
+        if ca:
+            cmd[-1:-1] = ["--secret", f"id=ca,src={ca}"]
+        return timed(cmd, env=bc.env)
 
 
 def _empty_build_cache(bc) -> None:
@@ -336,11 +402,23 @@ def report_markdown(r: dict) -> str:
         lines.append(f"| image size / floor ({s['image'] / 1e9:.2f} GB / {s['floor'] / 1e9:.2f} GB: base OS + Python {s['base_os_python'] / 1e9:.2f} + locked env {s['locked_env'] / 1e9:.2f}) | {s['ratio_to_floor']:.3f}x | <= 1.03x | {'yes' if s['ratio_to_floor'] <= 1.03 else 'no'} |")
         if "naive" in s:
             lines.append(f"| naive Dockerfile image (same base, one pip install) | {s['naive'] / 1e9:.2f} GB ({s['naive'] / s['floor']:.3f}x floor) | reported | - |")
+        if "naive_ops" in s:
+            lines.append(f"| naive DS_BUILD_* Dockerfile image (same base and toolkit .debs, ops prebuilt) | {s['naive_ops'] / 1e9:.2f} GB ({s['naive_ops'] / s['floor']:.3f}x floor) | reported | - |")
     if "cold" in r:
         cd = r["cold"]
         med = statistics.median
         lines.append(f"| cold build, this tool / naive ({med(cd['ours_s']):.0f} s / {med(cd['naive_s']):.0f} s) | {cd['ratio_to_naive']:.2f}x | <= 1.3x | {'yes' if cd['ratio_to_naive'] <= 1.3 else 'no'} |")
         lines.append(f"| the same without the DeepSpeed op prebuild ({med(cd['ours_ops_s']):.0f} s, which naive does not do) | {cd['ratio_to_naive_without_ops']:.2f}x | - | {'yes' if cd['ratio_to_naive_without_ops'] <= 1.3 else 'no'} |")
+        if "ratio_to_naive_ops" in cd:
+            lines.append(f"| cold build, this tool / naive with the same ops via DS_BUILD_* ({med(cd['ours_s']):.0f} s / {med(cd['naive_ops_s']):.0f} s) | {cd['ratio_to_naive_ops']:.2f}x | <= 1.1x | {'yes' if cd['ratio_to_naive_ops'] <= 1.1 else 'no'} |")
+        elif "naive_ops_s" in cd:
+            lines.append("| cold build against naive DS_BUILD_* ops | not measured: this row's toolkit is not Debian's | <= 1.1x | - |")
+        if cd.get("ours_cpu_ops_s") and any(cd["ours_cpu_ops_s"]):
+            lines.append(f"| of this tool's cold build: CPU-accelerator ops compiled at build time (naive builds none) | {med(cd['ours_cpu_ops_s']):.0f} s | reported | - |")
+    if "opscache" in r:
+        oc = r["opscache"]
+        vs = f" (cold: {oc['cold_ops_step_s']:.0f} s)" if "cold_ops_step_s" in oc else ""
+        lines.append(f"| `--no-cache` rebuild: op prebuild stage{vs} / whole build | {oc['ops_step_s']:.0f} s / {oc['seconds']:.0f} s | ops from the cache | {'yes' if oc['served_from_cache'] else 'no'} |")
     if "rebuild_nochange_s" in r:
         d = r["rebuild_nochange_s"]
         lines.append(f"| no-change rebuild through build.py (median of {d['n']}) | {d['median']:.2f} s | <= 3 s | {'yes' if d['median'] <= 3 else 'no'} |")
@@ -367,8 +445,10 @@ def report_markdown(r: dict) -> str:
         lines.append(f"| no-change rebuild | {_s(r['rebuild_nochange_s'])} |")
     if "cold" in r:
         for key, label in (("ours_s", "cold build, this tool"), ("ours_python_env_s", "  of which the locked-wheels step"),
-                           ("ours_ops_s", "  of which the op prebuild"), ("naive_s", "cold build, naive")):
-            lines.append(f"| {label} | {_s(stats(r['cold'][key]))} |")
+                           ("ours_ops_s", "  of which the op prebuild"), ("ours_cpu_ops_s", "  of which the CPU-accelerator ops"),
+                           ("naive_s", "cold build, naive"), ("naive_ops_s", "cold build, naive with DS_BUILD_* ops")):
+            if r["cold"].get(key):
+                lines.append(f"| {label} | {_s(stats(r['cold'][key]))} |")
     if "banner" in r:
         lines += [f"| container start, banner on | {_s(r['banner']['with_banner_s'])} |",
                   f"| container start, banner off | {_s(r['banner']['without_banner_s'])} |"]

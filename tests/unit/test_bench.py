@@ -71,3 +71,30 @@ def test_busy_fraction_from_proc_stat_samples():
     assert bench.busy_fraction((100, 400), (250, 600)) == 0.75
     busy, total = bench.cpu_times()
     assert 0 <= busy <= total
+
+
+def test_naive_ops_baseline_builds_the_rows_ops_with_ds_build_flags(tmp_path):
+    """The second naive Dockerfile: the same toolkit .debs as the lock, one DS_BUILD_* per op."""
+    from types import SimpleNamespace
+
+    (tmp_path / "toolkit.lock").write_text("# header\nabc 10 http://deb.example/a.deb a=1\ndef 20 http://deb.example/b.deb b=2\n")
+    image = SimpleNamespace(toolkit=SimpleNamespace(source="debian"), torch="2.7.1", deepspeed="0.17.6",
+                            prebuilt_ops=["cpu_adam", "fused_adam", "async_io"])
+    d = bench.naive_ops_dockerfile(image, "base:tag", tmp_path)
+    assert d.startswith("# What a user") and "FROM base:tag\n" in d
+    assert "http://deb.example/a.deb http://deb.example/b.deb" in d
+    assert "DS_ACCELERATOR=cuda DS_BUILD_CPU_ADAM=1 DS_BUILD_FUSED_ADAM=1 DS_BUILD_AIO=1 pip install" in d
+    assert "torch==2.7.1" in d and "deepspeed==0.17.6" in d and "# syntax" not in d
+    assert bench.naive_ops_dockerfile(SimpleNamespace(toolkit=SimpleNamespace(source="pypi")), "b", tmp_path) is None
+
+
+def test_report_compares_against_the_naive_ops_build_and_the_ops_cache():
+    r = {"image": "x", "date": "d", "cpus": 2,
+         "cold": {"ours_s": [1500.0], "ours_ops_s": [700.0], "ours_cpu_ops_s": [390.0], "ours_python_env_s": [70.0],
+                  "naive_s": [100.0], "naive_ops_s": [1400.0], "ratio_to_naive": 15.0, "ratio_to_naive_without_ops": 8.0,
+                  "ratio_to_naive_ops": 1500 / 1400},
+         "opscache": {"seconds": 600.0, "ops_step_s": 20.0, "cpu_ops_s": 390.0, "served_from_cache": True, "cold_ops_step_s": 700.0}}
+    md = bench.report_markdown(r)
+    assert "(1500 s / 1400 s) | 1.07x | <= 1.1x | yes |" in md
+    assert "| 20 s / 600 s | ops from the cache | yes |" in md
+    assert "| cold build, naive with DS_BUILD_* ops | 1400.00 |" in md

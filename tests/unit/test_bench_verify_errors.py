@@ -35,7 +35,7 @@ def test_bench_full_refuses_to_empty_the_build_cache_without_yes(no_docker, caps
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1, err
     assert "need an empty build cache" in err and "removes every entry of this daemon's build cache" in err
-    assert "--yes" in err and "--only size,rebuild,rows,banner" in err
+    assert "--yes" in err and "--only size,opscache,rebuild,rows,banner" in err
     assert no_docker == []  # nothing ran, nothing pruned
 
 
