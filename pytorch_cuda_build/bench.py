@@ -225,6 +225,9 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
     ref = image.refs()[0]
     r: dict = {"image": image.name, "runs": runs, "cold_runs": cold_runs, "cpus": os.cpu_count(),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    if "cold" in only:
+        r["cold"], r["size"] = _cold(c, image, root, bc, ca, cold_runs, buildpy, row, log)
+    # After the cold builds, which leave the layer cache warm: only the tests run here then.
     log("bench: making sure the row is built and tested")
     timed(buildpy + row + ["--quiet"])
     if "rebuild" in only:
@@ -248,41 +251,8 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
                   "--target", "base", "--tag", "pytorch-cuda-bench:base", str(ctx)], env={**os.environ, **bc.env})
         base, venv, ours = image_size(c, "pytorch-cuda-bench:base"), du_venv(ref), image_size(c, ref)
         c.images.remove("pytorch-cuda-bench:base", noprune=True)
-        r["size"] = {"image": ours, "base_os_python": base, "locked_env": venv, "floor": base + venv,
+        r["size"] = {**r.get("size", {}), "image": ours, "base_os_python": base, "locked_env": venv, "floor": base + venv,
                      "ratio_to_floor": ours / (base + venv)}
-    if "cold" in only:
-        r["cold"] = {"ours_s": [], "ours_ops_s": [], "ours_cpu_ops_s": [], "ours_python_env_s": [], "naive_s": [],
-                     "naive_ops_s": []}
-        naive_ref = f"pytorch-cuda-bench-naive:{image.name}"
-        naive_ops = naive_ops_dockerfile(image, render.base_ref(image), root / "images" / image.name)
-        for k in range(cold_runs):
-            # Truly cold: no layer cache and no wheelhouse (a cache mount --no-cache would keep).
-            _empty_build_cache(bc)
-            log(f"bench: cold build {k + 1}/{cold_runs} through build.py (empty build cache and wheelhouse)")
-            r["cold"]["ours_s"].append(timed(buildpy + row + ["--quiet", "--no-test"]))
-            st = steps((root / "build-results" / image.name / "build.log").read_text())
-            r["cold"]["ours_ops_s"].append(sum(s["seconds"] for s in st if s["stage"] == "ops-builder"))
-            r["cold"]["ours_python_env_s"].append(sum(s["seconds"] for s in st if s["stage"] == "python-env"))
-            r["cold"]["ours_cpu_ops_s"].append(sum(s["seconds"] for s in st if "env -u TORCH_EXTENSIONS_DIR" in s["cmd"]))
-            log(f"bench: naive cold build {k + 1}/{cold_runs}")
-            naive = NAIVE.format(base=render.base_ref(image), torch=image.torch, deepspeed=image.deepspeed)
-            r["cold"]["naive_s"].append(_naive_build(bc, ca, naive, naive_ref))
-            if naive_ops:
-                # After the plain naive build, whose layers it cannot reuse (different first step).
-                log(f"bench: naive cold build with DS_BUILD_* ops {k + 1}/{cold_runs}")
-                _empty_build_cache(bc)
-                r["cold"]["naive_ops_s"].append(_naive_build(bc, ca, naive_ops, naive_ref + "-ops"))
-        r["size"] = {**r.get("size", {}), "naive": image_size(c, naive_ref)}
-        c.images.remove(naive_ref)
-        if naive_ops:
-            r["size"]["naive_ops"] = image_size(c, naive_ref + "-ops")
-            c.images.remove(naive_ref + "-ops")
-        c.images.remove(build.candidate_ref(image), noprune=False)
-        cold = r["cold"]
-        cold["ratio_to_naive"] = statistics.median(cold["ours_s"]) / statistics.median(cold["naive_s"])
-        cold["ratio_to_naive_without_ops"] = (statistics.median(cold["ours_s"]) - statistics.median(cold["ours_ops_s"])) / statistics.median(cold["naive_s"])
-        if cold["naive_ops_s"]:
-            cold["ratio_to_naive_ops"] = statistics.median(cold["ours_s"]) / statistics.median(cold["naive_ops_s"])
     if "opscache" in only:
         # After the cold build: the ops cache mount survives --no-cache, so nvcc must not run again.
         log("bench: --no-cache rebuild (the ops cache must serve the compiled ops)")
@@ -321,7 +291,7 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "report.json").write_text(json.dumps(r, indent=2) + "\n")
     (out_dir / "report.md").write_text(report_markdown(r))
-    if "size" in r and "naive" in r["size"]:
+    if "image" in r.get("size", {}) and "naive" in r["size"]:
         s = r["size"]
         (out_dir / "sizes.svg").write_text(svg_bars(f"Image size, {image.name}", "GB", [
             ("floor (base + locked env)", s["floor"] / 1e9), ("this tool", s["image"] / 1e9), ("naive Dockerfile", s["naive"] / 1e9)]
@@ -334,6 +304,47 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
             ("naive Dockerfile", statistics.median(cd["naive_s"]) / 60)]
             + ([("naive, DS_BUILD_* ops", statistics.median(cd["naive_ops_s"]) / 60)] if cd.get("naive_ops_s") else [])))
     return r
+
+
+def _cold(c, image: Image, root: Path, bc, ca: str | None, cold_runs: int, buildpy: list[str], row: list[str],
+          log) -> tuple[dict, dict]:
+    """Cold builds from an empty build cache: this tool (through build.py, no tests), the naive
+    Dockerfile, and the naive Dockerfile that prebuilds the same ops with DS_BUILD_*."""
+    from . import build, render
+    r: dict = {}
+    r["cold"] = {"ours_s": [], "ours_ops_s": [], "ours_cpu_ops_s": [], "ours_python_env_s": [], "naive_s": [],
+                 "naive_ops_s": []}
+    naive_ref = f"pytorch-cuda-bench-naive:{image.name}"
+    naive_ops = naive_ops_dockerfile(image, render.base_ref(image), root / "images" / image.name)
+    for k in range(cold_runs):
+        # Truly cold: no layer cache and no wheelhouse (a cache mount --no-cache would keep).
+        _empty_build_cache(bc)
+        log(f"bench: cold build {k + 1}/{cold_runs} through build.py (empty build cache and wheelhouse)")
+        r["cold"]["ours_s"].append(timed(buildpy + row + ["--quiet", "--no-test"]))
+        st = steps((root / "build-results" / image.name / "build.log").read_text())
+        r["cold"]["ours_ops_s"].append(sum(s["seconds"] for s in st if s["stage"] == "ops-builder"))
+        r["cold"]["ours_python_env_s"].append(sum(s["seconds"] for s in st if s["stage"] == "python-env"))
+        r["cold"]["ours_cpu_ops_s"].append(sum(s["seconds"] for s in st if "env -u TORCH_EXTENSIONS_DIR" in s["cmd"]))
+        log(f"bench: naive cold build {k + 1}/{cold_runs}")
+        naive = NAIVE.format(base=render.base_ref(image), torch=image.torch, deepspeed=image.deepspeed)
+        r["cold"]["naive_s"].append(_naive_build(bc, ca, naive, naive_ref))
+        if naive_ops:
+            # --no-cache, and no cache mounts: cold without emptying the cache, so this tool's
+            # layers stay for the tested build that follows.
+            log(f"bench: naive cold build with DS_BUILD_* ops {k + 1}/{cold_runs}")
+            r["cold"]["naive_ops_s"].append(_naive_build(bc, ca, naive_ops, naive_ref + "-ops"))
+    r["size"] = {"naive": image_size(c, naive_ref)}
+    c.images.remove(naive_ref)
+    if naive_ops:
+        r["size"]["naive_ops"] = image_size(c, naive_ref + "-ops")
+        c.images.remove(naive_ref + "-ops")
+    c.images.remove(build.candidate_ref(image), noprune=False)
+    cold = r["cold"]
+    cold["ratio_to_naive"] = statistics.median(cold["ours_s"]) / statistics.median(cold["naive_s"])
+    cold["ratio_to_naive_without_ops"] = (statistics.median(cold["ours_s"]) - statistics.median(cold["ours_ops_s"])) / statistics.median(cold["naive_s"])
+    if cold["naive_ops_s"]:
+        cold["ratio_to_naive_ops"] = statistics.median(cold["ours_s"]) / statistics.median(cold["naive_ops_s"])
+    return r["cold"], r["size"]
 
 
 def _naive_build(bc, ca: str | None, dockerfile: str, ref: str) -> float:
@@ -397,7 +408,7 @@ def report_markdown(r: dict) -> str:
     if r.get("updated"):
         lines.append("")
     lines += ["| measure | result | target | met |", "|---|---|---|---|"]
-    if "size" in r:
+    if "image" in r.get("size", {}):
         s = r["size"]
         lines.append(f"| image size / floor ({s['image'] / 1e9:.2f} GB / {s['floor'] / 1e9:.2f} GB: base OS + Python {s['base_os_python'] / 1e9:.2f} + locked env {s['locked_env'] / 1e9:.2f}) | {s['ratio_to_floor']:.3f}x | <= 1.03x | {'yes' if s['ratio_to_floor'] <= 1.03 else 'no'} |")
         if "naive" in s:
@@ -454,6 +465,6 @@ def report_markdown(r: dict) -> str:
                   f"| container start, banner off | {_s(r['banner']['without_banner_s'])} |"]
     if "smoke_change" in r:
         lines += ["", "Steps rebuilt after a change to the smoke suite only:", ""] + [f"- `{x}`" for x in r["smoke_change"]["rebuilt_steps"]]
-    if "size" in r and "naive" in r["size"]:
+    if "image" in r.get("size", {}) and "naive" in r["size"]:
         lines += ["", "![sizes](sizes.svg)", "", "![cold build](cold-build.svg)"]
     return "\n".join(lines) + "\n"
