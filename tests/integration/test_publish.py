@@ -53,6 +53,17 @@ def all_tags(docker_client, image_id) -> list[str]:
     return [publishing.dated_tag(DEFAULT, labels, DEFAULT.refs()[0]), *DEFAULT.tags]
 
 
+@pytest.fixture(scope="module")
+def pushed(registry, image_id, all_tags) -> dict:
+    """The row published to the "ml" namespace by this fixture itself (tests that read a
+    published image ask for it; none relies on another test's push): published.json's record."""
+    proc = publish(registry.address("ml"), "--push")
+    assert proc.returncode == 0, shown(proc)
+    published = json.loads((RESULTS / "published.json").read_text())
+    assert published["image_id"] == image_id and published["tags"] == all_tags
+    return published
+
+
 def publish(address: str, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return run_build_py(ROOT, "publish", "--torch", "2.7", "--cuda", "12.1", "--registry", address, *extra,
                         env={**FAST, **(env or {})}, timeout=1800)
@@ -77,31 +88,31 @@ def test_dry_run_prints_the_moves_and_pushes_nothing(registry, image_id, all_tag
 @pytest.mark.fault
 def test_registry_stopped_mid_push_moves_no_alias_and_a_retry_completes(registry, image_id, all_tags, docker_client):
     proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "publish", "--torch", "2.7", "--cuda", "12.1",
-                             "--registry", registry.address("ml"), "--push", "--retries", "2"],
+                             "--registry", registry.address("mid"), "--push", "--retries", "2"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **FAST})
-    assert registry.wait_for_log("POST /v2/ml/pytorch-cuda/blobs/uploads/", timeout=300), registry.log.read_text()[-2000:]
+    assert registry.wait_for_log("POST /v2/mid/pytorch-cuda/blobs/uploads/", timeout=300), registry.log.read_text()[-2000:]
     registry.stop()  # killed while layers upload
     out, err = proc.communicate(timeout=900)
     assert proc.returncode == 1, f"exit {proc.returncode}\n{out}\n{err}"
     assert "stopped at" in err and "Tags now:" in err, err
-    assert f"{registry.address('ml')}/pytorch-cuda:v2.7: unknown (registry 127.0.0.1" in err, err
-    assert not docker_client.images.list(name=f"{registry.host}/ml/pytorch-cuda")  # no local push tag left
+    assert f"{registry.address('mid')}/pytorch-cuda:v2.7: unknown (registry 127.0.0.1" in err, err
+    assert not docker_client.images.list(name=f"{registry.host}/mid/pytorch-cuda")  # no local push tag left
 
     registry.start()
-    state = remote_state(registry, "ml", all_tags)
+    state = remote_state(registry, "mid", all_tags)
     assert all(state[t] is None for t in DEFAULT.tags), state  # the name and the aliases never moved
 
-    again = publish(registry.address("ml"), "--push")
+    again = publish(registry.address("mid"), "--push")
     assert again.returncode == 0, shown(again)
     assert again.stdout.count("pushed, verified") == 4, again.stdout
-    assert remote_state(registry, "ml", all_tags) == {t: image_id for t in all_tags}
+    assert remote_state(registry, "mid", all_tags) == {t: image_id for t in all_tags}
     published = json.loads((RESULTS / "published.json").read_text())
     assert published["image_id"] == image_id and published["tags"] == all_tags
-    assert registry.manifest("ml/pytorch-cuda", published["digest"])[0] == published["digest"]
+    assert registry.manifest("mid/pytorch-cuda", published["digest"])[0] == published["digest"]
 
 
-def test_republish_is_idempotent(registry, image_id):
+def test_republish_is_idempotent(registry, pushed):
     proc = publish(registry.address("ml"), "--push")
     assert proc.returncode == 0, shown(proc)
     assert proc.stdout.count("already there") == 4 and "pushing" not in proc.stderr, shown(proc)
@@ -175,9 +186,9 @@ def test_credentials_are_required_used_and_never_printed(tmp_path, image_id):
         reg.stop()
 
 
-def test_published_image_pulled_back_by_digest_passes_its_smoke_suite(registry, image_id, docker_client):
+def test_published_image_pulled_back_by_digest_passes_its_smoke_suite(registry, image_id, pushed, docker_client):
     """Done-when of the publish issue: delete the image here, pull it by digest, test it."""
-    published = json.loads((RESULTS / "published.json").read_text())
+    published = pushed
     by_digest = f"{published['repository']}@{published['digest']}"
     docker_client.images.remove(image_id, force=True)
     try:
