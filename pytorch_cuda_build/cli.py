@@ -340,7 +340,7 @@ def _build(image: matrix.Image, args) -> int:
         log(f"image {image_id[:19]} already passed its tests ({prior['mode']}) and the test code is unchanged; not re-testing (--retest to force)")
     else:
         with timer("test"):
-            report = test.run(c, ROOT, image, image_id, results, args.require_gpu, log)
+            report = test.run(c, ROOT, image, image_id, results, args.require_gpu, log, matrix_path=args.matrix)
         tag.record_pass(image, image_id, report, code)
     with timer("sbom"):
         doc = sbom.generate(c, image_id)
@@ -374,7 +374,7 @@ def cmd_test(m: matrix.Matrix, args) -> int:
     except Exception:
         raise UsageError(f"no image {ref} on this daemon; build it first (python build.py --torch {image.torch_minor} --cuda {image.cuda})") from None
     code = test.code_hash(ROOT)
-    report = test.run(c, ROOT, image, image_id, results_dir(image), args.require_gpu, log)
+    report = test.run(c, ROOT, image, image_id, results_dir(image), args.require_gpu, log, matrix_path=args.matrix)
     mode = tag.record_pass(image, image_id, report, code)
     print(f"{ref} ({image_id[:19]}) passed the smoke and structure tests ({mode})")
     return 0

@@ -2,7 +2,8 @@
 
 Two suites: the in-image smoke suite (`pytorch-cuda-smoke`: versions, collectives,
 ZeRO-3, FSDP2; on the GPUs when the daemon has an NVIDIA runtime, else on 2 CPU ranks
-with gloo) and the structure tests (tests/structure, pytest-testinfra's docker backend).
+with gloo) and the structure checks (this package's `checks/`, run by pytest with
+pytest-testinfra's docker backend).
 A suite passes only when at least one check passed and none failed: a run where
 everything was skipped proves nothing.
 """
@@ -31,29 +32,35 @@ from .matrix import Image
 
 SMOKE_TIMEOUT_S = int(os.environ.get("PYTORCH_CUDA_SMOKE_TIMEOUT", "2400"))
 STRUCTURE_TIMEOUT_S = 900
-# The test code a pass record vouches for. The smoke suite is baked into the image (its
-# ID covers it) but is hashed too; tests/conftest.py and tests/helpers.py are imported
-# by the structure tests, so they are part of what ran.
-TEST_CODE = ("pytorch_cuda_build/test.py", "tests/structure", "tests/conftest.py", "tests/helpers.py",
-             "pytorch_cuda_runtime/smoke")
+# The structure checks ship with this package and are found from its own location, so an
+# installed tool runs the same checks as a checkout, whatever project it builds.
+CHECKS = Path(__file__).resolve().parent / "checks"
+# Where this package lives (a checkout, or site-packages): the parent of pytorch_cuda_build/.
+PACKAGE_HOME = Path(__file__).resolve().parent.parent
+# The test code a pass record vouches for: the gate and its checks, read from this package
+# wherever it is installed, and the smoke suite, read from the project. The smoke suite is
+# baked into the image (its ID covers it) but is hashed too.
+TEST_CODE = ("pytorch_cuda_build/test.py", "pytorch_cuda_build/checks", "pytorch_cuda_runtime/smoke")
 
 
-def code_hash(root: Path) -> str:
+def code_hash(root: Path, package_home: Path = PACKAGE_HOME) -> str:
     """sha256 over the test code's files, by path and content, in a stable order."""
     h = hashlib.sha256()
-    for f in sorted(_test_files(root), key=lambda f: f.relative_to(root).as_posix()):
+    for rel, f in sorted(_test_files(root, package_home)):
         data = f.read_bytes()
-        h.update(f"{f.relative_to(root).as_posix()}\0{len(data)}\0".encode())
+        h.update(f"{rel}\0{len(data)}\0".encode())
         h.update(data)
     return h.hexdigest()
 
 
-def _test_files(root: Path):
+def _test_files(root: Path, package_home: Path = PACKAGE_HOME):
+    """(path as named in TEST_CODE's terms, file) for every file of the test code."""
     for rel in TEST_CODE:
-        p = root / rel
+        base = package_home if rel.startswith("pytorch_cuda_build/") else root
+        p = base / rel
         for f in p.rglob("*") if p.is_dir() else [p]:
             if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc":  # caches are not code
-                yield f
+                yield f.relative_to(base).as_posix(), f
 
 
 def smoke(c: docker.DockerClient, image: Image, image_id: str, results: Path, require_gpu: bool, log=print) -> dict:
@@ -169,16 +176,33 @@ def _describe(r: dict) -> str:
     return f"{r.get('check')}{rank}: expected {r.get('expected')!r}, got {r.get('actual')!r} {r.get('detail') or ''}".strip()
 
 
-def structure(root: Path, image: Image, image_id: str, results: Path) -> None:
-    """Run tests/structure against the candidate with pytest-testinfra."""
+def structure_command(root: Path, image: Image, image_id: str, junit: Path, matrix_path: Path | None = None) -> list[str]:
+    """pytest on the packaged checks (CHECKS) against one image of the project at root.
+
+    The run is the checks' own, wherever the package sits (a checkout, site-packages):
+    `-c devnull` keeps out any pytest.ini or pyproject.toml of a directory above it, and
+    --confcutdir any conftest.py above it.
+    """
+    matrix_path = Path(matrix_path or root / "matrix.yaml").resolve()
+    return [sys.executable, "-m", "pytest", str(CHECKS), "-q", "-p", "no:cacheprovider", "-c", os.devnull,
+            f"--rootdir={CHECKS}", f"--confcutdir={CHECKS}", f"--junitxml={Path(junit).resolve()}",
+            f"--image={image_id}", f"--image-name={image.name}", f"--matrix={matrix_path}", f"--root={Path(root).resolve()}"]
+
+
+def structure(root: Path, image: Image, image_id: str, results: Path, matrix_path: Path | None = None) -> None:
+    """Run the packaged structure checks against the candidate with pytest-testinfra.
+
+    matrix_path is the matrix the user gave (default: root/matrix.yaml); the image is
+    checked against the committed files under root/images/.
+    """
     log_path = results / "structure.log"
     junit = results / "structure.xml"
     junit.unlink(missing_ok=True)  # never count an earlier run's results
-    cmd = [sys.executable, "-m", "pytest", str(root / "tests" / "structure"), "-q", "-p", "no:cacheprovider",
-           f"--junitxml={junit}", f"--image={image_id}", f"--image-name={image.name}", f"--matrix={root / 'matrix.yaml'}"]
+    cmd = structure_command(root, image, image_id, junit, matrix_path)
     with open(log_path, "w", buffering=1) as log:
         try:
-            rc = subprocess.run(cmd, cwd=root, stdout=log, stderr=subprocess.STDOUT, timeout=STRUCTURE_TIMEOUT_S).returncode
+            # cwd: beside this package, so `python -m pytest` imports this copy of it, not a project's.
+            rc = subprocess.run(cmd, cwd=PACKAGE_HOME, stdout=log, stderr=subprocess.STDOUT, timeout=STRUCTURE_TIMEOUT_S).returncode
         except subprocess.TimeoutExpired:
             rc = 124
     gate_structure(rc, junit, log_path)
@@ -243,9 +267,10 @@ def gate_structure(rc: int, junit: Path, log_path: Path) -> None:
 
 
 def run(c: docker.DockerClient, root: Path, image: Image, image_id: str, results: Path,
-        require_gpu: bool = False, log=print) -> dict:
+        require_gpu: bool = False, log=print, matrix_path: Path | None = None) -> dict:
+    """Smoke suite, then structure checks; matrix_path defaults to root/matrix.yaml."""
     results.mkdir(parents=True, exist_ok=True)
     report = smoke(c, image, image_id, results, require_gpu, log)
-    log("structure tests: tests/structure (pytest-testinfra)")
-    structure(root, image, image_id, results)
+    log(f"structure tests: {CHECKS} (pytest-testinfra)")
+    structure(root, image, image_id, results, matrix_path)
     return report

@@ -10,16 +10,10 @@ from pathlib import Path
 
 import pytest
 
+# One copy, shipped with the structure checks that need them too.
+from pytorch_cuda_build.checks.support import run_image, shown  # noqa: F401
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def run_image(image_ref: str, cmd: list[str], opts: tuple[str, ...] = (), timeout: int = 120) -> subprocess.CompletedProcess:
-    """`docker run --rm` with a timeout; output captured for the assertion message."""
-    return subprocess.run(["docker", "run", "--rm", *opts, image_ref, *cmd], capture_output=True, text=True, timeout=timeout)
-
-
-def shown(proc: subprocess.CompletedProcess) -> str:
-    return f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
 
 
 def project_copy(dest: Path) -> Path:

@@ -1,7 +1,7 @@
 """GPU-ready images, proven without a GPU: DeepSpeed's prebuilt CUDA ops load under the
 `cuda` accelerator and compile nothing, torch.compile works, and the devel flavor
 compiles CUDA code just in time. Each image is built by build.py, which runs the
-smoke suite and the structure tests (tests/structure, test_devel.py among them) before
+smoke suite and the structure checks (pytorch_cuda_build/checks, test_devel.py among them) before
 it tags anything; these tests then check the promises from the outside, as a user would.
 """
 from __future__ import annotations

@@ -21,16 +21,16 @@ def junit(tmp_path, *cases: str):
 
 
 def ok(name="test_ok"):
-    return f'<testcase classname="tests.structure.test_image" name="{name}" time="0.1" />'
+    return f'<testcase classname="test_image" name="{name}" time="0.1" />'
 
 
 def skipped(reason=SKIP_REASON):
-    return (f'<testcase classname="tests.structure.test_image" name="test_skipped" time="0">'
+    return (f'<testcase classname="test_image" name="test_skipped" time="0">'
             f'<skipped type="pytest.skip" message="{reason}">tests/conftest.py:57: {reason}</skipped></testcase>')
 
 
 def failed(kind="failure", message="AssertionError: assert 'root' == 'trainer'"):
-    return (f'<testcase classname="tests.structure.test_image" name="test_user" time="0.2">'
+    return (f'<testcase classname="test_image" name="test_user" time="0.2">'
             f'<{kind} message="{message}">long traceback\nmore</{kind}></testcase>')
 
 

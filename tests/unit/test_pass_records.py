@@ -116,42 +116,66 @@ def test_other_images_records_survive_a_new_pass(tested):
 # ---- the test-code hash ------------------------------------------------------------
 
 def fake_tree(root, order=("a", "b")):
-    files = {"pytorch_cuda_build/test.py": "gate", "tests/conftest.py": "tiers", "tests/helpers.py": "helpers",
+    """A project whose package and smoke suite both live under root (a checkout)."""
+    files = {"pytorch_cuda_build/test.py": "gate", "pytorch_cuda_build/checks/conftest.py": "fixtures",
              "pytorch_cuda_runtime/smoke/cli.py": "smoke"}
-    files.update({f"tests/structure/test_{n}.py": f"def test_{n}(): pass\n" for n in order})
+    files.update({f"pytorch_cuda_build/checks/test_{n}.py": f"def test_{n}(): pass\n" for n in order})
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
     return root
 
 
+def code_hash(root):
+    return test.code_hash(root, package_home=root)
+
+
 def test_code_hash_is_stable_and_independent_of_creation_order(tmp_path):
     a = fake_tree(tmp_path / "a", ("a", "b"))
     b = fake_tree(tmp_path / "b", ("b", "a"))
-    assert test.code_hash(a) == test.code_hash(a) == test.code_hash(b)
+    assert code_hash(a) == code_hash(a) == code_hash(b)
 
 
-@pytest.mark.parametrize("rel", ["tests/structure/test_a.py", "pytorch_cuda_build/test.py",
-                                 "pytorch_cuda_runtime/smoke/cli.py", "tests/conftest.py"])
+@pytest.mark.parametrize("rel", ["pytorch_cuda_build/checks/test_a.py", "pytorch_cuda_build/checks/conftest.py",
+                                 "pytorch_cuda_build/test.py", "pytorch_cuda_runtime/smoke/cli.py"])
 def test_code_hash_changes_with_any_test_file(tmp_path, rel):
     root = fake_tree(tmp_path)
-    before = test.code_hash(root)
+    before = code_hash(root)
     (root / rel).write_text((root / rel).read_text() + "# edited\n")
-    assert test.code_hash(root) != before
+    assert code_hash(root) != before
 
 
 def test_code_hash_sees_new_and_renamed_files_but_not_caches(tmp_path):
     root = fake_tree(tmp_path)
-    before = test.code_hash(root)
-    (root / "tests/structure/__pycache__").mkdir()
-    (root / "tests/structure/__pycache__/test_a.cpython-312.pyc").write_bytes(b"\0compiled")
-    assert test.code_hash(root) == before
-    (root / "tests/structure/test_a.py").rename(root / "tests/structure/test_c.py")
-    assert test.code_hash(root) != before
-    (root / "tests/structure/test_c.py").rename(root / "tests/structure/test_a.py")
-    (root / "tests/structure/extra.txt").write_text("")
-    assert test.code_hash(root) != before
+    checks = root / "pytorch_cuda_build/checks"
+    before = code_hash(root)
+    (checks / "__pycache__").mkdir()
+    (checks / "__pycache__/test_a.cpython-312.pyc").write_bytes(b"\0compiled")
+    assert code_hash(root) == before
+    (checks / "test_a.py").rename(checks / "test_c.py")
+    assert code_hash(root) != before
+    (checks / "test_c.py").rename(checks / "test_a.py")
+    (checks / "extra.txt").write_text("")
+    assert code_hash(root) != before
 
 
-def test_code_hash_of_this_project():
+def test_code_hash_reads_the_checks_from_the_package_not_the_project(tmp_path):
+    """An installed tool: the package (gate and checks) in one place, the project (smoke suite) in another."""
+    home = fake_tree(tmp_path / "site-packages")
+    project = fake_tree(tmp_path / "project")
+    before = test.code_hash(project, package_home=home)
+    (project / "pytorch_cuda_build/checks/test_a.py").write_text("a copy the gate never runs\n")
+    assert test.code_hash(project, package_home=home) == before
+    (home / "pytorch_cuda_build/checks/test_a.py").write_text("the check the gate runs, edited\n")
+    assert test.code_hash(project, package_home=home) != before
+    (project / "pytorch_cuda_runtime/smoke/cli.py").write_text("smoke, edited\n")
+    assert test.code_hash(project, package_home=home) != test.code_hash(home, package_home=home)
+
+
+def test_code_hash_of_this_project_covers_the_packaged_checks():
     assert len(test.code_hash(ROOT)) == 64
+    names = {rel for rel, _ in test._test_files(ROOT)}
+    assert {"pytorch_cuda_build/test.py", "pytorch_cuda_build/checks/conftest.py",
+            "pytorch_cuda_build/checks/test_image.py", "pytorch_cuda_build/checks/test_devel.py"} <= names
+    assert any(n.startswith("pytorch_cuda_runtime/smoke/") for n in names)
+    assert not any(n.startswith("tests/") for n in names), "the gate runs nothing from the repository's tests/"

@@ -1,5 +1,7 @@
-"""Structure tests run against one image: `--image` (ID or reference) and `--image-name`
-(its matrix row). `build.py` runs them against each candidate before tagging."""
+"""Fixtures of the structure checks, run against one image: `--image` (ID or reference),
+`--image-name` (its matrix row), `--matrix` (the matrix file) and `--root` (the project
+holding `images/<image>/`, which the image must equal). `test.structure` passes all four
+for each candidate before tagging it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,18 +11,39 @@ import testinfra
 
 from pytorch_cuda_build import lock, matrix, render, test
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def pytest_addoption(parser):
     parser.addoption("--image", help="image ID or reference to test")
     parser.addoption("--image-name", default="2.7.1-cuda12.1-runtime", help="its matrix image name")
-    parser.addoption("--matrix", default=str(ROOT / "matrix.yaml"))
+    parser.addoption("--root", default=".", help="the project: matrix.yaml and images/<image>/ (default: the current directory)")
+    parser.addoption("--matrix", help="matrix file (default: ROOT/matrix.yaml)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "docker: needs a Docker daemon")
 
 
 @pytest.fixture(scope="session")
-def row(request) -> matrix.Image:
-    return matrix.load(Path(request.config.getoption("--matrix"))).by_name(request.config.getoption("--image-name"))
+def project_root(request) -> Path:
+    return Path(request.config.getoption("--root")).resolve()
+
+
+@pytest.fixture(scope="session")
+def row(request, project_root) -> matrix.Image:
+    path = request.config.getoption("--matrix") or project_root / "matrix.yaml"
+    return matrix.load(Path(path)).by_name(request.config.getoption("--image-name"))
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    import docker
+
+    try:
+        c = docker.from_env(timeout=900)
+        c.ping()
+    except docker.errors.DockerException as e:
+        pytest.skip(f"no Docker daemon: {e}")  # every check skipped: the gate counts 0 run as a failure
+    return c
 
 
 @pytest.fixture(scope="session")
@@ -60,8 +83,8 @@ def root_host(container):
 
 
 @pytest.fixture(scope="session")
-def lock_meta(row) -> dict:
-    return lock.read(ROOT, row)
+def lock_meta(row, project_root) -> dict:
+    return lock.read(project_root, row)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from helpers import ROOT, run_image, shown
+from pytorch_cuda_build.checks.support import run_image, shown
 
 pytestmark = pytest.mark.docker
 
@@ -61,16 +61,16 @@ def test_labels_equal_the_lock(image_attrs, expected_labels):
     assert labels.get("org.opencontainers.image.base.digest", "").startswith("sha256:")
 
 
-def test_manifest_equals_rendered(host, row, lock_meta):
+def test_manifest_equals_rendered(host, row, lock_meta, project_root):
     from pytorch_cuda_build import render
 
     baked = json.loads(host.file("/opt/pytorch-cuda/manifest.json").content_string)
-    committed = json.loads((ROOT / "images" / row.name / "manifest.json").read_text())
+    committed = json.loads((project_root / "images" / row.name / "manifest.json").read_text())
     assert {k: v for k, v in baked.items() if k in committed} == committed
     assert render.manifest(row, lock_meta) == committed
 
 
-def test_installed_versions_come_from_the_lock(host, row, lock_meta):
+def test_installed_versions_come_from_the_lock(host, row, lock_meta, project_root):
     """Every package pip reports installed is the version the lock pins (and nothing unpinned)."""
     from pytorch_cuda_build import resolve
 
@@ -78,7 +78,7 @@ def test_installed_versions_come_from_the_lock(host, row, lock_meta):
     installed = {p["name"].lower().replace("_", "-"): p["version"] for p in json.loads(out)}
     pins = dict(lock_meta["pins"])
     if row.flavor == "devel" and row.toolkit.source == "pypi":  # nvcc & co. from toolkit.lock
-        pins.update(resolve.pins((ROOT / "images" / row.name / "toolkit.lock").read_text()))
+        pins.update(resolve.pins((project_root / "images" / row.name / "toolkit.lock").read_text()))
     # The venv's own pip and setuptools predate the lock; everything else must be pinned.
     extra = {n: v for n, v in installed.items() if n not in pins and n not in ("pip", "setuptools")}
     assert not extra, f"installed but not in the lock: {extra}"
