@@ -31,6 +31,19 @@ def project_copy(dest: Path) -> Path:
     return copy_project(ROOT, dest)
 
 
+# The default user's line in templates/finish.j2: the fault tests insert failing steps before it.
+USER_LINE = "USER 1000:1000"
+
+
+def insert_before_user(root: Path, steps: str) -> None:
+    """Insert Dockerfile steps before the USER line of a project copy's finish.j2; a template
+    without that line fails here, rather than leaving the copy unbroken and the test vacuous."""
+    tpl = root / "templates" / "finish.j2"
+    text = tpl.read_text()
+    assert text.count(USER_LINE) == 1, f"{tpl} must have exactly one {USER_LINE!r} line"
+    tpl.write_text(text.replace(USER_LINE, steps + "\n" + USER_LINE, 1))
+
+
 @contextlib.contextmanager
 def tmpfs(mnt: Path, size: str):
     """A real, small filesystem at mnt, to fill up (needs root)."""
