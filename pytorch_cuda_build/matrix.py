@@ -114,8 +114,9 @@ class Defaults(_Strict):
     flavors: tuple[Flavor, ...] = ("runtime",)
     extra_requirements: tuple[str, ...] = ()
     # DeepSpeed ops compiled into every image's wheel for the `cuda` accelerator (names as
-    # DeepSpeed's op builders call them); the build fails if any is missing.
-    prebuilt_ops: tuple[str, ...] = ("cpu_adam", "fused_adam", "fused_lamb", "async_io")
+    # DeepSpeed's op builders call them); the build fails if any is missing. No default:
+    # matrix.yaml names them, and render passes them on (Dockerfile, labels, manifest.json).
+    prebuilt_ops: tuple[str, ...] = Field(min_length=1)
 
 
 class Row(_Strict):
@@ -211,11 +212,6 @@ class Image:
 
     def refs(self) -> list[str]:
         return [f"{self.repository}:{t}" for t in self.tags]
-
-    @property
-    def simd_define(self) -> str:
-        """DeepSpeed's SIMD width macro that matches the CPU baseline."""
-        return "-D__AVX512__" if self.cpu_arch == "x86-64-v4" else "-D__AVX256__"
 
     @property
     def require_cuda(self) -> str:

@@ -8,7 +8,6 @@ import os
 import re
 
 DEFAULT_PATH = "/opt/pytorch-cuda/manifest.json"
-DEFAULT_PREBUILT_OPS = ("cpu_adam", "shm_comm")
 
 
 def manifest_path():
