@@ -37,6 +37,13 @@ class VersionTests(unittest.TestCase):
         self.assertFalse(mf.versions_match("12.6", None))
         self.assertFalse(mf.versions_match("2", "2.7"))
 
+    def test_release_numbers(self):
+        self.assertEqual(mf.release("2.7.1+cu126"), (2, 7, 1))
+        self.assertEqual(mf.release("535.104.05"), (535, 104, 5))  # a driver: numbers, not text
+        self.assertLess(mf.release("535.104.05"), mf.release("535.129.03"))
+        self.assertEqual(mf.release("N/A"), ())  # no version at all: never equal to one
+        self.assertFalse(mf.versions_match("12.6", "N/A"))
+
     def test_cudnn_encoding(self):
         self.assertEqual(mf.cudnn_version_string(90501), "9.5.1")
         self.assertEqual(mf.cudnn_version_string(8902), "8.9.2")
