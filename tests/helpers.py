@@ -4,8 +4,10 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,15 @@ ROOT = Path(__file__).resolve().parent.parent
 def run_image(image_ref: str, cmd: list[str], opts: tuple[str, ...] = (), timeout: int = 120) -> subprocess.CompletedProcess:
     """`docker run --rm` with a timeout; output captured for the assertion message."""
     return subprocess.run(["docker", "run", "--rm", *opts, image_ref, *cmd], capture_output=True, text=True, timeout=timeout)
+
+
+def venv_tool(name: str) -> str:
+    """A linter that comes with build.py's .venv (pytorch_cuda_build/requirements.txt), else from PATH."""
+    found = Path(sys.executable).with_name(name)
+    path = str(found) if found.exists() else shutil.which(name)
+    if not path:
+        pytest.fail(f"{name} missing: it comes with build.py's .venv (pytorch_cuda_build/requirements.txt)")
+    return path
 
 
 def shown(proc: subprocess.CompletedProcess) -> str:

@@ -10,13 +10,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, USER_LINE
+from helpers import ROOT, USER_LINE, venv_tool
 
 from pytorch_cuda_build import matrix
 
@@ -32,18 +30,10 @@ IGNORES = {
 }
 
 
-def hadolint() -> str:
-    found = Path(sys.executable).with_name("hadolint")
-    path = str(found) if found.exists() else shutil.which("hadolint")
-    if not path:
-        pytest.fail("hadolint missing: it comes with build.py's .venv (pytorch_cuda_build/requirements.txt)")
-    return path
-
-
 def findings(dockerfile: Path, tmp: Path) -> list[dict]:
     """hadolint's JSON findings for one file; its exit status must agree with them."""
     env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp), "XDG_CONFIG_HOME": str(tmp)}
-    proc = subprocess.run([hadolint(), "--format", "json", "--failure-threshold", THRESHOLD, str(dockerfile)],
+    proc = subprocess.run([venv_tool("hadolint"), "--format", "json", "--failure-threshold", THRESHOLD, str(dockerfile)],
                           capture_output=True, text=True, cwd=tmp, env=env, timeout=120)
     assert proc.returncode in (0, 1) and proc.stdout.strip(), f"hadolint exit {proc.returncode}: {proc.stderr[-2000:]}"
     found = json.loads(proc.stdout)
