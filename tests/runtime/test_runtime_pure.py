@@ -300,3 +300,22 @@ class ZeroConfigTests(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class SbomTests(unittest.TestCase):
+    """The image build runs `sbom --strict`: an SBOM missing a whole kind of package fails it."""
+
+    def test_strict_fails_when_a_kind_is_missing(self):
+        from unittest import mock
+
+        from pytorch_cuda_runtime import sbom
+        with tempfile.TemporaryDirectory() as d, mock.patch.object(sbom, "debian_components", return_value=[]):
+            out = os.path.join(d, "sbom.json")
+            with self.assertRaises(SystemExit) as e:
+                sbom.main(["--strict", "--output", out])
+            self.assertIn("no pkg:deb components", str(e.exception.code))
+            self.assertFalse(os.path.exists(out))
+            self.assertEqual(sbom.main(["--output", out]), 0)  # without --strict: any image, as it is
+        deb = [{"type": "library", "name": "tini", "version": "0.19.0-1", "purl": "pkg:deb/debian/tini@0.19.0-1?arch=amd64"}]
+        with tempfile.TemporaryDirectory() as d, mock.patch.object(sbom, "debian_components", return_value=deb):
+            self.assertEqual(sbom.main(["--strict", "--output", os.path.join(d, "sbom.json")]), 0)
