@@ -34,8 +34,9 @@ def image_id(c: docker.DockerClient, ref: str) -> str | None:
         return None
 
 
-def ensure(c: docker.DockerClient, image: Image, log_dir: Path, log=print) -> str:
-    """The base image's ID, building the rootfs first if this machine lacks it."""
+def ensure(c: docker.DockerClient, image: Image, log_dir: Path, log=print, *, docker_cli: str) -> str:
+    """The base image's ID, building the rootfs first if this machine lacks it; docker_cli
+    (the user's --docker) imports it."""
     ref = render.base_ref(image)
     found = image_id(c, ref)
     if found:
@@ -44,10 +45,10 @@ def ensure(c: docker.DockerClient, image: Image, log_dir: Path, log=print) -> st
         raise EnvironmentProblem(f"base {ref} is not present locally; pull it first (docker pull {ref})")
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     with FileLock(str(STATE_DIR / "rootfs.lock")):  # two builds never debootstrap at once
-        return image_id(c, ref) or _debootstrap(c, image, ref, log_dir, log)
+        return image_id(c, ref) or _debootstrap(c, image, ref, log_dir, log, docker_cli)
 
 
-def _debootstrap(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, log) -> str:
+def _debootstrap(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, log, docker_cli: str) -> str:
     if os.geteuid() != 0:
         raise EnvironmentProblem(f"building base {ref} with debootstrap needs root; run as root or pin a registry base")
     if not shutil.which("debootstrap"):
@@ -65,7 +66,7 @@ def _debootstrap(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, 
             shutil.rmtree(target / junk, ignore_errors=True)
             (target / junk / "partial").mkdir(parents=True, exist_ok=True)
         tar = subprocess.Popen(["tar", "--numeric-owner", "-C", str(target), "-c", "."], stdout=subprocess.PIPE)
-        imp = subprocess.run(["docker", "import", "-", ref], stdin=tar.stdout, stdout=out, stderr=subprocess.STDOUT)
+        imp = subprocess.run([docker_cli, "import", "-", ref], stdin=tar.stdout, stdout=out, stderr=subprocess.STDOUT)
         tar.wait()
         if tar.returncode != 0 or imp.returncode != 0:
             raise BuildError("importing the base rootfs into Docker", str(log_path), build.tail(log_path))

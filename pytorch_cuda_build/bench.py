@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .docker_env import DOCKER_ENV
 from .errors import CommandFailed, UsageError
 from .matrix import Image
 
@@ -59,9 +60,9 @@ def _run(cmd: list[str], timeout: float | None = None, **kw) -> subprocess.Compl
     return proc
 
 
-def _time_run(ref: str, env: list[str]) -> float:
+def _time_run(docker_cli: str, ref: str, env: list[str]) -> float:
     t0 = time.perf_counter()
-    _run(["docker", "run", "--rm", *env, ref, "true"], timeout=120)
+    _run([docker_cli, "run", "--rm", *env, ref, "true"], timeout=120)
     return time.perf_counter() - t0
 
 
@@ -69,12 +70,13 @@ def stats(samples: list[float]) -> dict:
     return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "n": len(samples)}
 
 
-def banner(image: Image, ref: str, runs: int, out_dir: Path) -> dict:
-    _time_run(ref, [])  # warm the page cache and the daemon
+def banner(image: Image, ref: str, runs: int, out_dir: Path, *, docker_cli: str) -> dict:
+    """`docker run --rm REF true` with the banner and without, interleaved, through docker_cli (the user's --docker)."""
+    _time_run(docker_cli, ref, [])  # warm the page cache and the daemon
     on, off = [], []
     for _ in range(runs):
-        on.append(_time_run(ref, []))
-        off.append(_time_run(ref, ["-e", "PYTORCH_CUDA_NO_BANNER=1"]))
+        on.append(_time_run(docker_cli, ref, []))
+        off.append(_time_run(docker_cli, ref, ["-e", "PYTORCH_CUDA_NO_BANNER=1"]))
     result = {
         "benchmark": "banner start-up", "image": image.name, "ref": ref, "runs": runs,
         "with_banner_s": stats(on), "without_banner_s": stats(off),
@@ -168,8 +170,8 @@ def image_size(c, ref: str) -> int:
     return int(c.images.get(ref).attrs["Size"])
 
 
-def du_venv(ref: str) -> int:
-    out = _run(["docker", "run", "--rm", "--entrypoint", "du", ref, "-sb", "/opt/venv"], timeout=600).stdout
+def du_venv(docker_cli: str, ref: str) -> int:
+    out = _run([docker_cli, "run", "--rm", "--entrypoint", "du", ref, "-sb", "/opt/venv"], timeout=600).stdout
     return int(out.split()[0])
 
 
@@ -221,23 +223,24 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
     check_consent(only, yes)
     from . import build, files, render
     buildpy = [sys.executable, str(root / "build.py")]
+    chosen = {DOCKER_ENV: bc.argv[0]}  # the build.py runs measured here use the same Docker CLI
     row = ["--torch", image.torch, "--cuda", image.cuda]
     ref = image.refs()[0]
     r: dict = {"image": image.name, "runs": runs, "cold_runs": cold_runs, "cpus": os.cpu_count(),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     if "cold" in only:
-        r["cold"], r["size"] = _cold(c, image, root, bc, ca, cold_runs, buildpy, row, log)
+        r["cold"], r["size"] = _cold(c, image, root, bc, ca, cold_runs, buildpy, row, log, chosen)
     # After the cold builds, which leave the layer cache warm: only the tests run here then.
     log("bench: making sure the row is built and tested")
-    timed(buildpy + row + ["--quiet"])
+    timed(buildpy + row + ["--quiet"], env=chosen)
     if "rebuild" in only:
         log(f"bench: unchanged rebuild through build.py, {runs} runs")
-        r["rebuild_nochange_s"] = stats([timed(buildpy + row + ["--quiet"]) for _ in range(runs)])
+        r["rebuild_nochange_s"] = stats([timed(buildpy + row + ["--quiet"], env=chosen) for _ in range(runs)])
         with tempfile.TemporaryDirectory(prefix="pytorch-cuda-bench-") as tmp:
             copy = files.copy_project(root, Path(tmp))
             smoke = copy / "pytorch_cuda_runtime" / "smoke" / "versions.py"
             smoke.write_text(smoke.read_text() + f"\n# a change to the smoke suite only ({time.time_ns()})\n")
-            t = timed([sys.executable, str(copy / "build.py"), *row, "--quiet", "--no-test"], cwd=copy)
+            t = timed([sys.executable, str(copy / "build.py"), *row, "--quiet", "--no-test"], env=chosen, cwd=copy)
             rebuilt = [s for s in steps((copy / "build-results" / image.name / "build.log").read_text())
                        if not s["cached"] and not s["cmd"].startswith("FROM ")]  # FROM resolves, it builds nothing
             c.images.remove(build.candidate_ref(image), noprune=False)
@@ -249,14 +252,14 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
             build.stage_context(root, image, ctx)
             _run([*bc.argv, "--progress=plain", "--file", str(root / "images" / image.name / "Dockerfile"),
                   "--target", "base", "--tag", "pytorch-cuda-bench:base", str(ctx)], env={**os.environ, **bc.env})
-        base, venv, ours = image_size(c, "pytorch-cuda-bench:base"), du_venv(ref), image_size(c, ref)
+        base, venv, ours = image_size(c, "pytorch-cuda-bench:base"), du_venv(bc.argv[0], ref), image_size(c, ref)
         c.images.remove("pytorch-cuda-bench:base", noprune=True)
         r["size"] = {**r.get("size", {}), "image": ours, "base_os_python": base, "locked_env": venv, "floor": base + venv,
                      "ratio_to_floor": ours / (base + venv)}
     if "opscache" in only:
         # After the cold build: the ops cache mount survives --no-cache, so nvcc must not run again.
         log("bench: --no-cache rebuild (the ops cache must serve the compiled ops)")
-        t = timed(buildpy + row + ["--quiet", "--no-test", "--no-cache"])
+        t = timed(buildpy + row + ["--quiet", "--no-test", "--no-cache"], env=chosen)
         text = (root / "build-results" / image.name / "build.log").read_text()
         st = steps(text)
         r["opscache"] = {"seconds": t, "ops_step_s": sum(s["seconds"] for s in st if s["stage"] == "ops-builder"),
@@ -270,10 +273,10 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
             # Both rows from the same cache state: BuildKit keeps several results per step once
             # a --no-cache build has run, and a build takes the newest, which the tested image may predate.
             log(f"bench: second row with the same lock ({twin.name}) after the first")
-            timed(buildpy + row + ["--quiet", "--no-test"])
+            timed(buildpy + row + ["--quiet", "--no-test"], env=chosen)
             first = f"pytorch-cuda-bench:{image.name}"
             c.images.get(build.candidate_ref(image)).tag(*first.split(":"))
-            t = timed(buildpy + ["--torch", twin.torch, "--cuda", twin.cuda, "--quiet", "--no-test"])
+            t = timed(buildpy + ["--torch", twin.torch, "--cuda", twin.cuda, "--quiet", "--no-test"], env=chosen)
             cand = build.candidate_ref(twin)
             r["second_row"] = {"image": twin.name, "seconds": t, "unique_bytes": unique_bytes(c, cand, first),
                                "size": image_size(c, cand)}
@@ -286,7 +289,7 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
         r["matrix"] = _matrix(c, m, image, root, bc, buildpy, r, log)
     if "banner" in only:
         log(f"bench: banner start-up, {runs} interleaved runs")
-        r["banner"] = banner(image, ref, runs, out_dir)
+        r["banner"] = banner(image, ref, runs, out_dir, docker_cli=bc.argv[0])
     r = merge_previous(out_dir / "report.json", r, only)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "report.json").write_text(json.dumps(r, indent=2) + "\n")
@@ -307,7 +310,7 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
 
 
 def _cold(c, image: Image, root: Path, bc, ca: str | None, cold_runs: int, buildpy: list[str], row: list[str],
-          log) -> tuple[dict, dict]:
+          log, chosen: dict) -> tuple[dict, dict]:
     """Cold builds from an empty build cache: this tool (through build.py, no tests), the naive
     Dockerfile, and the naive Dockerfile that prebuilds the same ops with DS_BUILD_*."""
     from . import build, render
@@ -320,7 +323,7 @@ def _cold(c, image: Image, root: Path, bc, ca: str | None, cold_runs: int, build
         # Truly cold: no layer cache and no wheelhouse (a cache mount --no-cache would keep).
         _empty_build_cache(bc)
         log(f"bench: cold build {k + 1}/{cold_runs} through build.py (empty build cache and wheelhouse)")
-        r["cold"]["ours_s"].append(timed(buildpy + row + ["--quiet", "--no-test"]))
+        r["cold"]["ours_s"].append(timed(buildpy + row + ["--quiet", "--no-test"], env=chosen))
         st = steps((root / "build-results" / image.name / "build.log").read_text())
         r["cold"]["ours_ops_s"].append(sum(s["seconds"] for s in st if s["stage"] == "ops-builder"))
         r["cold"]["ours_python_env_s"].append(sum(s["seconds"] for s in st if s["stage"] == "python-env"))
@@ -370,7 +373,8 @@ def _matrix(c, m, image: Image, root: Path, bc, buildpy: list[str], r: dict, log
     _empty_build_cache(bc)
     log(f"bench: matrix build of {len(rows)} rows ({', '.join(i.name for i in rows)}), --jobs {len(rows)}, empty build cache")
     before = cpu_times()
-    t = timed(buildpy + ["build", "--all", "--torch", image.torch_minor, "--jobs", str(len(rows)), "--no-test", "--quiet"])
+    t = timed(buildpy + ["build", "--all", "--torch", image.torch_minor, "--jobs", str(len(rows)), "--no-test", "--quiet"],
+              env={DOCKER_ENV: bc.argv[0]})
     busy = busy_fraction(before, cpu_times())
     ran = {}
     for i in rows:

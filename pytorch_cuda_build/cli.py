@@ -322,7 +322,7 @@ def _build(image: matrix.Image, args) -> int:
         bc = docker_env.build_client(args.docker)
         build.check_disk(docker_env.root_dir(c))
     with timer("base"):
-        base_id = base.ensure(c, image, results, log)
+        base_id = base.ensure(c, image, results, log, docker_cli=bc.argv[0])
     log(f"building {image.name} with {bc.description} (log: {results / 'build.log'})")
     with timer("build"):
         try:
@@ -456,7 +456,7 @@ def cmd_verify(m: matrix.Matrix, args) -> int:
     build.check_disk(docker_env.root_dir(c))
     results = results_dir(image) / "verify"
     results.mkdir(parents=True, exist_ok=True)
-    base_id = base.ensure(c, image, results, log)
+    base_id = base.ensure(c, image, results, log, docker_cli=bc.argv[0])
     refs = [f"{image.repository}-verify:{image.name}-{n}" for n in (1, 2)]
     try:
         ids = []
@@ -464,7 +464,7 @@ def cmd_verify(m: matrix.Matrix, args) -> int:
             log(f"verify: build {n} of 2 without the layer cache (log: {results / f'build{n}.log'})")
             ids.append(build.run(bc, ROOT, image, results / f"build{n}.log", ca, no_cache=True, echo=False, tag=ref, base_id=base_id))
         log("verify: comparing the two images layer by layer")
-        a, b = (verify.layer_index(r) for r in refs)
+        a, b = (verify.layer_index(r, docker_cli=bc.argv[0]) for r in refs)
         same = c.images.get(ids[0]).attrs["RootFS"]["Layers"] == c.images.get(ids[1]).attrs["RootFS"]["Layers"]
         comparison = verify.compare(a, b, same)
     finally:
@@ -503,7 +503,7 @@ def cmd_bench(m: matrix.Matrix, args) -> int:
     if tag.current(c, image)[ref] is None:
         raise UsageError(f"no image {ref}; build it first")
     if not args.full:
-        result = bench.banner(image, ref, args.runs, ROOT / "build-results" / "bench")
+        result = bench.banner(image, ref, args.runs, ROOT / "build-results" / "bench", docker_cli=docker_env.docker_cli(args.docker))
         print(bench.markdown(result))
         return 0
     bc = docker_env.build_client(args.docker)

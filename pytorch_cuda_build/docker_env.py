@@ -153,6 +153,15 @@ def probe(docker_bin: str) -> BuildClient | None:
     return None
 
 
+def docker_cli(override: str | None = None) -> str:
+    """The Docker CLI for commands that build nothing (run, save, import): --docker, then
+    $PYTORCH_CUDA_DOCKER, then `docker` on PATH. A build needs build_client()'s BuildKit check too."""
+    chosen = override or os.environ.get(DOCKER_ENV) or "docker"
+    if not shutil.which(chosen):
+        raise EnvironmentProblem(f"no Docker CLI {chosen!r} on PATH; install one, or point --docker / ${DOCKER_ENV} at one")
+    return chosen  # as the user wrote it: messages then show the command they would type
+
+
 def build_client(override: str | None = None) -> BuildClient:
     """The client to build with: --docker, then $PYTORCH_CUDA_DOCKER, then the first that works."""
     chosen = override or os.environ.get(DOCKER_ENV)

@@ -13,26 +13,7 @@ from .errors import EnvironmentProblem
 
 def write_atomic(path: Path, text: str) -> bool:
     """Write text to path via a temp file and rename; return whether the content changed."""
-    if path.exists() and path.read_text() == text:
-        return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        if e.errno == errno.ENOSPC:
-            raise EnvironmentProblem(f"no space left on device writing {path}; nothing was changed") from None
-        raise
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return True
+    return path in write_all_atomic([(path, text)])
 
 
 def write_all_atomic(items: list[tuple[Path, str]]) -> set[Path]:
@@ -44,23 +25,33 @@ def write_all_atomic(items: list[tuple[Path, str]]) -> set[Path]:
         for path, text in items:
             if path.exists() and path.read_text() == text:
                 continue
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-            staged.append((tmp, path))
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
+            staged.append((_stage(path, text), path))
     except BaseException as e:
         for tmp, _ in staged:
             Path(tmp).unlink(missing_ok=True)
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-            raise EnvironmentProblem(f"no space left on device writing {len(items)} files under {items[0][0].parent.parent}; nothing was changed") from None
+            what = str(items[0][0]) if len(items) == 1 else f"{len(items)} files under {items[0][0].parent.parent}"
+            raise EnvironmentProblem(f"no space left on device writing {what}; nothing was changed") from None
         raise
     for tmp, path in staged:
         os.replace(tmp, path)
     return {path for _, path in staged}
+
+
+def _stage(path: Path, text: str) -> str:
+    """text in a temp file beside path, flushed to disk, mode 0644; its name (removed on failure)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return tmp
 
 
 def sha256_text(*texts: str) -> str:

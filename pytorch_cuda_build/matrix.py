@@ -13,13 +13,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import MatrixError, Problem, UsageError
 
-FULL_VERSION = re.compile(r"^\d+\.\d+\.\d+(\+[a-z0-9.]+)?$")
-MINOR_VERSION = re.compile(r"^\d+\.\d+$")
-DOTTED = re.compile(r"^\d+(\.\d+){1,3}$")
 # runtime: what users train in (with the compilers torch.compile needs); devel: runtime plus
 # the CUDA toolkit (nvcc, headers, link libraries) that the row's DeepSpeed ops were built with.
 FLAVORS = ("runtime", "devel")
@@ -30,14 +28,36 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _version(pattern: re.Pattern[str], what: str):
+def _version(what: str, parts: tuple[int, int], local: bool = False, exact: bool = True):
+    """A validator: a final release (PEP 440, no pre, post or dev part) of parts[0] to
+    parts[1] numbers, a local part (+cu128) only where `local`. `exact`: written as PEP 440
+    writes it, since the text becomes image names and tags; else digits and dots (NVIDIA
+    writes drivers with leading zeros, 450.80.02)."""
+
     def check(value: Any) -> str:
         text = str(value)
-        if not pattern.match(text):
+        try:
+            v: Version | None = Version(text)
+        except InvalidVersion:
+            v = None
+        final = v is not None and not (v.epoch or v.is_prerelease or v.is_postrelease or (v.local and not local))
+        written = v is not None and (str(v) == text if exact else text.replace(".", "").isdigit())
+        if not (final and written and parts[0] <= len(v.release) <= parts[1]):
             raise ValueError(f"{text!r} is not a valid {what}")
         return text
 
     return check
+
+
+def major_of(version: str) -> str:
+    """'12.6' -> '12' (a CUDA major is the key of `toolkits:`)."""
+    return str(Version(version).major)
+
+
+def minor_of(version: str) -> str:
+    """'2.7.1+cu126' -> '2.7'."""
+    major, minor = Version(version).release[:2]
+    return f"{major}.{minor}"
 
 
 class OSBase(_Strict):
@@ -54,7 +74,7 @@ class OSBase(_Strict):
     packages: tuple[str, ...] = ()
     build_packages: tuple[str, ...] = ()
 
-    _py = field_validator("python", mode="before")(_version(MINOR_VERSION, "Python version (X.Y)"))
+    _py = field_validator("python", mode="before")(_version("Python version (X.Y)", (2, 2)))
 
     @field_validator("image")
     @classmethod
@@ -102,7 +122,7 @@ class Platform(_Strict):
 
     driver_min: str
 
-    _drv = field_validator("driver_min", mode="before")(_version(re.compile(r"^\d+(\.\d+){0,2}$"), "driver version"))
+    _drv = field_validator("driver_min", mode="before")(_version("driver version", (1, 3), exact=False))
 
 
 class Defaults(_Strict):
@@ -114,8 +134,9 @@ class Defaults(_Strict):
     flavors: tuple[Flavor, ...] = ("runtime",)
     extra_requirements: tuple[str, ...] = ()
     # DeepSpeed ops compiled into every image's wheel for the `cuda` accelerator (names as
-    # DeepSpeed's op builders call them); the build fails if any is missing.
-    prebuilt_ops: tuple[str, ...] = ("cpu_adam", "fused_adam", "fused_lamb", "async_io")
+    # DeepSpeed's op builders call them); the build fails if any is missing. No default:
+    # matrix.yaml names them, and render passes them on (Dockerfile, labels, manifest.json).
+    prebuilt_ops: tuple[str, ...] = Field(min_length=1)
 
 
 class Row(_Strict):
@@ -131,9 +152,9 @@ class Row(_Strict):
     default: bool = False
     note: str | None = None
 
-    _torch = field_validator("torch", "deepspeed", mode="before")(_version(FULL_VERSION, "full version (X.Y.Z)"))
-    _cuda = field_validator("cuda", "wheel_cuda", mode="before")(_version(MINOR_VERSION, "CUDA version (X.Y)"))
-    _libs = field_validator("cudnn", "nccl", mode="before")(_version(DOTTED, "version"))
+    _torch = field_validator("torch", "deepspeed", mode="before")(_version("full version (X.Y.Z)", (3, 3), local=True))
+    _cuda = field_validator("cuda", "wheel_cuda", mode="before")(_version("CUDA version (X.Y)", (2, 2)))
+    _libs = field_validator("cudnn", "nccl", mode="before")(_version("version", (2, 4)))
 
 
 class MatrixFile(_Strict):
@@ -184,11 +205,11 @@ class Image:
 
     @property
     def cuda_major(self) -> str:
-        return self.wheel_cuda.split(".")[0]
+        return major_of(self.wheel_cuda)
 
     @property
     def torch_minor(self) -> str:
-        return ".".join(self.torch.split("+")[0].split(".")[:2])
+        return minor_of(self.torch)
 
     @property
     def name(self) -> str:
@@ -213,11 +234,6 @@ class Image:
         return [f"{self.repository}:{t}" for t in self.tags]
 
     @property
-    def simd_define(self) -> str:
-        """DeepSpeed's SIMD width macro that matches the CPU baseline."""
-        return "-D__AVX512__" if self.cpu_arch == "x86-64-v4" else "-D__AVX256__"
-
-    @property
     def require_cuda(self) -> str:
         """NVIDIA_REQUIRE_CUDA: the container runtime refuses hosts whose driver cannot run it."""
         return f"cuda>={self.cuda}"
@@ -238,7 +254,7 @@ class Matrix:
             raise UsageError(f"unknown --flavor {flavor!r}; allowed: {', '.join(FLAVORS)}")
         same_torch = [i for i in self.images if torch in (i.torch, i.torch_minor)]
         if not same_torch:
-            known = sorted({i.torch_minor for i in self.images}, key=_vkey)
+            known = sorted({i.torch_minor for i in self.images}, key=Version)
             raise UsageError(f"no row for torch {torch}; torch versions in {self.path.name}: {', '.join(known)}")
         hits = [i for i in same_torch if i.flavor == flavor and (cuda is None and i.default or i.cuda == cuda)]
         if cuda is None and not hits:
@@ -259,10 +275,6 @@ class Matrix:
 
 def _choices(images: list[Image]) -> str:
     return ", ".join(sorted({f"cuda {i.cuda} ({i.flavor}{', default' if i.default else ''})" for i in images}))
-
-
-def _vkey(v: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in re.findall(r"\d+", v))
 
 
 # ---- parse -------------------------------------------------------------------
@@ -345,18 +357,18 @@ def _row_problems(spec: MatrixFile, lines: dict) -> list[Problem]:
             problems.append(Problem(where + ".os", f"unknown OS {os_name!r}; defined: {', '.join(spec.oses)}", at))
         if row.cuda not in spec.platforms:
             problems.append(Problem(where + ".cuda", f"unknown CUDA platform {row.cuda}; defined: {', '.join(spec.platforms)}", at))
-        if row.wheel_cuda.split(".")[0] not in spec.toolkits:
-            problems.append(Problem(where + ".wheel_cuda", f"no CUDA toolkit for CUDA {row.wheel_cuda.split('.')[0]}.x under toolkits; defined: {', '.join(spec.toolkits) or 'none'}", at))
-        if row.cuda.split(".")[0] != row.wheel_cuda.split(".")[0]:
+        if major_of(row.wheel_cuda) not in spec.toolkits:
+            problems.append(Problem(where + ".wheel_cuda", f"no CUDA toolkit for CUDA {major_of(row.wheel_cuda)}.x under toolkits; defined: {', '.join(spec.toolkits) or 'none'}", at))
+        if major_of(row.cuda) != major_of(row.wheel_cuda):
             problems.append(Problem(where, f"wheel CUDA {row.wheel_cuda} and platform CUDA {row.cuda} differ in major version; minor-version compatibility does not cross majors", at))
-        elif _vkey(row.wheel_cuda) != _vkey(row.cuda) and not row.note:
+        elif Version(row.wheel_cuda) != Version(row.cuda) and not row.note:
             problems.append(Problem(where + ".note", f"platform CUDA {row.cuda} uses the CUDA {row.wheel_cuda} wheel: say why in a note", at))
         key = (row.torch, row.cuda)
         if key in seen:
             problems.append(Problem(where, f"duplicate row torch {row.torch} cuda {row.cuda} (first at line {seen[key]})", at))
         seen.setdefault(key, at or 0)
         if row.default:
-            minor = ".".join(row.torch.split(".")[:2])
+            minor = minor_of(row.torch)
             if minor in defaults:
                 problems.append(Problem(where + ".default", f"second default for torch {minor} (first at line {defaults[minor]})", at))
             defaults.setdefault(minor, at or 0)
@@ -376,7 +388,7 @@ def _complete(spec: MatrixFile, path: Path) -> Matrix:
                     os_name=os_name, os=base, index=row.index or spec.defaults.index, flavor=flavor,
                     default=row.default, driver_min=spec.platforms[row.cuda].driver_min,
                     extra_requirements=spec.defaults.extra_requirements, note=row.note,
-                    cpu_arch=spec.defaults.cpu_arch, toolkit=spec.toolkits[row.wheel_cuda.split(".")[0]],
+                    cpu_arch=spec.defaults.cpu_arch, toolkit=spec.toolkits[major_of(row.wheel_cuda)],
                     prebuilt_ops=spec.defaults.prebuilt_ops,
                 )
             )

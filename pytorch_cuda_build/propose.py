@@ -15,15 +15,19 @@ import urllib.request
 from datetime import datetime, timezone
 from typing import Callable
 
+from packaging.version import InvalidVersion, Version
+
 from . import resolve
 from .errors import ResolveError
 from .matrix import Image, Matrix
 
-_STABLE = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
-
-
-def _key(version: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in _STABLE.match(version).groups())
+def stable(version: str) -> Version | None:
+    """A final X.Y.Z release (no pre, post, dev or local part), else None: what a row may pin."""
+    try:
+        v = Version(version)
+    except InvalidVersion:  # the index lists what it likes; such a version is no candidate
+        return None
+    return v if len(v.release) == 3 and not (v.epoch or v.is_prerelease or v.is_postrelease or v.local) else None
 
 
 def index_versions(index: str, project: str, ca_bundle: str | None) -> list[str]:
@@ -62,23 +66,20 @@ def _instant(text: str) -> datetime:
 
 def new_releases(m: Matrix, versions: list[str]) -> list[str]:
     """The newest patch of every minor newer than the matrix, and newer patches of its minors."""
-    have: dict[tuple[int, int], tuple[int, ...]] = {}
-    for i in m.images:
-        if _STABLE.match(i.torch):
-            k = _key(i.torch)
-            have[k[:2]] = max(have.get(k[:2], k), k)
+    have: dict[tuple[int, ...], Version] = {}
+    for v in filter(None, (stable(i.torch) for i in m.images)):
+        have[v.release[:2]] = max(have.get(v.release[:2], v), v)
     oldest = min(have) if have else (0, 0)
-    newest: dict[tuple[int, int], str] = {}
-    for v in versions:
-        if _STABLE.match(v) and _key(v)[:2] >= oldest:
-            k = _key(v)
-            if k[:2] not in newest or k > _key(newest[k[:2]]):
-                newest[k[:2]] = v
-    return [v for minor, v in sorted(newest.items()) if minor not in have or _key(v) > have[minor]]
+    newest: dict[tuple[int, ...], tuple[Version, str]] = {}
+    for text in versions:
+        v = stable(text)
+        if v and v.release[:2] >= oldest and (v.release[:2] not in newest or v > newest[v.release[:2]][0]):
+            newest[v.release[:2]] = (v, text)
+    return [text for minor, (v, text) in sorted(newest.items()) if minor not in have or v > have[minor]]
 
 
 def candidates(m: Matrix, ca_bundle: str | None, log: Callable[[str], None]) -> list[dict]:
-    template = max((i for i in m.images if _STABLE.match(i.torch)), key=lambda i: _key(i.torch))
+    template = max((i for i in m.images if stable(i.torch)), key=lambda i: Version(i.torch))
     out = []
     for v in new_releases(m, index_versions(template.index, "torch", ca_bundle)):
         log(f"resolving torch {v} with deepspeed {template.deepspeed} from {template.index}")

@@ -15,7 +15,7 @@ import jinja2
 from . import lock
 from .errors import LockError, RenderError
 from .files import write_all_atomic
-from .matrix import Image, Matrix
+from .matrix import Image, Matrix, minor_of
 
 LABEL_PREFIX = "io.pytorch-cuda"
 WHEELHOUSE_CACHE_ID = "pytorch-cuda-wheelhouse"
@@ -89,7 +89,7 @@ def torch_ext_folder(image: Image) -> str:
 def toolkit_text(image: Image, lock_meta: dict) -> str:
     """The compiler the ops were built with, and how it relates to torch's CUDA: said openly."""
     version = lock_meta.get("cuda_toolkit") or "?"
-    same = ".".join(version.split(".")[:2]) == image.wheel_cuda
+    same = version != "?" and minor_of(version) == image.wheel_cuda
     source = "PyPI" if image.toolkit and image.toolkit.source == "pypi" else f"Debian {image.toolkit.suite if image.toolkit else '?'}"
     return f"{version} ({source}{'' if same else f'; torch is built with CUDA {image.wheel_cuda}'})"
 

@@ -31,9 +31,9 @@ class Comparison:
         return self.layers[0] == self.layers[1] and not self.content
 
 
-def layer_index(ref: str) -> list[dict[str, tuple[Entry, int]]]:
-    """For each layer of the image in order: path -> (entry, mtime)."""
-    save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def layer_index(ref: str, *, docker_cli: str) -> list[dict[str, tuple[Entry, int]]]:
+    """For each layer of the image in order: path -> (entry, mtime), read from `docker_cli save`."""
+    save = subprocess.Popen([docker_cli, "save", ref], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         parsed: tuple | ArchiveLayoutError = read_save(save.stdout, ref)
     except ArchiveLayoutError as e:
@@ -46,7 +46,7 @@ def layer_index(ref: str) -> list[dict[str, tuple[Entry, int]]]:
         save.stderr.close()
         save.wait()
     if save.returncode != 0:
-        raise CommandFailed(f"docker save {ref}", save.returncode, (err.splitlines() or [""])[-1][:300])
+        raise CommandFailed(f"{docker_cli} save {ref}", save.returncode, (err.splitlines() or [""])[-1][:300])
     if isinstance(parsed, ArchiveLayoutError):
         raise parsed
     order, by_name = parsed

@@ -83,7 +83,7 @@ def warnings_for(m, gpus, shm):
                      "`docker run --gpus all ...` (needs the NVIDIA Container Toolkit).")
     driver_min = m.get("driver_min")
     for i, (name, drv, cap) in enumerate(gpus or []):
-        if driver_min and mf.version_tuple(drv) < mf.version_tuple(driver_min):
+        if driver_min and mf.release(drv) < mf.release(driver_min):
             warns.append(f"GPU {i} driver {drv} is older than {driver_min}, the minimum for "
                          f"CUDA {m.get('cuda_platform', '?')}. Upgrade the host driver or use "
                          f"an image row for an older CUDA platform.")

@@ -1,14 +1,14 @@
 """The build-time manifest and pure helpers to compare versions and GPU archs.
 
-Pure standard library (no torch): used by the banner, the smoke orchestrator and
-unit tests alike.
+No torch: used by the banner, the smoke orchestrator and unit tests alike. Versions are
+read with packaging.version, which every environment that runs this code has (DeepSpeed
+requires it; so does the host tool's pytest).
 """
 import json
 import os
 import re
 
 DEFAULT_PATH = "/opt/pytorch-cuda/manifest.json"
-DEFAULT_PREBUILT_OPS = ("cpu_adam", "shm_comm")
 
 
 def manifest_path():
@@ -33,13 +33,17 @@ def load(path=None):
     return data
 
 
-def public_version(v):
-    """'2.7.1+cu126' -> '2.7.1': the local part names the build, not the release."""
-    return str(v).strip().split("+", 1)[0]
+def release(v):
+    """'2.7.1+cu126' -> (2, 7, 1): the release numbers (the local part names the build, not
+    the release); () for what is no version at all ('N/A' from a driver query, say)."""
+    # Imported here, not at the top: the banner runs at every container start and needs
+    # versions only when it sees a GPU.
+    from packaging.version import InvalidVersion, Version
 
-
-def _parts(v):
-    return [int(x) for x in re.findall(r"\d+", public_version(v))]
+    try:
+        return Version(str(v).strip()).release
+    except InvalidVersion:
+        return ()
 
 
 def versions_match(expected, actual):
@@ -51,7 +55,7 @@ def versions_match(expected, actual):
     """
     if expected is None or actual is None:
         return expected == actual
-    e, a = _parts(expected), _parts(actual)
+    e, a = release(expected), release(actual)
     n = min(len(e), len(a))
     if n < 2 and not (len(e) == len(a) == 1):
         return False
@@ -66,10 +70,6 @@ def cudnn_version_string(v):
     if v >= 90000:
         return f"{v // 10000}.{(v % 10000) // 100}.{v % 100}"
     return f"{v // 1000}.{(v % 1000) // 100}.{v % 100}"
-
-
-def version_tuple(v):
-    return tuple(_parts(v))
 
 
 def cap_to_sm(cap):

@@ -58,8 +58,15 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--subject", default="container", help="what the SBOM describes (image name)")
     p.add_argument("--output", help="file to write (default: stdout)")
+    p.add_argument("--strict", action="store_true",
+                   help="fail unless both Python distributions and Debian packages are found (our images have both)")
     args = p.parse_args(argv)
-    text = json.dumps(sbom(args.subject), indent=1, sort_keys=True) + "\n"
+    doc = sbom(args.subject)
+    kinds = {c["purl"].split("/", 1)[0] for c in doc["components"]}
+    missing = [k for k in ("pkg:pypi", "pkg:deb") if k not in kinds]
+    if args.strict and missing:
+        sys.exit(f"sbom: error: no {' and no '.join(missing)} components found; the SBOM would be incomplete")
+    text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(text)

@@ -4,8 +4,10 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,15 @@ from pytorch_cuda_build.checks.support import run_image, shown  # noqa: F401
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def venv_tool(name: str) -> str:
+    """A linter that comes with build.py's .venv (pytorch_cuda_build/requirements.txt), else from PATH."""
+    found = Path(sys.executable).with_name(name)
+    path = str(found) if found.exists() else shutil.which(name)
+    if not path:
+        pytest.fail(f"{name} missing: it comes with build.py's .venv (pytorch_cuda_build/requirements.txt)")
+    return path
+
+
 def project_copy(dest: Path) -> Path:
     """A throwaway copy of the project (committed inputs and code) that a test may break.
 
@@ -23,6 +34,19 @@ def project_copy(dest: Path) -> Path:
     """
     from pytorch_cuda_build.files import copy_project
     return copy_project(ROOT, dest)
+
+
+# The default user's line in templates/finish.j2: the fault tests insert failing steps before it.
+USER_LINE = "USER 1000:1000"
+
+
+def insert_before_user(root: Path, steps: str) -> None:
+    """Insert Dockerfile steps before the USER line of a project copy's finish.j2; a template
+    without that line fails here, rather than leaving the copy unbroken and the test vacuous."""
+    tpl = root / "templates" / "finish.j2"
+    text = tpl.read_text()
+    assert text.count(USER_LINE) == 1, f"{tpl} must have exactly one {USER_LINE!r} line"
+    tpl.write_text(text.replace(USER_LINE, steps + "\n" + USER_LINE, 1))
 
 
 @contextlib.contextmanager

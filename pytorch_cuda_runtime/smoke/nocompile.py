@@ -12,7 +12,6 @@ child points TORCH_EXTENSIONS_DIR at a fresh directory, so a JIT build leaves fi
 import os
 import sys
 
-from .. import manifest as mf
 from . import zero
 from .results import FAIL, INFO, PASS, read_rank_files, record
 
@@ -104,7 +103,10 @@ def run_ops(suite, manifest):
     if not acc:
         return [record("nocompile.ops_accelerator", FAIL, expected="manifest 'ops_accelerator'",
                        actual=None, detail=f"{suite.args.manifest} names no accelerator for its ops")]
-    ops = list(manifest.get("prebuilt_ops") or mf.DEFAULT_PREBUILT_OPS)
+    ops = list(manifest.get("prebuilt_ops") or [])
+    if not ops:
+        return [record("nocompile.prebuilt_ops", FAIL, expected="manifest 'prebuilt_ops'", actual=None,
+                       detail=f"{suite.args.manifest} lists no prebuilt ops")]
     out, run = os.path.join(suite.work, "ops"), f"ops DS_ACCELERATOR={acc}"
     os.makedirs(out)
     env = dict(suite.env("host", PCR_RESULTS_DIR=out, PCR_RUN=run),

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import IN_CI
-from helpers import ROOT, project_copy, run_build_py, shown, tmpfs, tree_snapshot
+from helpers import ROOT, insert_before_user, project_copy, run_build_py, shown, tmpfs, tree_snapshot
 
 from pytorch_cuda_build import docker_env, matrix, render, tag
 
@@ -57,8 +57,7 @@ def fault_copy(tmp: Path, client, runtime_steps: str = "") -> Path:
     mp = root / "matrix.yaml"
     mp.write_text(mp.read_text().replace("repository: pytorch-cuda\n", f"repository: {FAULT_REPO}\n", 1))
     if runtime_steps:
-        tpl = root / "templates" / "finish.j2"
-        tpl.write_text(tpl.read_text().replace("USER trainer", runtime_steps + "\nUSER trainer", 1))
+        insert_before_user(root, runtime_steps)
     m = matrix.load(mp)
     render.write(root, m, list(m.images), log=lambda s: None)
     # Same base image under the copy's name, so the layer cache carries over.

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import ROOT, project_copy, run_build_py
+from helpers import ROOT, insert_before_user, project_copy, run_build_py
 
 from pytorch_cuda_build import bench, lock, matrix, render, test
 
@@ -126,8 +126,7 @@ def test_failing_smoke_suite_moves_no_tag(built, docker_client, tmp_path):
 @pytest.mark.fault
 def test_failing_build_step_is_named_with_the_log_tail(built, docker_client, tmp_path):
     root = project_copy(tmp_path / "p")
-    tpl = root / "templates" / "finish.j2"
-    tpl.write_text(tpl.read_text().replace("USER trainer", 'RUN echo "simulated failure: index refused the download" && false\nUSER trainer'))
+    insert_before_user(root, 'RUN echo "simulated failure: index refused the download" && false')
     render.write(root, MATRIX, list(MATRIX.images), log=lambda m: None)
     before = tag_ids(docker_client)
     proc = run_build_py(root, "--torch", "2.7", "--cuda", "12.1", "--quiet", timeout=1800)

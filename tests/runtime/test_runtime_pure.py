@@ -37,6 +37,13 @@ class VersionTests(unittest.TestCase):
         self.assertFalse(mf.versions_match("12.6", None))
         self.assertFalse(mf.versions_match("2", "2.7"))
 
+    def test_release_numbers(self):
+        self.assertEqual(mf.release("2.7.1+cu126"), (2, 7, 1))
+        self.assertEqual(mf.release("535.104.05"), (535, 104, 5))  # a driver: numbers, not text
+        self.assertLess(mf.release("535.104.05"), mf.release("535.129.03"))
+        self.assertEqual(mf.release("N/A"), ())  # no version at all: never equal to one
+        self.assertFalse(mf.versions_match("12.6", "N/A"))
+
     def test_cudnn_encoding(self):
         self.assertEqual(mf.cudnn_version_string(90501), "9.5.1")
         self.assertEqual(mf.cudnn_version_string(8902), "8.9.2")
@@ -293,3 +300,22 @@ class ZeroConfigTests(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class SbomTests(unittest.TestCase):
+    """The image build runs `sbom --strict`: an SBOM missing a whole kind of package fails it."""
+
+    def test_strict_fails_when_a_kind_is_missing(self):
+        from unittest import mock
+
+        from pytorch_cuda_runtime import sbom
+        with tempfile.TemporaryDirectory() as d, mock.patch.object(sbom, "debian_components", return_value=[]):
+            out = os.path.join(d, "sbom.json")
+            with self.assertRaises(SystemExit) as e:
+                sbom.main(["--strict", "--output", out])
+            self.assertIn("no pkg:deb components", str(e.exception.code))
+            self.assertFalse(os.path.exists(out))
+            self.assertEqual(sbom.main(["--output", out]), 0)  # without --strict: any image, as it is
+        deb = [{"type": "library", "name": "tini", "version": "0.19.0-1", "purl": "pkg:deb/debian/tini@0.19.0-1?arch=amd64"}]
+        with tempfile.TemporaryDirectory() as d, mock.patch.object(sbom, "debian_components", return_value=deb):
+            self.assertEqual(sbom.main(["--strict", "--output", os.path.join(d, "sbom.json")]), 0)

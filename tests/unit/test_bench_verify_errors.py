@@ -128,11 +128,11 @@ def test_a_layer_listed_but_absent_is_a_typed_error_not_a_key_error(monkeypatch)
     _fake_save(monkeypatch, _tar({"manifest.json": json.dumps([{"Layers": ["blobs/sha256/gone"]}]).encode(),
                                   "blobs/sha256/cfg": b"{}"}))
     with pytest.raises(ArchiveLayoutError, match="lists layer blobs/sha256/gone"):
-        verify.layer_index("img")
+        verify.layer_index("img", docker_cli="docker")
 
 
 def test_a_failed_save_names_the_command_and_exit_code(monkeypatch):
     _fake_save(monkeypatch, b"", rc=1, stderr=b"Error response from daemon: reference does not exist\n")
     with pytest.raises(CommandFailed) as e:
-        verify.layer_index("img:1")
+        verify.layer_index("img:1", docker_cli="docker")
     assert str(e.value) == "`docker save img:1` exited 1: Error response from daemon: reference does not exist"

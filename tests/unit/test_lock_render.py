@@ -92,7 +92,7 @@ def test_rendered_dockerfile_shape():
                       ["python-env", "AS", "ops-builder"], ["python-env", "AS", "runtime"]]
     # The ops are built with the toolkit of the lock, for the ops matrix.yaml lists.
     assert "COPY --from=cuda-toolkit /usr/local/cuda /usr/local/cuda" in text
-    assert "--ops cpu_adam,fused_adam,fused_lamb,async_io" in text and "--toolkit 12.4.131" in text
+    assert f"--ops {','.join(DEFAULT.prebuilt_ops)} " in text and "--toolkit 12.4.131" in text
     # Platform settings come after the heavy layers so rows sharing a lock share them.
     assert text.index("pip install --quiet --no-index --find-links") < text.index("NVIDIA_REQUIRE_CUDA")
     assert 'NVIDIA_REQUIRE_CUDA="cuda>=12.1"' in text

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 VALID = """\
 repository: pytorch-cuda
 defaults:
-  os: debian-bookworm
+  {os: debian-bookworm, prebuilt_ops: [cpu_adam, fused_adam]}
 oses:
   debian-bookworm: {kind: debootstrap, suite: bookworm, mirror: http://deb.debian.org/debian, python: "3.11"}
 platforms:
@@ -166,3 +166,22 @@ def test_a_toolkit_says_where_it_comes_from(tmp_path):
     assert any("a debian toolkit needs packages, version" in ln for ln in lines), lines
     lines = problems(tmp_path, VALID.replace("version: 12.4.131~12.4.1-2", "version: latest"))
     assert any("not a Debian CUDA toolkit version" in ln for ln in lines), lines
+
+
+def test_prebuilt_ops_come_from_the_matrix_only(tmp_path):
+    """No built-in list to fall back on: a matrix that names no ops is refused, and the ops it names are used."""
+    lines = problems(tmp_path, VALID.replace(", prebuilt_ops: [cpu_adam, fused_adam]", ""))
+    assert any("defaults.prebuilt_ops: Field required" in ln for ln in lines), lines
+    lines = problems(tmp_path, VALID.replace("[cpu_adam, fused_adam]", "[]"))
+    assert any("defaults.prebuilt_ops" in ln for ln in lines), lines
+    assert {i.prebuilt_ops for i in load(tmp_path, VALID).images} == {("cpu_adam", "fused_adam")}
+
+
+def test_versions_are_final_releases_written_as_pep_440_writes_them(tmp_path):
+    text = VALID.replace("torch: 2.7.1\n    cuda: \"12.1\"", "torch: 2.7.1rc1\n    cuda: \"12.1\"").replace("deepspeed: 0.17.6", "deepspeed: v0.17.6", 1)
+    lines = problems(tmp_path, text)
+    assert any("'2.7.1rc1' is not a valid full version (X.Y.Z)" in ln for ln in lines), lines
+    assert any("'v0.17.6' is not a valid full version (X.Y.Z)" in ln for ln in lines), lines
+    # NVIDIA writes drivers with leading zeros; a torch local version (+cu128) is allowed.
+    m = load(tmp_path, VALID.replace('driver_min: "525.60.13"}', 'driver_min: "450.80.02"}', 1).replace("torch: 2.7.1\n    cuda: \"12.6\"", "torch: 2.7.1+cu126\n    cuda: \"12.6\""))
+    assert m.images[0].driver_min == "450.80.02" and m.images[1].torch_minor == "2.7"

@@ -72,7 +72,7 @@ def test_matrix_json_is_the_fan_out():
 
 def test_new_releases_are_newer_minors_and_newer_patches():
     have = MATRIX  # newest rows: 2.14.1 and 2.15.0
-    versions = ["2.3.1", "2.14.0", "2.14.1", "2.14.2", "2.15.0", "2.16.0rc1", "2.16.0", "2.16.1", "2.17.0.dev1"]
+    versions = ["2.3.1", "2.14.0", "2.14.1", "2.14.2", "2.15.0", "2.16.0rc1", "2.16.0", "2.16.1", "2.16.2+cpu", "2.17.0.dev1", "nightly"]
     assert propose.new_releases(have, versions) == ["2.14.2", "2.16.1"]
     assert propose.new_releases(have, ["2.15.0", "2.4.1"]) == []
     assert "no torch release" in propose.render([])

@@ -2,30 +2,18 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
-import sys
-from pathlib import Path
 
-import pytest
 import yaml
-from helpers import ROOT
+from helpers import ROOT, venv_tool
 
 from pytorch_cuda_build import cli, matrix
 
 WORKFLOW = ROOT / ".github" / "workflows" / "images.yml"
 
 
-def actionlint() -> str:
-    found = Path(sys.executable).with_name("actionlint")
-    path = str(found) if found.exists() else shutil.which("actionlint")
-    if not path:
-        pytest.fail("actionlint missing: it comes with build.py's .venv (pytorch_cuda_build/requirements.txt)")
-    return path
-
-
 def test_actionlint_accepts_the_workflow():
-    proc = subprocess.run([actionlint(), "-no-color", str(WORKFLOW)], capture_output=True, text=True)
+    proc = subprocess.run([venv_tool("actionlint"), "-no-color", str(WORKFLOW)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -34,7 +22,7 @@ def test_actionlint_catches_a_broken_workflow(tmp_path):
     broken = WORKFLOW.read_text().replace("needs.matrix.outputs.rows", "needs.matrx.outputs.rows")
     broken = broken.replace("timeout-minutes: 20", "timeout-minuts: 20")
     (tmp_path / "broken.yml").write_text(broken)
-    proc = subprocess.run([actionlint(), "-no-color", str(tmp_path / "broken.yml")], capture_output=True, text=True)
+    proc = subprocess.run([venv_tool("actionlint"), "-no-color", str(tmp_path / "broken.yml")], capture_output=True, text=True)
     assert proc.returncode == 1 and "matrx" in proc.stdout and "timeout-minuts" in proc.stdout, proc.stdout
 
 
