@@ -193,7 +193,7 @@ class Live(CI):
 
     def say(self, text: str) -> None:
         from rich.text import Text
-        self.con.print(Text(text))
+        self.con.print(Text(text), soft_wrap=True)
 
     def stage_start(self, name: str) -> None:
         self.stage, self.stage_t0 = name, time.monotonic()
