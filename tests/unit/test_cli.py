@@ -33,7 +33,7 @@ def test_unknown_row_lists_rows():
 @pytest.mark.parametrize("args", [["--only", "size,bogus"], ["--only", ","], ["--runs", "0"], ["--cold-runs", "0"]])
 def test_bench_rejects_bad_arguments_before_touching_docker(args):
     proc = run_cli(ROOT, "bench", "--torch", "2.7", "--cuda", "12.1", "--full", *args, env=NO_DOCKER)
-    one_error_line(proc, 2, "--only takes size,cold,rebuild,rows,matrix,banner; --runs and --cold-runs at least 1")
+    one_error_line(proc, 2, "--only takes size,cold,opscache,rebuild,rows,matrix,banner; --runs and --cold-runs at least 1")
 
 
 @pytest.mark.parametrize(("args", "text"), [
