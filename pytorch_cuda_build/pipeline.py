@@ -227,12 +227,12 @@ def following_smoke(c, image_id: str, console):
     stop = threading.Event()
 
     def follow() -> None:
-        filters = {"label": [f"{test.RUN_LABEL}={test.RUN_ID}", "pytorch-cuda.test=smoke"], "ancestor": image_id}
+        filters = {"label": [f"{test.RUN_LABEL}={test.RUN_ID}", "pytorch-cuda.test=smoke"]}
         seen: set[str] = set()
         while not stop.is_set():
             try:
                 for container in c.containers.list(filters=filters):
-                    if container.id not in seen:
+                    if container.id not in seen and container.attrs.get("ImageID") == image_id:
                         seen.add(container.id)
                         _stream_lines(container.logs(stream=True, follow=True), console.smoke, stop)
             except Exception:

@@ -126,3 +126,18 @@ def test_options_become_the_childs_flags():
     assert argv == ["--retest", "--require-gpu", "--docker", "/usr/bin/docker", "--ca-bundle", "/ca.pem",
                     "--push", "--registry", "127.0.0.1:5000/ml", "--retries", "4"]
     assert sys.executable  # children run with this interpreter
+
+
+def test_the_smoke_containers_steps_reach_the_console_as_they_finish():
+    """Display only: the follower reads this run's smoke container of this image, nothing else."""
+    shown = []
+    con = SimpleNamespace(follows_smoke=True, smoke=shown.append)
+    mine = SimpleNamespace(id="a", attrs={"ImageID": "sha256:img"},
+                           logs=lambda **kw: iter([b"pytorch-cuda-smoke: mode cpu x2\n  zero1_cpu2: rc=0 4", b"0.5s\n"]))
+    other = SimpleNamespace(id="b", attrs={"ImageID": "sha256:other"}, logs=lambda **kw: iter([b"  x: rc=1 1.0s\n"]))
+    client = SimpleNamespace(containers=SimpleNamespace(list=lambda filters: [other, mine]))
+    with pipeline.following_smoke(client, "sha256:img", con):
+        deadline = time.monotonic() + 5
+        while len(shown) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert shown == ["pytorch-cuda-smoke: mode cpu x2", "  zero1_cpu2: rc=0 40.5s"]
