@@ -163,8 +163,8 @@ def cmd_build(m: matrix.Matrix, args) -> int:
         con.summary(results, ROOT / "build-results" if args.all else pipeline.results_dir(ROOT, images[0]))
     if reg and not args.all:
         print("\n".join(publish.table(results[0].moves, reg, True)))
-    if pipeline.failures(results):
-        raise pipeline.failures(results)
+    if failed := pipeline.failures(results):
+        raise failed
     return 0
 
 
