@@ -23,9 +23,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
+from . import progress
 from .docker_env import DOCKER_ENV
-from .errors import CommandFailed, UsageError
+from .errors import CommandFailed, PipelineError, UsageError
 from .matrix import Image
 
 MEASURES = ("size", "cold", "opscache", "rebuild", "rows", "matrix", "banner")
@@ -143,21 +145,9 @@ def naive_ops_dockerfile(image: Image, base: str, lock_dir: Path) -> str | None:
                             ds_build=ds_build)
 
 
-_STEP = re.compile(r"^#(\d+) \[([\w.-]+) [^\]]*\] (.*)$", re.M)
-_DONE = re.compile(r"^#(\d+) DONE ([\d.]+)s$", re.M)
-_CACHED = re.compile(r"^#(\d+) CACHED$", re.M)
-
-
 def steps(build_log: str) -> list[dict]:
-    """Every Dockerfile step of a BuildKit plain log: stage, command, seconds, cached."""
-    done = {n: float(s) for n, s in _DONE.findall(build_log)}
-    cached = set(_CACHED.findall(build_log))
-    seen, out = set(), []
-    for n, stage, cmd in _STEP.findall(build_log):
-        if n not in seen:
-            seen.add(n)
-            out.append({"stage": stage, "cmd": cmd[:120], "seconds": done.get(n, 0.0), "cached": n in cached})
-    return out
+    """Every Dockerfile step of a saved BuildKit log: stage, command, seconds, cached."""
+    return progress.steps(build_log)
 
 
 def timed(cmd: list[str], env: dict | None = None, cwd: Path | None = None) -> float:
@@ -260,7 +250,7 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
         # After the cold build: the ops cache mount survives --no-cache, so nvcc must not run again.
         log("bench: --no-cache rebuild (the ops cache must serve the compiled ops)")
         t = timed(buildpy + row + ["--quiet", "--no-test", "--no-cache"], env=chosen)
-        text = (root / "build-results" / image.name / "build.log").read_text()
+        text = progress.readable((root / "build-results" / image.name / "build.log").read_text())
         st = steps(text)
         r["opscache"] = {"seconds": t, "ops_step_s": sum(s["seconds"] for s in st if s["stage"] == "ops-builder"),
                          "cpu_ops_s": sum(s["seconds"] for s in st if "env -u TORCH_EXTENSIONS_DIR" in s["cmd"]),
@@ -472,3 +462,31 @@ def report_markdown(r: dict) -> str:
     if "image" in r.get("size", {}) and "naive" in r["size"]:
         lines += ["", "![sizes](sizes.svg)", "", "![cold build](cold-build.svg)"]
     return "\n".join(lines) + "\n"
+
+
+def parse_only(text: str, runs: int, cold_runs: int) -> set[str]:
+    """--only's measures, with --runs and --cold-runs checked: bad input fails before Docker is touched."""
+    only = {x.strip() for x in text.split(",") if x.strip()}
+    if not only or only - set(MEASURES) or runs < 1 or cold_runs < 1:
+        raise UsageError(f"--only takes {','.join(MEASURES)}; --runs and --cold-runs at least 1")
+    return only
+
+
+def run(c, m, image: Image, root: Path, only: set[str], runs: int, cold_runs: int, every: bool, yes: bool,
+        docker: str | None, ca: Callable[[], str | None], log) -> str:
+    """`build.py bench`: the banner alone, or (every: --full) each measure of `only`; the report as markdown."""
+    from . import build, docker_env, tag
+
+    ref = image.refs()[0]
+    if tag.current(c, image)[ref] is None:
+        raise UsageError(f"no image {ref}; build it first")
+    if not every:
+        return markdown(banner(image, ref, runs, root / "build-results" / "bench", docker_cli=docker_env.docker_cli(docker)))
+    bc = docker_env.build_client(docker)
+    if only & set(EMPTIES_CACHE):
+        build.check_disk(docker_env.root_dir(c))
+    try:
+        result = full(c, m, image, root, bc, ca(), runs, cold_runs, only, root / "bench", log, yes=yes)
+    except BenchError as e:
+        raise PipelineError(f"benchmark step failed: {e}") from None
+    return report_markdown(result)

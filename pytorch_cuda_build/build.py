@@ -16,8 +16,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-from . import lock
+from . import lock, progress
 from .docker_env import BuildClient
 from .errors import BuildError, EnvironmentProblem
 from .matrix import Image
@@ -79,7 +80,7 @@ def check_disk(docker_root: str) -> None:
 
 def command(bc: BuildClient, root: Path, image: Image, context: Path, iidfile: Path, src: Source,
             ca_bundle: str | None, no_cache: bool, tag: str | None = None, base_id: str | None = None) -> list[str]:
-    cmd = [*bc.argv, "--progress=plain", "--file", str(lock.image_dir(root, image) / "Dockerfile"),
+    cmd = [*bc.argv, f"--progress={getattr(bc, 'progress', progress.PLAIN)}", "--file", str(lock.image_dir(root, image) / "Dockerfile"),
            "--target", image.flavor, "--iidfile", str(iidfile), "--tag", tag or candidate_ref(image),
            "--label", f"org.opencontainers.image.revision={src.revision}",
            "--label", f"org.opencontainers.image.created={src.created}"]
@@ -93,8 +94,10 @@ def command(bc: BuildClient, root: Path, image: Image, context: Path, iidfile: P
 
 
 def run(bc: BuildClient, root: Path, image: Image, log_path: Path, ca_bundle: str | None,
-        no_cache: bool = False, echo=True, tag: str | None = None, base_id: str | None = None) -> str:
-    """Build the candidate; return its image ID. The log streams and is kept in full."""
+        no_cache: bool = False, echo: bool | Callable[[str], None] = True, tag: str | None = None,
+        base_id: str | None = None) -> str:
+    """Build the candidate; return its image ID. The log is kept in full; each line also goes
+    to echo: a callable (a console), True (stderr, raw) or False (nowhere)."""
     src = source(root)
     with tempfile.TemporaryDirectory(prefix="pytorch-cuda-context-") as tmp:
         context = Path(tmp) / "context"
@@ -109,7 +112,7 @@ def run(bc: BuildClient, root: Path, image: Image, log_path: Path, ca_bundle: st
         return iidfile.read_text().strip()
 
 
-def _stream(cmd: list[str], env: dict[str, str], log_path: Path, echo: bool) -> int:
+def _stream(cmd: list[str], env: dict[str, str], log_path: Path, echo: bool | Callable[[str], None]) -> int:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w", buffering=1) as log:  # line-buffered: `tail -f build.log` follows the build
         log.write("$ " + " ".join(cmd) + "\n")
@@ -118,7 +121,9 @@ def _stream(cmd: list[str], env: dict[str, str], log_path: Path, echo: bool) -> 
             assert proc.stdout is not None
             for line in proc.stdout:
                 log.write(line)
-                if echo:
+                if callable(echo):
+                    echo(line)
+                elif echo:
                     sys.stderr.write(line)
             return proc.wait()
         except BaseException:
@@ -130,12 +135,13 @@ def _stream(cmd: list[str], env: dict[str, str], log_path: Path, echo: bool) -> 
             raise
 
 
-_STEP = re.compile(r"^#\d+ \[([^\]]+)\] (.*)$")
-
-
 def failed_step(log_path: Path) -> str:
     """The Dockerfile step BuildKit reported as failed, e.g. `[python-env 2/2] RUN ...`."""
     text = log_path.read_text(errors="replace")
+    step = progress.failed_step(text)  # the vertex BuildKit marked ERROR
+    if step:
+        return f"step {step[:120]}"
+    text = progress.readable(text)
     m = re.search(r"^\s*>\s*\[([^\]]+)\]\s*(.+?):?\s*$", text, re.M)  # BuildKit's error summary
     if m:
         return f"step [{m.group(1)}] {m.group(2)[:100]}"
@@ -145,8 +151,21 @@ def failed_step(log_path: Path) -> str:
 
 
 def tail(log_path: Path, n: int = 25) -> str:
-    lines = log_path.read_text(errors="replace").splitlines()
+    lines = progress.readable(log_path.read_text(errors="replace")).splitlines()
     return "\n".join(lines[-n:])
+
+
+def prune(bc: BuildClient, c, repository: str, keep_storage: str) -> int:
+    """Remove the candidate tags and dangling images, bound the build cache; how many tags went."""
+    removed = 0
+    for img in c.images.list(name=f"{repository}-candidate"):
+        for ref in img.tags:
+            c.images.remove(ref, noprune=False)
+            removed += 1
+    c.images.prune(filters={"dangling": True})
+    subprocess.run([bc.argv[0], "builder", "prune", "--force", "--keep-storage", keep_storage],
+                   env={**os.environ, **bc.env}, check=False, stdout=subprocess.DEVNULL)
+    return removed
 
 
 class Timer:

@@ -6,6 +6,7 @@ through a Docker CLI; everything else (inspect, run, tag) goes through the SDK.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -120,6 +121,7 @@ class BuildClient:
     argv: tuple[str, ...]
     env: dict[str, str]
     description: str
+    progress: str = "plain"  # BuildKit's --progress: "rawjson" where the client offers it (buildx >= 0.12)
 
 
 def _client_major(docker_bin: str) -> int | None:
@@ -132,11 +134,16 @@ def _client_major(docker_bin: str) -> int | None:
         return None
 
 
-def _has_buildx(docker_bin: str) -> bool:
+def _buildx_version(docker_bin: str) -> tuple[int, int] | None:
+    """(major, minor) of the client's buildx plugin ((0, 0) if it will not say); None without one."""
     try:
-        return subprocess.run([docker_bin, "buildx", "version"], capture_output=True, timeout=30).returncode == 0
+        proc = subprocess.run([docker_bin, "buildx", "version"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
-        return False
+        return None
+    if proc.returncode != 0:
+        return None
+    m = re.search(r"\bv?(\d+)\.(\d+)", proc.stdout)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
 def probe(docker_bin: str) -> BuildClient | None:
@@ -145,8 +152,10 @@ def probe(docker_bin: str) -> BuildClient | None:
     Docker CLIs from 23.0 on hand `DOCKER_BUILDKIT=1 docker build` to buildx and fail
     without it; older CLIs carry BuildKit themselves.
     """
-    if _has_buildx(docker_bin):
-        return BuildClient((docker_bin, "buildx", "build", "--load"), {}, f"{docker_bin} buildx")
+    buildx = _buildx_version(docker_bin)
+    if buildx is not None:
+        progress = "rawjson" if buildx >= (0, 12) else "plain"
+        return BuildClient((docker_bin, "buildx", "build", "--load"), {}, f"{docker_bin} buildx", progress)
     major = _client_major(docker_bin)
     if major is not None and major < 23:
         return BuildClient((docker_bin, "build"), {"DOCKER_BUILDKIT": "1"}, f"{docker_bin} (built-in BuildKit)")

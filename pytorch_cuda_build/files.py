@@ -8,6 +8,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from filelock import FileLock
+
 from .errors import EnvironmentProblem
 
 
@@ -72,3 +74,9 @@ def copy_project(root: Path, dest: Path) -> Path:
         shutil.copytree(root / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
     (dest / ".venv").symlink_to(root / ".venv")
     return dest
+
+
+def writer_lock(root: Path, state_dir: Path) -> FileLock:
+    """One writer of a checkout's images/ at a time: two `lock`/`render` runs never interleave files."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(state_dir / f"images-{hashlib.sha256(str(root).encode()).hexdigest()[:12]}.lock"))

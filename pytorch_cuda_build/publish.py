@@ -15,9 +15,11 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import ipaddress
+import json
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import docker
@@ -29,6 +31,7 @@ import tenacity
 from . import docker_env
 from . import tag as tags
 from .errors import EnvironmentProblem, ImmutableTagTaken, PublishError, TagTaken, UsageError
+from .files import write_atomic
 from .matrix import Image
 from .render import LABEL_PREFIX
 
@@ -350,3 +353,42 @@ def publish(c: docker.DockerClient, images: list[Image], reg: Registry, *, push:
         log("interrupted; tags now: " + "; ".join(where(api, moves)))
         raise
     return moves
+
+
+def registry(address: str | None, retries: int) -> Registry:
+    """The --registry and --retries of a command, checked before anything is built or pushed."""
+    if not address:
+        raise UsageError("no registry: pass --registry HOST[:PORT]/NAMESPACE or set PYTORCH_CUDA_REGISTRY")
+    if retries < 1:
+        raise UsageError(f"--retries must be at least 1, not {retries}")
+    return Registry.parse(address)
+
+
+def table(moves: list[Move], reg: Registry, push: bool) -> list[str]:
+    """Where each tag is now (pushed) or would go (dry run), one line per tag."""
+    rows = [("TAG", "NOW", "ACTION")]
+    for mv in moves:
+        now = mv.after if push else mv.before
+        action = "already there" if mv.in_place else ("pushed, verified" if push else "would push")
+        rows.append((mv.target(reg), now.digest if now else "absent", action))
+    widths = [max(len(r[k]) for r in rows) for k in range(3)]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+    if not push:
+        return lines + ["dry run: nothing pushed; add --push to publish"]
+    return lines + [f"pull by digest: {reg.repository(image)}@{digest}" for image, digest in pushed(moves)]
+
+
+def pushed(moves: list[Move]) -> list[tuple[Image, str]]:
+    """Each published image with the digest to pull it by, in the order of the moves."""
+    out: dict[str, tuple[Image, str]] = {}
+    for mv in moves:
+        out.setdefault(mv.image.name, (mv.image, mv.after.digest if mv.after else ""))
+    return list(out.values())
+
+
+def write_record(results: Path, reg: Registry, image: Image, moves: list[Move]) -> None:
+    """build-results/<image>/published.json: where the row went and the digest to pull it by."""
+    mine = [mv for mv in moves if mv.image is image]
+    record = {"registry": str(reg), "repository": reg.repository(image), "image_id": mine[0].image_id,
+              "digest": mine[0].after.digest, "tags": [mv.tag for mv in mine]}
+    write_atomic(results / "published.json", json.dumps(record, indent=2) + "\n")

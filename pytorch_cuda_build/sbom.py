@@ -33,3 +33,8 @@ def generate(c: docker.DockerClient, ref: str) -> dict:
     if code != 0:
         raise PipelineError(f"sbom of {ref} failed (exit {code}): {err.decode(errors='replace').strip()[-200:]}")
     return json.loads(out)
+
+
+def text(doc: dict) -> str:
+    """The SBOM as written to sbom.cdx.json: stable key order, so equal SBOMs are equal files."""
+    return json.dumps(doc, indent=1, sort_keys=True) + "\n"

@@ -12,7 +12,9 @@ import json
 import subprocess
 import tarfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from . import base, build, docker_env, files
 from .errors import ArchiveLayoutError, CommandFailed
 
 Entry = tuple  # (type, mode, uid, gid, size, sha256, linkname)
@@ -136,3 +138,33 @@ def verdict(c: Comparison, buildkit_note: str, show: int = 200) -> str:
             lines.append(f"  ... {len(c.content) - show} more in verdict.txt")
     lines.append("verdict: " + ("REPRODUCIBLE: same content in every layer" if c.reproducible else "NOT REPRODUCIBLE"))
     return "\n".join(lines)
+
+
+def run(root: Path, image, results: Path, docker: str | None, ca: str | None, log) -> tuple[Comparison, str]:
+    """Build the row twice without the layer cache (same base, same wheelhouse), compare,
+    write verdict.txt beside the two build logs, and remove both builds; the comparison and
+    what the verdict must say about this BuildKit."""
+    c = docker_env.ensure_engine(log)
+    bc = docker_env.build_client(docker)
+    build.check_disk(docker_env.root_dir(c))
+    results.mkdir(parents=True, exist_ok=True)
+    base_id = base.ensure(c, image, results, log, docker_cli=bc.argv[0])
+    refs = [f"{image.repository}-verify:{image.name}-{n}" for n in (1, 2)]
+    try:
+        ids = []
+        for n, ref in enumerate(refs, 1):
+            log(f"verify: build {n} of 2 without the layer cache (log: {results / f'build{n}.log'})")
+            ids.append(build.run(bc, root, image, results / f"build{n}.log", ca, no_cache=True, echo=False, tag=ref, base_id=base_id))
+        log("verify: comparing the two images layer by layer")
+        a, b = (layer_index(r, docker_cli=bc.argv[0]) for r in refs)
+        same = c.images.get(ids[0]).attrs["RootFS"]["Layers"] == c.images.get(ids[1]).attrs["RootFS"]["Layers"]
+        comparison = compare(a, b, same)
+    finally:
+        for ref in refs:
+            try:
+                c.images.remove(ref)
+            except Exception:
+                pass
+    note = f"{bc.description}: BuildKit here predates rewrite-timestamp (0.13), so layer tars carry build-time mtimes"
+    files.write_atomic(results / "verdict.txt", verdict(comparison, note, show=len(comparison.content)) + "\n")
+    return comparison, note

@@ -59,7 +59,9 @@ def test_build_tags_one_tested_image(built, docker_client):
     assert summary["image_id"] == ids["pytorch-cuda:v2.7"]
     assert summary["tags"] == DEFAULT.refs()
     assert {"build", "test", "tag"} <= set(summary["seconds"])
-    assert "pytorch-cuda:v2.7" in built.stdout and "size:" in built.stdout
+    # the summary table: the row, its size, its tags
+    row = next(ln for ln in built.stdout.splitlines() if ln.startswith(DEFAULT.name + " "))
+    assert f"{summary['size_bytes'] / 1e9:.2f} GB" in row and "pytorch-cuda:v2.7" in row, built.stdout
     assert not leftover_containers(docker_client)
 
 

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytorch_cuda_build import cli, tag, test
+from pytorch_cuda_build import base, build, cli, docker_env, lock, render, sbom, tag, test
+from pytorch_cuda_build import pipeline as row_pipeline
 
 ID = "sha256:" + "c" * 64
 ROW = SimpleNamespace(name="2.7.1-cuda12.1-runtime", repository="pytorch-cuda", refs=lambda: ["pytorch-cuda:2.7.1-cuda12.1-runtime"])
@@ -33,23 +34,23 @@ def pipeline(tmp_path, monkeypatch):
     monkeypatch.setattr(tag, "TESTED", tmp_path / "state" / "tested.json")
     monkeypatch.setattr(cli.signal, "signal", lambda *a: None)  # leave pytest's handlers alone
     monkeypatch.setattr(cli.matrix, "load", lambda path: SimpleNamespace(select=lambda *a: ROW))
-    monkeypatch.setattr(cli.lock, "check", lambda *a: None)
-    monkeypatch.setattr(cli.render, "check", lambda *a: None)
-    monkeypatch.setattr(cli.base, "STATE_DIR", tmp_path / "state")
-    monkeypatch.setattr(cli, "results_dir", lambda image: tmp_path / "results")
-    monkeypatch.setattr(cli.docker_env, "ensure_engine", lambda log: daemon)
-    monkeypatch.setattr(cli.docker_env, "build_client", lambda d: SimpleNamespace(description="a fake client", argv=("docker", "build")))
-    monkeypatch.setattr(cli.build, "check_disk", lambda root: None)
-    monkeypatch.setattr(cli.base, "ensure", lambda *a, **kw: "sha256:base")
-    monkeypatch.setattr(cli.build, "run", lambda *a, **kw: ID)
-    monkeypatch.setattr(cli.sbom, "generate", lambda c, i: {"components": []})
-    monkeypatch.setattr(cli.tag, "promote", lambda c, image, i: seen["promoted"].append(i) or image.refs())
+    monkeypatch.setattr(lock, "check", lambda *a: None)
+    monkeypatch.setattr(render, "check", lambda *a: None)
+    monkeypatch.setattr(base, "STATE_DIR", tmp_path / "state")
+    monkeypatch.setattr(row_pipeline, "results_dir", lambda root, image: tmp_path / "results")
+    monkeypatch.setattr(docker_env, "ensure_engine", lambda log: daemon)
+    monkeypatch.setattr(docker_env, "build_client", lambda d: SimpleNamespace(description="a fake client", argv=("docker", "build")))
+    monkeypatch.setattr(build, "check_disk", lambda root: None)
+    monkeypatch.setattr(base, "ensure", lambda *a, **kw: "sha256:base")
+    monkeypatch.setattr(build, "run", lambda *a, **kw: ID)
+    monkeypatch.setattr(sbom, "generate", lambda c, i: {"components": []})
+    monkeypatch.setattr(tag, "promote", lambda c, image, i: seen["promoted"].append(i) or image.refs())
     real_run = test.run
 
     def counted_run(*a, **kw):
         seen["tested"] += 1
         return real_run(*a, **kw)
-    monkeypatch.setattr(cli.test, "run", counted_run)
+    monkeypatch.setattr(test, "run", counted_run)
     return seen
 
 
@@ -73,8 +74,8 @@ def test_unchanged_image_and_tests_are_not_tested_again(pipeline, capsys):
 
 def test_edited_tests_run_again(pipeline, monkeypatch):
     tag.record_pass(ROW, ID, {"gpus": 2}, "the hash of older test code")
-    monkeypatch.setattr(cli.test, "smoke", lambda *a: {"gpus": 0, "summary": {"PASS": 3}})
-    monkeypatch.setattr(cli.test, "structure", lambda *a: None)
+    monkeypatch.setattr(test, "smoke", lambda *a: {"gpus": 0, "summary": {"PASS": 3}})
+    monkeypatch.setattr(test, "structure", lambda *a: None)
     assert cli.main(ARGS) == 0
     assert pipeline == {"promoted": [ID], "tested": 1}
     recs = json.loads(tag.TESTED.read_text())[ID]

@@ -1,0 +1,61 @@
+"""The checkout's committed inputs: lock and render them (one writer at a time), and say
+where each row stands (lock current, image built here) or what its build would do."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from . import base, docker_env, files, lock, render, tag
+from .errors import EnvironmentProblem
+from .matrix import Image, Matrix
+
+
+def relock(root: Path, m: Matrix, images: list[Image], upgrade: bool, ca: Callable[[], str | None], log) -> list[str] | None:
+    """Re-resolve the stale rows (every row with upgrade) and render them; the pins that moved,
+    one line each, or None when every lock was current."""
+    with files.writer_lock(root, base.STATE_DIR):
+        before = {i.name: lock.read(root, i).get("pins", {}) for i in images if (lock.image_dir(root, i) / "lock.json").exists()}
+        stale = images if upgrade else [i for i in images if lock.problems(root, i)]
+        if not stale:
+            return None
+        lock.write(root, m, stale, ca(), log=log)
+        moved = []
+        for i in stale:
+            old, new = before.get(i.name, {}), lock.read(root, i)["pins"]
+            moved += [f"{i.name}: {name} {old.get(name, '-')} -> {new.get(name, '-')}"
+                      for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)]
+        render.write(root, m, stale, log=log)
+    return moved
+
+
+def rerender(root: Path, m: Matrix, log) -> None:
+    with files.writer_lock(root, base.STATE_DIR):
+        render.write(root, m, list(m.images), log=log)
+
+
+def status(root: Path, m: Matrix) -> list[tuple[str, ...]]:
+    """`list`: every row's pins, whether its lock is current and whether it is built here (? without a daemon)."""
+    try:
+        c = docker_env.client()
+    except EnvironmentProblem:
+        c = None
+    rows = [("IMAGE", "TORCH", "CUDA", "WHEEL CUDA", "CUDNN", "NCCL", "DEEPSPEED", "PY", "LOCK", "BUILT", "TAGS")]
+    for i in m.images:
+        lock_ok = "ok" if not lock.problems(root, i) else "STALE"
+        built = "?" if c is None else ("yes" if tag.current(c, i)[i.refs()[0]] else "no")
+        rows.append((i.name, i.torch, i.cuda, i.wheel_cuda, i.cudnn, i.nccl, i.deepspeed, i.python, lock_ok, built, " ".join(i.tags[1:])))
+    return rows
+
+
+def plan(root: Path, image: Image) -> str:
+    """`--dry-run`: the row, its pins, base, tags, lock and the Dockerfile it would build."""
+    d = lock.image_dir(root, image)
+    lines = [f"row:        torch {image.torch} for CUDA platform {image.cuda} (wheel CUDA {image.wheel_cuda}), {image.flavor}",
+             f"pins:       cuDNN {image.cudnn}, NCCL {image.nccl}, DeepSpeed {image.deepspeed}, Python {image.python}"]
+    if image.note:
+        lines.append(f"note:       {image.note}")
+    lines += [f"base:       {render.base_ref(image)} ({image.os.kind}: {image.os_name})",
+              f"tags:       {' '.join(image.refs())}",
+              f"lock:       {d / 'requirements.lock'} (sha256 {lock.read(root, image)['files_sha256'][:16]}...)",
+              f"dockerfile: {d / 'Dockerfile'}\n"]
+    return "\n".join(lines) + "\n" + (d / "Dockerfile").read_text()

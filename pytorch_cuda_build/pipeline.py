@@ -1,0 +1,421 @@
+"""The pipeline of the README's diagram, for one row and for many.
+
+One row (`build_row`): engine and base -> build (BuildKit) -> smoke + structure tests ->
+record the pass -> SBOM -> tag -> publish (with --push). Each stage is a call into the
+module named after it; this module only orders them, times them and tells the console.
+
+Many rows (`build_many`): a scheduler runs `--jobs` rows at once, each as its own
+`build.py build` process (its own signal handling, its own container cleanup, its log in
+build-results/<image>/run.log), and gets a typed RowResult back from each, through a JSON
+file the child writes. BuildKit merges the steps concurrent builds share, so a layer
+common to several rows is built once.
+"""
+from __future__ import annotations
+
+import concurrent.futures as futures
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from filelock import FileLock, Timeout
+
+from . import base, build, docker_env, files, lock, publish, render, sbom, tag, test
+from .errors import BuildError, PipelineError, UsageError
+from .matrix import Image, Matrix
+
+
+def results_dir(root: Path, image: Image) -> Path:
+    return root / "build-results" / image.name
+
+
+def default_ca_bundle() -> str | None:
+    """The CA file pip or requests is configured with, if any: corporate proxies need it."""
+    for var in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
+        if os.environ.get(var):
+            return os.environ[var]
+    try:
+        out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        if key.endswith(".cert"):
+            return value.strip("'\"")
+    return None
+
+
+def ca_bundle(given: str | None) -> str | None:
+    """The CA bundle to use (given, else pip's), checked readable now rather than an hour in."""
+    path = given or default_ca_bundle()
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError as e:
+        raise UsageError(f"cannot read CA bundle {path}: {e.strerror}") from None
+    return path
+
+
+@dataclass
+class Options:
+    """What a row's run takes from the command line."""
+
+    docker: str | None = None
+    ca_path: str | None = None
+    no_test: bool = False
+    retest: bool = False
+    no_cache: bool = False
+    require_gpu: bool = False
+    registry: publish.Registry | None = None  # set: publish after tagging
+    retries: int = 4
+    matrix_path: Path | None = None  # the gate checks the row against the matrix the user gave
+
+    def argv(self) -> list[str]:
+        """The same options for a child `build.py build`."""
+        out = [f"--{f.replace('_', '-')}" for f in ("no_test", "retest", "no_cache", "require_gpu") if getattr(self, f)]
+        out += ["--docker", self.docker] if self.docker else []
+        out += ["--ca-bundle", self.ca_path] if self.ca_path else []
+        out += ["--push", "--registry", str(self.registry)] if self.registry else []
+        return out + ["--retries", str(self.retries)]
+
+
+@dataclass
+class RowResult:
+    """What one row's run came to: the scheduler's typed answer from each worker."""
+
+    image: str
+    ok: bool
+    exit_code: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    tags: list[str] = field(default_factory=list)
+    size_bytes: int = 0
+    image_id: str = ""
+    error: list[str] = field(default_factory=list)
+    moves: list = field(default_factory=list, repr=False)  # publish.Move, in this process only
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        del d["moves"]
+        return json.dumps(d, indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> RowResult:
+        d = json.loads(text)
+        return cls(**{k: d[k] for k in ("image", "ok", "exit_code", "seconds", "tags", "size_bytes", "image_id", "error") if k in d})
+
+
+def check_inputs(root: Path, m: Matrix, images: list[Image]) -> None:
+    """Locks and rendered files current: a stale row is refused before anything is built."""
+    lock.check(root, images)
+    render.check(root, m, images)
+
+
+# ---- one row -------------------------------------------------------------------
+
+
+def build_row(root: Path, image: Image, opts: Options, console) -> RowResult:
+    """The row's pipeline under its lock: two runs of one row would race on its candidate tag."""
+    base.STATE_DIR.mkdir(parents=True, exist_ok=True)
+    row_lock = FileLock(str(base.STATE_DIR / f"build-{image.name}.lock"))
+    try:
+        row_lock.acquire(timeout=1)
+    except Timeout:
+        console.log(f"another build of {image.name} is running; waiting for it")
+        row_lock.acquire()
+    try:
+        return _Row(root, image, opts, console).run()
+    finally:
+        row_lock.release()
+
+
+class _Row:
+    def __init__(self, root: Path, image: Image, opts: Options, console) -> None:
+        self.root, self.image, self.opts, self.console = root, image, opts, console
+        self.results = results_dir(root, image)
+        self.result = RowResult(image.name, ok=False)
+
+    @contextlib.contextmanager
+    def stage(self, name: str):
+        self.console.stage_start(name)
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            secs = time.monotonic() - t0
+            self.result.seconds[name] = round(self.result.seconds.get(name, 0.0) + secs, 1)
+            self.console.stage_end(name, secs)
+
+    def run(self) -> RowResult:
+        image, opts, log = self.image, self.opts, self.console.log
+        self.results.mkdir(parents=True, exist_ok=True)
+        with self.stage("engine"):
+            c = docker_env.ensure_engine(log)
+            bc = docker_env.build_client(opts.docker)
+            build.check_disk(docker_env.root_dir(c))
+        with self.stage("base"):
+            base_id = base.ensure(c, image, self.results, log, docker_cli=bc.argv[0])
+        image_id = self.build(c, bc, base_id)
+        self.result.image_id = image_id
+        if opts.no_test:
+            log(f"built candidate {build.candidate_ref(image)} ({image_id[:19]}); --no-test: no public tag set")
+            self.result.ok = True
+            return self.result
+        self.test(c, image_id)
+        with self.stage("sbom"):
+            doc = sbom.generate(c, image_id)
+            files.write_atomic(self.results / "sbom.cdx.json", sbom.text(doc))
+        with self.stage("tag"):
+            self.result.tags = tag.promote(c, image, image_id)
+            c.images.remove(build.candidate_ref(image), noprune=True)
+        self.result.size_bytes = c.images.get(image_id).attrs.get("Size", 0)
+        self.write_summary(base_id)
+        if opts.registry:
+            with self.stage("publish"):
+                self.result.moves = publish_rows(c, [image], opts.registry, True, opts.ca_path, opts.retries,
+                                                 log, lambda i: results_dir(self.root, i))
+        self.result.ok = True
+        return self.result
+
+    def build(self, c, bc, base_id: str) -> str:
+        log_path = self.results / "build.log"
+        self.console.log(f"building {self.image.name} with {bc.description} (log: {log_path})")
+        with self.stage("build"):
+            try:
+                return build.run(bc, self.root, self.image, log_path, self.opts.ca_path, self.opts.no_cache,
+                                 echo=self.console.build_sink(getattr(bc, "progress", "plain")), base_id=base_id)
+            except BuildError:
+                if not docker_env.answers(c):  # not a failing step: the daemon itself went away
+                    raise docker_env.lost("the build") from None
+                raise
+
+    def test(self, c, image_id: str) -> None:
+        code = test.code_hash(self.root)  # hashed before the run: the record names the code that ran
+        prior = None if self.opts.retest else tag.reusable_pass(image_id, self.opts.require_gpu, code)
+        if prior:
+            self.console.log(f"image {image_id[:19]} already passed its tests ({prior['mode']}) and the test code is "
+                             "unchanged; not re-testing (--retest to force)")
+            return
+        with self.stage("test"), following_smoke(c, image_id, self.console):
+            report = test.run(c, self.root, self.image, image_id, self.results, self.opts.require_gpu, self.console.log,
+                              matrix_path=self.opts.matrix_path)
+        tag.record_pass(self.image, image_id, report, code)
+
+    def write_summary(self, base_id: str) -> None:
+        r = self.result
+        summary = {"image_id": r.image_id, "base_id": base_id, "tags": r.tags, "size_bytes": r.size_bytes, "seconds": dict(r.seconds)}
+        (self.results / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
+@contextlib.contextmanager
+def following_smoke(c, image_id: str, console):
+    """Show the smoke container's steps as they finish. Display only: test.run is the gate,
+    and anything going wrong here (no container yet, the daemon busy) is ignored."""
+    if not console.follows_smoke:
+        yield
+        return
+    stop = threading.Event()
+
+    def follow() -> None:
+        filters = {"label": [f"{test.RUN_LABEL}={test.RUN_ID}", "pytorch-cuda.test=smoke"]}
+        seen: set[str] = set()
+        while not stop.is_set():
+            try:
+                for container in c.containers.list(filters=filters):
+                    if container.id not in seen and container.attrs.get("ImageID") == image_id:
+                        seen.add(container.id)
+                        _stream_lines(container.logs(stream=True, follow=True), console.smoke, stop)
+            except Exception:
+                pass
+            stop.wait(1.0)
+
+    threading.Thread(target=follow, name="smoke-follower", daemon=True).start()
+    try:
+        yield
+    finally:
+        stop.set()
+
+
+def _stream_lines(chunks, sink: Callable[[str], None], stop: threading.Event) -> None:
+    pending = ""
+    for chunk in chunks:
+        pending += chunk.decode(errors="replace") if isinstance(chunk, bytes) else chunk
+        *lines, pending = pending.split("\n")
+        for line in lines:
+            sink(line)
+        if stop.is_set():
+            return
+
+
+def publish_rows(c, images: list[Image], reg: publish.Registry, push: bool, ca_path: str | None, retries: int,
+                 log, results: Callable[[Image], Path]) -> list[publish.Move]:
+    """Publish tested rows; with push, record where each went in build-results/<image>/published.json."""
+    backoff = float(os.environ.get("PYTORCH_CUDA_RETRY_BACKOFF", "2"))
+    moves = publish.publish(c, images, reg, push=push, ca_bundle=ca_path, attempts=retries, backoff=backoff, log=log)
+    if push:
+        for image in images:
+            publish.write_record(results(image), reg, image, moves)
+    return moves
+
+
+def test_image(root: Path, image: Image, ref: str, require_gpu: bool, log, matrix_path: Path | None = None) -> tuple[str, str]:
+    """`build.py test`: the smoke and structure tests against any local image of the row,
+    the pass recorded; its image ID and the mode it passed in (cpu or gpu)."""
+    c = docker_env.ensure_engine(log)
+    try:
+        image_id = c.images.get(ref).id
+    except Exception:
+        raise UsageError(f"no image {ref} on this daemon; build it first (python build.py --torch {image.torch_minor} --cuda {image.cuda})") from None
+    code = test.code_hash(root)
+    report = test.run(c, root, image, image_id, results_dir(root, image), require_gpu, log, matrix_path=matrix_path)
+    return image_id, tag.record_pass(image, image_id, report, code)
+
+
+# ---- a child's result ----------------------------------------------------------
+
+
+def recorded(path: Path | None, image: Image, run: Callable[[], RowResult]) -> RowResult:
+    """Run one row and write its RowResult to path (for the scheduler that started this
+    process), whatever happens; errors go on up to be printed once, by the CLI."""
+    if path is None:
+        return run()
+    try:
+        result = run()
+    except PipelineError as e:
+        files.write_atomic(path, RowResult(image.name, False, e.exit_code, error=e.lines()).to_json())
+        raise
+    except KeyboardInterrupt:
+        files.write_atomic(path, RowResult(image.name, False, 130, error=["interrupted; no tag was moved"]).to_json())
+        raise
+    except Exception as e:
+        files.write_atomic(path, RowResult(image.name, False, 1, error=[f"{type(e).__name__}: {e}"]).to_json())
+        raise
+    files.write_atomic(path, result.to_json())
+    return result
+
+
+# ---- many rows -----------------------------------------------------------------
+
+
+def select_rows(m: Matrix, torch: str | None, cuda: str | None, flavor: str) -> list[Image]:
+    images = [i for i in m.images if i.flavor == flavor and torch in (None, i.torch, i.torch_minor) and cuda in (None, i.cuda)]
+    if not images:
+        raise UsageError(f"no rows match --torch {torch} --cuda {cuda} --flavor {flavor}")
+    return images
+
+
+class RowProcesses:
+    """A scheduler's worker: each row as its own `build.py build` process, its stdout and
+    stderr in build-results/<image>/run.log, its RowResult read from the JSON it writes."""
+
+    def __init__(self, root: Path, matrix_path: Path, child_argv: list[str]) -> None:
+        self.root, self.matrix_path, self.child_argv = root, matrix_path, child_argv
+        self.running: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+
+    def log_path(self, image: Image) -> Path:
+        return results_dir(self.root, image) / "run.log"
+
+    def __call__(self, image: Image) -> RowResult:
+        results = results_dir(self.root, image)
+        results.mkdir(parents=True, exist_ok=True)
+        result_file = results / "result.json"
+        result_file.unlink(missing_ok=True)  # never read an earlier run's answer
+        cmd = [sys.executable, str(self.root / "build.py"), "--matrix", str(self.matrix_path), "build", "--torch", image.torch,
+               "--cuda", image.cuda, "--flavor", image.flavor, "--result-json", str(result_file), *self.child_argv]
+        with open(self.log_path(image), "w") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+            with self._lock:
+                self.running.add(proc)
+            try:
+                rc = proc.wait()
+            finally:
+                with self._lock:
+                    self.running.discard(proc)
+        try:
+            result = RowResult.from_json(result_file.read_text())
+        except (OSError, ValueError, TypeError):
+            return RowResult(image.name, False, rc or 1, error=[f"exit {rc} without a result (see {self.log_path(image)})"])
+        if rc != 0 and result.ok:  # the process's own word is final
+            result.ok, result.exit_code = False, rc
+        return result
+
+    def stop(self) -> None:
+        """SIGTERM every running row: each removes its containers and moves no tag."""
+        with self._lock:
+            procs = list(self.running)
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=300)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def schedule(images: list[Image], worker: Callable[[Image], RowResult], jobs: int, console,
+             log_path: Callable[[Image], Path], stop: Callable[[], None] = lambda: None) -> list[RowResult]:
+    """Run worker on every row, `jobs` at once; the results in the rows' order.
+
+    A worker's typed error (PipelineError) is that row's failed result; any other exception
+    is a bug: the other rows are stopped and it goes up. On Ctrl-C or SIGTERM the rows not
+    started never start and the running ones are stopped before the interrupt goes up.
+    """
+    done: dict[str, RowResult] = {}
+
+    def one(image: Image) -> RowResult:
+        console.log(f"{image.name}: started (log: {log_path(image)})")
+        console.row_started(image.name, log_path(image))
+        t0 = time.monotonic()
+        try:
+            result = worker(image)
+        except PipelineError as e:
+            result = RowResult(image.name, False, e.exit_code, error=e.lines())
+        finally:
+            console.row_done(image.name)
+        console.log(f"{image.name}: {'ok' if result.ok else 'FAILED'} after {time.monotonic() - t0:.0f} s")
+        return result
+
+    pool = futures.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="row")
+    pending = {pool.submit(one, image): image for image in images}
+    try:
+        while pending:
+            finished, _ = futures.wait(pending, timeout=0.5, return_when=futures.FIRST_COMPLETED)
+            for f in finished:
+                done[pending.pop(f).name] = f.result()
+    except BaseException:
+        for f in pending:
+            f.cancel()
+        stop()
+        pool.shutdown(wait=True)
+        raise
+    pool.shutdown(wait=True)
+    return [done[i.name] for i in images]
+
+
+def failures(results: list[RowResult]) -> PipelineError | None:
+    failed = [r.image for r in results if not r.ok]
+    if not failed:
+        return None
+    return PipelineError(f"{len(failed)} of {len(results)} rows failed: {', '.join(failed)} (each row's run.log under build-results/)")
+
+
+def build_many(root: Path, m: Matrix, matrix_path: Path, images: list[Image], opts: Options, jobs: int,
+               console, child_flags: list[str]) -> list[RowResult]:
+    """Every row of images through its own pipeline, `jobs` at a time."""
+    check_inputs(root, m, images)
+    docker_env.ensure_engine(console.log)
+    worker = RowProcesses(root, matrix_path, opts.argv() + child_flags)
+    return schedule(images, worker, jobs, console, worker.log_path, worker.stop)

@@ -1,0 +1,21 @@
+"""`build.py selftest`: set up what this project's own test suite needs, then run it."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from . import docker_env
+from .errors import EnvironmentProblem
+
+
+def run(root: Path, pytest_args: list[str]) -> int:
+    """Docker Engine, debootstrap and a registry first (engine.sh), then pytest over tests/.
+
+    pytest's exit code is returned as it is: 5 (no tests ran) is a failure, not a pass.
+    """
+    proc = subprocess.run(["bash", str(docker_env.ENGINE_SCRIPT), "--with-registry"])
+    if proc.returncode != 0:
+        raise EnvironmentProblem("could not set up Docker Engine for the test suite (see the engine: lines above)")
+    extra = [a for a in pytest_args if a != "--"]
+    return subprocess.run([sys.executable, "-m", "pytest", str(root / "tests"), "-ra", *extra], cwd=root).returncode

@@ -1,0 +1,141 @@
+"""BuildKit's progress read as events (progress.py) and what the consoles make of them."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+from types import SimpleNamespace
+
+from pytorch_cuda_build import bench, build, console, progress
+
+# Recorded: the start of a real build.log of 2.7.1-cuda12.1-runtime (Docker 20.10's built-in
+# BuildKit), long RUN lines cut; #9 and #13 ran side by side, so BuildKit re-announced #9.
+PLAIN = """\
+$ /usr/bin/docker build --progress=plain --file images/2.7.1-cuda12.1-runtime/Dockerfile --target runtime
+#1 [internal] load build definition from Dockerfile
+#1 sha256:1e6a765348a56a95b04ee56a2be5289fcf1f01567c543943d1dae566558d03b3
+#1 transferring dockerfile: 10.96kB done
+#1 DONE 0.0s
+
+#4 [base 1/3] FROM docker.io/library/pytorch-cuda-rootfs:bookworm-a6e2c6c06377
+#4 sha256:7a3d9b0cce4676272ddae6987ebca76ea751908c53ac2895d7b9635b697378fb
+#4 DONE 0.0s
+
+#5 [base 2/3] RUN apt-get update  && apt-get install -y --no-install-recommends ca-certificates=20230311+deb12u1
+#5 sha256:155d48254c49f2ec5f2697d8cb4258746a7bb2285bbfd50b5c61cf51e96b0c0d
+#5 0.560 Get:1 http://deb.debian.org/debian bookworm InRelease [151 kB]
+#5 DONE 49.1s
+
+#8 [python-env 1/2] COPY requirements.lock /opt/pytorch-cuda/requirements.lock
+#8 CACHED
+
+#9 [python-env 2/2] RUN --mount=type=cache,id=pytorch-cuda-wheelhouse,target=/wheelhouse,sharing=locked     --mount=type=secret,id=ca     set -eu;
+#9 sha256:79ac8832ca14712e335bb1ad08f5351fbae077dfb41def5d34b161f4db1dc95a
+#9 ...
+
+#13 [cuda-toolkit 3/3] RUN --mount=type=cache,id=pytorch-cuda-debs,target=/debs,sharing=locked     python3 /opt/pytorch-cuda/toolkit.py debs
+#13 sha256:e0e6bb7ee5a61be6bf517bcf717740791484d5fc5086cfe48b144703d2e55a54
+#13 108.2 toolkit: unpacked nvidia-cuda-dev=12.4.127~12.4.1-2
+#13 DONE 135.0s
+
+#9 [python-env 2/2] RUN --mount=type=cache,id=pytorch-cuda-wheelhouse,target=/wheelhouse,sharing=locked     --mount=type=secret,id=ca     set -eu;
+#9 sha256:79ac8832ca14712e335bb1ad08f5351fbae077dfb41def5d34b161f4db1dc95a
+#9 DONE 256.6s
+"""
+# How the same BuildKit reports a failing step and the step it cancels beside it.
+FAILED = """\
+#17 [ops-builder 5/5] RUN python /opt/pytorch-cuda/opsbuild.py /wheelhouse/deepspeed-0.17.6.tar.gz
+#17 12.3 ERROR: no nvcc
+#17 ERROR: executor failed running [/bin/sh -c python /opt/pytorch-cuda/opsbuild.py]: exit code: 1
+#18 [runtime 2/9] COPY --from=ops-builder /dist /dist
+#18 CANCELED
+------
+ > [ops-builder 5/5] RUN python /opt/pytorch-cuda/opsbuild.py /wheelhouse/deepspeed-0.17.6.tar.gz:
+------
+"""
+
+
+def test_plain_events_announce_each_step_once():
+    p = progress.PlainParser()
+    events = [ev for line in PLAIN.splitlines(keepends=True) for ev in p.feed(line)]
+    started = [ev.step for ev in events if isinstance(ev, progress.Started)]
+    assert [s.id for s in started] == ["1", "4", "5", "8", "9", "13"]
+    assert started[2].position == ("base", 2, 3) and started[2].name.startswith("RUN apt-get update")
+    assert started[0].position is None and started[0].stage == "internal"
+    assert progress.Done("9", 256.6) in events and progress.Cached("8") in events
+    assert progress.Output("13", "toolkit: unpacked nvidia-cuda-dev=12.4.127~12.4.1-2") in events
+
+
+def test_bench_steps_read_through_the_parser():
+    st = bench.steps(PLAIN)
+    assert [(s["stage"], s["seconds"], s["cached"]) for s in st] == [
+        ("base", 0.0, False), ("base", 49.1, False), ("python-env", 0.0, True),
+        ("python-env", 256.6, False), ("cuda-toolkit", 135.0, False)]
+
+
+def test_the_failed_step_is_the_one_buildkit_marked_error(tmp_path):
+    log = tmp_path / "build.log"
+    log.write_text(PLAIN + FAILED)
+    assert build.failed_step(log) == "step [ops-builder 5/5] RUN python /opt/pytorch-cuda/opsbuild.py /wheelhouse/deepspeed-0.17.6.tar.gz"
+    assert progress.failed_step(PLAIN) is None
+
+
+def _status(**kw) -> str:
+    return json.dumps(kw, indent=2) + "\n"  # BuildKit indents its rawjson objects
+
+
+def test_rawjson_gives_the_same_events():
+    d1, d2 = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    text = ("$ docker buildx build --load --progress=rawjson --file Dockerfile .\n"
+            + _status(vertexes=[{"digest": d1, "name": "[python-env 2/2] RUN pip install", "started": "2026-01-01T00:00:00.5Z"}])
+            + _status(logs=[{"vertex": d1, "stream": 1, "data": base64.b64encode(b"Collecting torch\n").decode()}])
+            + _status(vertexes=[{"digest": d1, "name": "[python-env 2/2] RUN pip install", "started": "2026-01-01T00:00:00.5Z",
+                                 "completed": "2026-01-01T00:01:33.712345678Z"},
+                                {"digest": d2, "name": "[base 2/3] RUN apt-get update", "cached": True,
+                                 "started": "2026-01-01T00:00:00Z", "completed": "2026-01-01T00:00:00Z"}]))
+    assert progress.detect(text) == progress.RAWJSON
+    p = progress.RawJSONParser()
+    events = [ev for line in text.splitlines(keepends=True) for ev in p.feed(line)]
+    assert progress.Output(d1, "Collecting torch") in events
+    assert progress.Done(d1, 93.2) in events and progress.Cached(d2) in events
+    assert [(s["stage"], s["seconds"], s["cached"]) for s in progress.steps(text)] == [("python-env", 93.2, False), ("base", 0.0, True)]
+    assert "[python-env 2/2] RUN pip install" in progress.readable(text)
+
+
+def test_ci_console_prints_one_line_per_finished_step():
+    err = io.StringIO()
+    sink = console.CI(err=err, out=io.StringIO()).build_sink()
+    for line in (PLAIN + FAILED).splitlines(keepends=True):
+        sink(line)
+    lines = err.getvalue().splitlines()
+    assert lines[0] == "[base 1/3] FROM docker.io/library/pytorch-cuda-rootfs:bookworm-a6e2 ... 0.0s"
+    assert lines[1] == "[base 2/3] RUN apt-get update && apt-get install -y --no-install-re ... 49.1s"
+    assert lines[2] == "[python-env 1/2] COPY requirements.lock /opt/pytorch-cuda/requirements.lock CACHED"
+    assert lines[3].startswith("[cuda-toolkit 3/3] RUN --mount") and lines[3].endswith(" ... 135.0s")
+    assert lines[4].startswith("[python-env 2/2] RUN --mount") and lines[4].endswith(" 256.6s")
+    assert lines[5].startswith("[ops-builder 5/5] RUN python /opt/pytorch-cuda/opsbuild.py") and lines[5].endswith(
+        " FAILED after 0.0s: executor failed running [/bin/sh -c python /opt/pytorch-cuda/opsbuild.py]: exit code: 1")
+    assert len(lines) == 6  # internal vertices, output and the canceled step print nothing
+
+
+def test_smoke_steps_and_totals_get_a_line():
+    assert console.smoke_line("  zero3_cpu2: rc=0 45.1s") == "[smoke] zero3_cpu2 ok 45.1s"
+    assert console.smoke_line("  fsdp2_cpu2: rc=1 3.0s") == "[smoke] fsdp2_cpu2 FAILED (exit 1) 3.0s"
+    assert console.smoke_line("  ddp_cpu2: rc=-9 600.0s TIMEOUT") == "[smoke] ddp_cpu2 TIMEOUT 600.0s"
+    assert console.smoke_line("138 passed, 0 failed, 12 skipped, 3 info in 237s; report /results/report.json") == \
+        "[smoke] 138 passed, 0 failed, 12 skipped, 3 info in 237s"
+    assert console.smoke_line("CHECK  RUN  RANK  STATUS  DETAIL") is None
+
+
+def test_summary_table_has_a_row_per_result_and_the_errors_below():
+    ok = SimpleNamespace(image="2.7.1-cuda12.1-runtime", ok=True, exit_code=0, size_bytes=6.22e9, total=800.0,
+                         seconds={"engine": 1.0, "build": 700.0, "test": 99.0}, tags=["pytorch-cuda:2.7.1-cuda12.1-runtime", "pytorch-cuda:v2.7"],
+                         error=[])
+    bad = SimpleNamespace(image="2.7.1-cuda12.6-runtime", ok=False, exit_code=1, size_bytes=0, total=30.0,
+                          seconds={"engine": 1.0, "build": 29.0}, tags=[], error=["build failed at step [python-env 2/2] RUN ...", "tail"])
+    lines = console.summary_table([ok, bad])
+    assert lines[0].split() == ["ROW", "RESULT", "SIZE", "ENGINE", "BUILD", "TEST", "TOTAL", "TAGS"]
+    assert lines[1].split() == ["2.7.1-cuda12.1-runtime", "ok", "6.22", "GB", "1.0s", "700.0s", "99.0s", "800.0s",
+                                "pytorch-cuda:2.7.1-cuda12.1-runtime", "pytorch-cuda:v2.7"]
+    assert lines[2].split() == ["2.7.1-cuda12.6-runtime", "exit", "1", "-", "1.0s", "29.0s", "-", "30.0s", "-"]
+    assert lines[3] == "2.7.1-cuda12.6-runtime: build failed at step [python-env 2/2] RUN ..."
