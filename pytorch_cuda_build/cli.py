@@ -2,9 +2,7 @@
 print. Typed errors are caught here, once, and printed as one line with their exit code."""
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import signal
 import sys
 from pathlib import Path
@@ -13,109 +11,14 @@ import docker.errors
 import requests
 
 from . import bench, build, console, docker_env, files, inputs, lock, matrix, pipeline, publish, render, sbom, selftest, verify
+from .arguments import COMMANDS, parser
 from .errors import PipelineError, UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMANDS = ("build", "list", "matrix", "lock", "render", "test", "publish", "prune", "selftest", "bench", "sbom", "verify")
 
 
 def log(msg: str) -> None:
     print(f"==> {msg}", file=sys.stderr, flush=True)
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line and exit 2, like every other bad input
-        raise UsageError(f"{message} (see --help)")
-
-
-def _selection(p: argparse.ArgumentParser, required: bool = True) -> None:
-    p.add_argument("--torch", required=required, help="torch minor (2.7) or full version (2.7.1)")
-    p.add_argument("--cuda", help="CUDA platform, e.g. 12.1; default: the torch minor's default row")
-    p.add_argument("--flavor", default="runtime", help="image flavor: runtime (default) or devel (adds the CUDA toolkit)")
-
-
-def _registry(p: argparse.ArgumentParser, push_help: str) -> None:
-    p.add_argument("--registry", default=os.environ.get("PYTORCH_CUDA_REGISTRY"), help="HOST[:PORT]/NAMESPACE (default: $PYTORCH_CUDA_REGISTRY)")
-    p.add_argument("--push", action="store_true", help=push_help)
-    p.add_argument("--retries", type=int, default=4, help="attempts per registry call (default 4, exponential backoff)")
-    if not any(a.dest == "ca_bundle" for a in p._actions):
-        p.add_argument("--ca-bundle", help="CA bundle for an HTTPS registry (default: pip's configured cert)")
-
-
-def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="build.py", description="Build, test and tag pinned PyTorch + CUDA images from matrix.yaml.")
-    p.add_argument("--matrix", type=Path, default=ROOT / "matrix.yaml", help="matrix file (default: matrix.yaml)")
-    sub = p.add_subparsers(dest="command", parser_class=_Parser)
-
-    b = sub.add_parser("build", help="build, test and tag one row (the default command), or many with --all")
-    _selection(b, required=False)
-    b.add_argument("--all", action="store_true", help="every row (of --torch, if given): each built, tested and tagged as on its own")
-    b.add_argument("--jobs", type=int, default=1, help="with --all: rows built at once (shared layers are built once)")
-    b.add_argument("--docker", help="Docker CLI to build with (default: $PYTORCH_CUDA_DOCKER, else detected)")
-    b.add_argument("--ca-bundle", help="CA bundle for HTTPS inside the build (default: pip's configured cert)")
-    b.add_argument("--no-test", action="store_true", help="build only; sets no public tag")
-    b.add_argument("--retest", action="store_true", help="test even if this image ID already passed")
-    b.add_argument("--no-cache", action="store_true", help="build without the layer cache")
-    b.add_argument("--require-gpu", action="store_true", help="fail instead of testing on the CPU when no GPU runtime exists")
-    b.add_argument("--dry-run", action="store_true", help="print the plan without calling Docker")
-    shown = b.add_mutually_exclusive_group()
-    shown.add_argument("--quiet", action="store_true", help="show no build progress (the log is still saved)")
-    shown.add_argument("--verbose", action="store_true", help="stream BuildKit's raw log instead of one line per step")
-    b.add_argument("--result-json", type=Path, help=argparse.SUPPRESS)  # where a child of --all writes its RowResult
-    _registry(b, "after tagging, publish the row (see `publish`)")
-
-    sub.add_parser("list", help="the matrix: what can be built, what is built")
-
-    mx = sub.add_parser("matrix", help="the matrix for machines: --json rows for a CI fan-out, --propose new torch releases")
-    mode = mx.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--json", action="store_true", help="every row with its tags and build arguments, as JSON")
-    mode.add_argument("--propose", action="store_true", help="candidate rows for torch releases on the index that the matrix lacks (network)")
-    mx.add_argument("--ca-bundle")
-
-    pb = sub.add_parser("publish", help="push tested images and their tags to a registry (dry run without --push)")
-    _selection(pb, required=False)
-    pb.add_argument("--all", action="store_true", help="every row of the matrix (each must be built and tested)")
-    _registry(pb, "push for real; without it, print what would move")
-
-    lk = sub.add_parser("lock", help="resolve rows into images/<image>/ lock files (network)")
-    _selection(lk, required=False)
-    lk.add_argument("--check", action="store_true", help="fail if any lock is stale (offline)")
-    lk.add_argument("--upgrade", action="store_true", help="re-resolve and print the version changes")
-    lk.add_argument("--ca-bundle")
-
-    r = sub.add_parser("render", help="render images/<image>/Dockerfile (offline)")
-    r.add_argument("--check", action="store_true", help="fail on drift from templates/ and the locks")
-
-    t = sub.add_parser("test", help="run the smoke and structure tests against a built image")
-    _selection(t)
-    t.add_argument("--image", help="image reference or ID to test (default: the row's own tag)")
-    t.add_argument("--require-gpu", action="store_true")
-
-    vf = sub.add_parser("verify", help="build a row twice without cache and compare the images file by file")
-    _selection(vf)
-    vf.add_argument("--docker")
-    vf.add_argument("--ca-bundle")
-
-    sb = sub.add_parser("sbom", help="CycloneDX SBOM (Python and Debian packages) of any local image")
-    sb.add_argument("image", help="image reference or ID")
-    sb.add_argument("--output", type=Path, help="file to write (default: stdout)")
-
-    bn = sub.add_parser("bench", help="measure (never assert): --full for size, build times and banner, else the banner only")
-    _selection(bn)
-    bn.add_argument("--runs", type=int, default=10, help="repetitions of the quick measurements (default 10)")
-    bn.add_argument("--full", action="store_true", help="every benchmark; report in bench/ (~15 min; empties the build cache for the cold builds)")
-    bn.add_argument("--cold-runs", type=int, default=1, help="with --full: cold builds of each kind (default 1)")
-    bn.add_argument("--only", default=",".join(bench.MEASURES), help="with --full: comma list of " + ",".join(bench.MEASURES))
-    bn.add_argument("--yes", action="store_true", help="allow the cold and matrix measures to empty this daemon's whole build cache")
-    bn.add_argument("--docker")
-    bn.add_argument("--ca-bundle")
-
-    st = sub.add_parser("selftest", help="this project's own test suite (sets up Docker first)")
-    st.add_argument("pytest_args", nargs=argparse.REMAINDER, help="extra pytest arguments")
-
-    pr = sub.add_parser("prune", help="remove candidate images and bound the build cache")
-    pr.add_argument("--keep-storage", default="40GB", help="build cache to keep (default 40GB)")
-    return p
 
 
 def cmd_list(m: matrix.Matrix, args) -> int:

@@ -260,7 +260,7 @@ def _scan_layers(ref: str, needles: list[bytes]) -> tuple[int, list[str]]:
 
 def test_ca_secret_is_in_no_layer_history_or_label(built, docker_client):
     """The CA bundle went in as a BuildKit secret: none of its private certificates may ship."""
-    from pytorch_cuda_build.cli import default_ca_bundle
+    from pytorch_cuda_build.pipeline import default_ca_bundle
 
     bundle = default_ca_bundle()
     if not bundle:
