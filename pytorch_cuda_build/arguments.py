@@ -9,7 +9,6 @@ from pathlib import Path
 from . import bench
 from .errors import UsageError
 
-ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = ("build", "list", "matrix", "lock", "render", "test", "publish", "prune", "selftest", "bench", "sbom", "verify")
 
 
@@ -45,7 +44,7 @@ def _registry(p: argparse.ArgumentParser, push_help: str) -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="build.py", description="Build, test and tag pinned PyTorch + CUDA images from matrix.yaml.")
-    p.add_argument("--matrix", type=Path, default=ROOT / "matrix.yaml", help="matrix file (default: matrix.yaml)")
+    p.add_argument("--matrix", type=Path, help="matrix file (default: the project's matrix.yaml)")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
     b = sub.add_parser("build", help="build, test and tag one row (the default command), or many with --all")

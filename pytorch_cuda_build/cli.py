@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     args = command = None
     try:
         args = parser().parse_args(argv)
+        args.matrix = args.matrix or ROOT / "matrix.yaml"
         command = args.command
         m = matrix.load(args.matrix)
         return globals()[f"cmd_{args.command}"](m, args)
