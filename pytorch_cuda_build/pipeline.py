@@ -234,7 +234,8 @@ def following_smoke(c, image_id: str, console):
         while not stop.is_set():
             try:
                 for container in c.containers.list(filters=filters):
-                    if container.id not in seen and container.attrs.get("ImageID") == image_id:
+                    # list() inspects each container: the image ID is "Image" there ("ImageID" only in a sparse list)
+                    if container.id not in seen and image_id in (container.attrs.get("Image"), container.attrs.get("ImageID")):
                         seen.add(container.id)
                         _stream_lines(container.logs(stream=True, follow=True), console.smoke, stop)
             except Exception:
