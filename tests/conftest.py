@@ -75,15 +75,13 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture(scope="session")
 def docker_client():
-    import docker
+    from pytorch_cuda_build.checks import support  # imported late: STATE_DIR is set above first
 
-    try:
-        c = docker.from_env(timeout=900)
-        c.ping()
-    except docker.errors.DockerException as e:
+    c, why = support.daemon()
+    if c is None:
         if IN_CI:
-            pytest.fail(f"CI needs a Docker daemon and none answers: {e}")
-        pytest.skip(f"no Docker daemon: {e}")
+            pytest.fail(f"CI needs a Docker daemon and none answers: {why}")
+        pytest.skip(f"no Docker daemon: {why}")
     return c
 
 
