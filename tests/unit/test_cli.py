@@ -208,3 +208,9 @@ def test_lock_upgrade_prints_what_moved(tmp_path):
     assert json.loads(meta_path.read_text())["pins"]["tqdm"] == current
     for name in ("requirements.lock", "deepspeed.lock", "toolkit.lock"):
         assert (meta_path.parent / name).read_bytes() == (ROOT / "images" / "2.7.1-cuda12.6-runtime" / name).read_bytes(), name
+
+
+def test_quiet_and_verbose_together_is_one_line_before_anything_runs():
+    proc = run_cli(ROOT, "--torch", "2.7", "--cuda", "12.1", "--quiet", "--verbose", env=NO_DOCKER)
+    one_error_line(proc, 2, "argument --verbose: not allowed with argument --quiet")
+    assert proc.stdout == ""
