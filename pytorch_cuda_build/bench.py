@@ -218,8 +218,13 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
     ref = image.refs()[0]
     r: dict = {"image": image.name, "runs": runs, "cold_runs": cold_runs, "cpus": os.cpu_count(),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    partial = out_dir / "report.partial.json"
+    save = lambda: _save_partial(partial, r)  # noqa: E731 - a long run keeps what it measured if a later step fails
     if "cold" in only:
         r["cold"], r["size"] = _cold(c, image, root, bc, ca, cold_runs, buildpy, row, log, chosen)
+        save()
+    else:
+        r["cold"] = _previous(out_dir / "report.json", image, "cold")  # ratios to the last measured cold build
     # After the cold builds, which leave the layer cache warm: only the tests run here then.
     log("bench: making sure the row is built and tested")
     timed(buildpy + row + ["--quiet"], env=chosen)
@@ -235,6 +240,7 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
                        if not s["cached"] and not s["cmd"].startswith("FROM ")]  # FROM resolves, it builds nothing
             c.images.remove(build.candidate_ref(image), noprune=False)
         r["smoke_change"] = {"seconds": t, "rebuilt_steps": [f"[{s['stage']}] {s['cmd']}" for s in rebuilt]}
+    save()
     if "size" in only:
         log("bench: size against the floor")
         with tempfile.TemporaryDirectory(prefix="pytorch-cuda-bench-") as tmp:
@@ -246,6 +252,7 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
         c.images.remove("pytorch-cuda-bench:base", noprune=True)
         r["size"] = {**r.get("size", {}), "image": ours, "base_os_python": base, "locked_env": venv, "floor": base + venv,
                      "ratio_to_floor": ours / (base + venv)}
+    save()
     if "opscache" in only:
         # After the cold build: the ops cache mount survives --no-cache, so nvcc must not run again.
         log("bench: --no-cache rebuild (the ops cache must serve the compiled ops)")
@@ -257,6 +264,7 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
                          "served_from_cache": "taken from the ops cache, nothing compiled" in text}
         if r.get("cold"):
             r["opscache"]["cold_ops_step_s"] = statistics.median(r["cold"]["ours_ops_s"])
+    save()
     if "rows" in only:
         twin = next((i for i in m.images if i.lock_key == image.lock_key and i.name != image.name and i.flavor == image.flavor), None)
         if twin:
@@ -275,15 +283,20 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
             if r.get("cold"):
                 r["second_row"]["fraction_of_cold_build"] = t / statistics.median(r["cold"]["ours_s"])
             c.images.remove(cand, noprune=False)
+    save()
     if "matrix" in only:
         r["matrix"] = _matrix(c, m, image, root, bc, buildpy, r, log)
+    save()
     if "banner" in only:
         log(f"bench: banner start-up, {runs} interleaved runs")
         r["banner"] = banner(image, ref, runs, out_dir, docker_cli=bc.argv[0])
+    if r.get("cold") is None or "cold" not in only:
+        r.pop("cold", None)  # only borrowed for the ratios: merge_previous carries the measured one
     r = merge_previous(out_dir / "report.json", r, only)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "report.json").write_text(json.dumps(r, indent=2) + "\n")
     (out_dir / "report.md").write_text(report_markdown(r))
+    partial.unlink(missing_ok=True)
     if "image" in r.get("size", {}) and "naive" in r["size"]:
         s = r["size"]
         (out_dir / "sizes.svg").write_text(svg_bars(f"Image size, {image.name}", "GB", [
@@ -376,6 +389,20 @@ def _matrix(c, m, image: Image, root: Path, bc, buildpy: list[str], r: dict, log
     if r.get("cold"):
         out["fraction_of_cold_build"] = t / statistics.median(r["cold"]["ours_s"])
     return out
+
+
+def _save_partial(path: Path, r: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**r, "partial": True}, indent=2) + "\n")
+
+
+def _previous(path: Path, image: Image, key: str):
+    """One figure of the last full report for this image, or None."""
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return old.get(key) if old.get("image") == image.name else None
 
 
 def merge_previous(path: Path, r: dict, only: set[str]) -> dict:
