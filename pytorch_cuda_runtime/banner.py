@@ -99,9 +99,28 @@ def warnings_for(m, gpus, shm):
     return warns
 
 
-def render(m, gpus, shm):
+def ib_devices(sysfs="/sys/class/infiniband", dev="/dev/infiniband"):
+    """RDMA devices NCCL can use: the host's HCAs (sysfs) and whether their device files were passed in."""
+    try:
+        names = sorted(os.listdir(sysfs))
+    except OSError:
+        names = []
+    return names, os.path.isdir(dev) and bool(os.listdir(dev))
+
+
+def ib_line(names, passed):
+    if names and passed:
+        return f"InfiniBand/RoCE: {', '.join(names)} (NCCL uses them through rdma-core's libibverbs)"
+    if names:
+        return (f"InfiniBand/RoCE: {', '.join(names)} present but /dev/infiniband not passed in: NCCL falls back "
+                "to TCP sockets. Add `--device /dev/infiniband` (and `--cap-add IPC_LOCK`).")
+    return "InfiniBand/RoCE: no devices visible (NCCL uses TCP sockets across nodes)"
+
+
+def render(m, gpus, shm, ib=((), False)):
     lines = version_lines(m)
     lines += gpu_lines(gpus or [])
+    lines.append(ib_line(*ib))
     lines += [f"WARNING: {w}" for w in warnings_for(m, gpus, shm)]
     return "\n".join(lines)
 
@@ -115,7 +134,7 @@ def main():
         except (OSError, ValueError) as e:
             m = {}
             print(f"pytorch-cuda: manifest unreadable ({e})", file=sys.stderr)
-        print(render(m, query_gpus(), shm_bytes()), file=sys.stderr)
+        print(render(m, query_gpus(), shm_bytes(), ib_devices()), file=sys.stderr)
     except Exception as e:  # never block the container start
         print(f"pytorch-cuda: banner skipped ({type(e).__name__}: {e})", file=sys.stderr)
     return 0

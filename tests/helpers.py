@@ -100,3 +100,123 @@ def run_cli(root: Path, *args: str, env: dict | None = None) -> subprocess.Compl
 
 def tree_snapshot(path: Path) -> dict[str, bytes]:
     return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+# ---- containers that serve (sshd, JupyterLab, TensorBoard, training "nodes") ----------------
+# Host networking and 127.0.0.1 only: each service gets a port of its own, and no test traffic
+# leaves the loopback interface (ENVIRONMENT.md's network rule).
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serving(image: str, cmd: list[str], opts: tuple[str, ...] = ()):
+    """`docker run -d --network host` of the image's entrypoint; yields the container ID and
+    removes the container afterwards, whatever happened."""
+    from pytorch_cuda_build import test as stage
+
+    proc = subprocess.run(["docker", "run", "-d", "--network", "host", "--label", f"{stage.RUN_LABEL}={stage.RUN_ID}",
+                           "--label", "pytorch-cuda.test=service", *opts, image, *cmd],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, shown(proc)
+    cid = proc.stdout.strip()
+    try:
+        yield cid
+    finally:
+        subprocess.run(["docker", "rm", "-f", cid], capture_output=True, timeout=120)
+
+
+def logs(cid: str) -> str:
+    p = subprocess.run(["docker", "logs", cid], capture_output=True, text=True, timeout=60)
+    return p.stdout + p.stderr
+
+
+def wait_until(what: str, ready, cid: str | None = None, timeout: float = 120.0):
+    """Poll ready() until it returns something truthy; fail with the container's log if it exits or times out."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = ready()
+        if got:
+            return got
+        if cid:
+            state = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", cid],
+                                   capture_output=True, text=True).stdout.strip()
+            if state != "true":
+                pytest.fail(f"{what}: the container stopped:\n{logs(cid)[-3000:]}")
+        time.sleep(0.5)
+    pytest.fail(f"{what}: not ready after {timeout:.0f} s" + (f":\n{logs(cid)[-3000:]}" if cid else ""))
+
+
+def ssh_keypair(directory: Path, name: str = "id_ed25519") -> tuple[Path, str]:
+    """A new ed25519 key pair (no passphrase); returns (private key path, public key line)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    key = directory / name
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"test-{name}", "-f", str(key)], check=True)
+    return key, (directory / f"{name}.pub").read_text().strip()
+
+
+def owned_by_image_user(path: Path) -> Path:
+    """A host directory the image's user (uid 1000) can write, for a /workspace mount."""
+    path.mkdir(parents=True, exist_ok=True)
+    for p in [path, *path.rglob("*")]:
+        os.chown(p, 1000, 1000)
+    return path
+
+
+def default_image() -> str:
+    """The default row, built and tested by build.py (at once when it already is): pytorch-cuda:v2.7."""
+    proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.1", "--quiet", timeout=5400)
+    assert proc.returncode == 0, shown(proc)
+    return "pytorch-cuda:v2.7"
+
+
+def scan_layers(ref: str, needles: list[bytes], secret_names: str | None = None) -> tuple[int, list[str]]:
+    """Stream `docker save` and search every file of every layer for the needles, and every
+    file name for the secret_names pattern; return (layers read, hits).
+
+    Both layouts: Docker < 25 writes <id>/layer.tar, Docker >= 25 an OCI layout whose layers
+    are blobs/sha256/<digest> (the manifests and configs there are JSON, not tar, and skipped)."""
+    import itertools
+    import re
+    import tarfile
+
+    names = re.compile(secret_names) if secret_names else None
+    chunk, keep = 16 * 1024 * 1024, max(len(n) for n in needles)
+    hits, layers = [], 0
+    save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE)
+    try:
+        outer = tarfile.open(fileobj=save.stdout, mode="r|")
+        for member in outer:
+            if not member.isfile() or not (member.name.endswith("layer.tar") or member.name.startswith("blobs/sha256/")):
+                continue
+            try:
+                inner = tarfile.open(fileobj=outer.extractfile(member), mode="r|*")
+                entries = iter(inner)
+                first = next(entries, None)
+            except tarfile.ReadError:
+                continue  # an OCI manifest, index or config blob
+            layers += 1
+            # Lazily: a streamed tar can only read a member's content before moving past it.
+            for f in itertools.chain([first] if first else [], entries):
+                if names and names.search(f.name):
+                    hits.append(f"{member.name}:{f.name}")
+                if not f.isfile():
+                    continue
+                fh, tail = inner.extractfile(f), b""
+                while block := fh.read(chunk):
+                    window = tail + block
+                    if any(n in window for n in needles):
+                        hits.append(f"{member.name}:{f.name}")
+                        break
+                    tail = window[-keep:]
+    finally:
+        save.stdout.close()
+        save.wait()
+    return layers, hits

@@ -13,8 +13,8 @@ from pytorch_cuda_build.checks.support import run_image, shown
 
 pytestmark = pytest.mark.docker
 
-COMMANDS = ["python", "torchrun", "deepspeed", "ds_report", "zero_to_fp32", "pdsh", "ssh",
-            "tini", "pytorch-cuda-smoke", "pytorch-cuda-banner", "pytorch-cuda-entrypoint"]
+COMMANDS = ["python", "torchrun", "deepspeed", "ds_report", "zero_to_fp32", "pdsh", "ssh", "/usr/sbin/sshd",
+            "jupyter", "jupyter-lab", "tensorboard", "tini", "pytorch-cuda-smoke", "pytorch-cuda-banner", "pytorch-cuda-entrypoint"]
 
 
 def test_default_user_is_non_root_with_writable_workspace(host):
@@ -237,6 +237,40 @@ def test_zero_to_fp32_command_works(host):
     assert out.rc == 0 and "checkpoint" in out.stdout.lower(), out.stdout + out.stderr
 
 
+RDMA_LOAD = """
+import ctypes, glob
+for lib in ("libibverbs.so.1", "librdmacm.so.1"):
+    ctypes.CDLL(lib)
+providers = sorted(p.split("/")[-1] for p in glob.glob("/usr/lib/x86_64-linux-gnu/libibverbs/lib*-rdmav*.so"))
+for p in providers:
+    ctypes.CDLL("/usr/lib/x86_64-linux-gnu/libibverbs/" + p)
+print(" ".join(providers))
+"""
+
+
+def test_rdma_user_space_loads_with_its_providers(host):
+    """NCCL's IB/RoCE transport dlopens libibverbs (and librdmacm); the verbs providers
+    (mlx5, efa, ...) must load too, or it sees no device and falls back to sockets."""
+    cmd = host.run(f"python -c '{RDMA_LOAD}'")
+    assert cmd.rc == 0, cmd.stderr[-2000:]
+    assert {"libmlx5-rdmav34.so", "libefa-rdmav34.so"} <= set(cmd.stdout.split()), cmd.stdout
+
+
+def test_no_ssh_host_key_ships(root_host):
+    """openssh-server's postinst makes host keys; a key baked into a layer would be every container's.
+    sshd mode generates a container's own at start."""
+    keys = root_host.run("find / -xdev -name 'ssh_host_*key*' 2>/dev/null").stdout.strip()
+    assert not keys, f"ssh host keys in the image: {keys}"
+
+
+def test_servers_are_configured_for_auth(host):
+    """JupyterLab's config sets where it serves from, never its token; the login profile restores the venv."""
+    conf = host.file("/opt/venv/etc/jupyter/jupyter_server_config.py").content_string
+    assert 'c.ServerApp.root_dir = "/workspace"' in conf and "token" not in conf.split("c = get_config")[1].lower()
+    assert host.file("/etc/profile.d/pytorch-cuda.sh").exists
+    assert host.run("bash -lc 'command -v python'").stdout.strip() == "/opt/venv/bin/python"
+
+
 def test_banner_prints_versions_and_cpu_warning(image_ref, row, lock_meta):
     proc = run_image(image_ref, ["true"], ("--shm-size", "64m"))
     assert proc.returncode == 0, shown(proc)
@@ -245,6 +279,7 @@ def test_banner_prints_versions_and_cpu_warning(image_ref, row, lock_meta):
         assert fact in banner, f"{fact} missing from banner:\n{banner}"
     assert "--gpus all" in banner  # no GPU: says how to get one
     assert "shm" in banner.lower()  # 64 MB /dev/shm: says how to fix it
+    assert "InfiniBand/RoCE: no devices visible" in banner
     assert proc.stdout == ""  # banner never pollutes stdout
 
 

@@ -76,6 +76,8 @@ def main(argv=None):
     args, _ = p.parse_known_args(argv)
     ctx = Ctx()
     ctx.family = args.family
+    if os.environ.get("PCR_NODE"):  # multi-node runs: which machine (container) this rank ran on
+        ctx.rec.info(f"{args.family}.node", os.environ["PCR_NODE"])
     # A hang is killed by the orchestrator; dump every thread's stack first, for the log.
     faulthandler.dump_traceback_later(max(ctx.timeout.total_seconds() - 5, 1), exit=False)
     try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import ROOT, insert_before_user, project_copy, run_build_py
+from helpers import ROOT, insert_before_user, project_copy, run_build_py, scan_layers
 
 from pytorch_cuda_build import bench, lock, matrix, render, test
 
@@ -227,59 +227,39 @@ def _pem_blocks(text: str) -> set[str]:
     return {m.replace("\r", "").strip() for m in re.findall(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", text, re.S)}
 
 
-def _scan_layers(ref: str, needles: list[bytes]) -> tuple[int, list[str]]:
-    """Stream `docker save` and search every file of every layer; return (layers, hits)."""
-    import subprocess
-    import tarfile
-
-    chunk, keep = 16 * 1024 * 1024, max(len(n) for n in needles)
-    hits, layers = [], 0
-    save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE)
-    try:
-        outer = tarfile.open(fileobj=save.stdout, mode="r|")
-        for member in outer:
-            if not member.name.endswith("layer.tar"):
-                continue
-            layers += 1
-            inner = tarfile.open(fileobj=outer.extractfile(member), mode="r|")
-            for f in inner:
-                if not f.isfile():
-                    continue
-                fh, tail = inner.extractfile(f), b""
-                while block := fh.read(chunk):
-                    window = tail + block
-                    if any(n in window for n in needles):
-                        hits.append(f"{member.name}:{f.name}")
-                        break
-                    tail = window[-keep:]
-    finally:
-        save.stdout.close()
-        save.wait()
-    return layers, hits
+# Private keys of the kinds an image could leak: OpenSSH's own format (ssh-keygen's default,
+# sshd host keys) and PEM RSA/EC/DSA. Packages' test fixtures use PKCS#8 ("BEGIN PRIVATE KEY"),
+# which is not searched for.
+PRIVATE_KEYS = [b"-----BEGIN OPENSSH PRIVATE KEY-----", b"-----BEGIN RSA PRIVATE KEY-----",
+                b"-----BEGIN EC PRIVATE KEY-----", b"-----BEGIN DSA PRIVATE KEY-----"]
+# Files that hold a secret by their name alone: ssh host keys, and Jupyter's runtime files and
+# JSON configs, where a server's token or password hash lives.
+SECRET_FILES = r"(^|/)ssh_host_[a-z0-9]+_key(\.pub)?$|(^|/)jupyter/runtime/|(^|/)jupyter_(server|notebook)_config\.json$"
 
 
-def test_ca_secret_is_in_no_layer_history_or_label(built, docker_client):
-    """The CA bundle went in as a BuildKit secret: none of its private certificates may ship."""
+def test_no_secret_in_any_layer(built, docker_client):
+    """The secret scan over every file of every layer of the tested image: the build's CA bundle
+    (a BuildKit secret), private keys, ssh host keys (sshd mode makes them per container) and
+    Jupyter tokens; and over its history and config."""
     from pytorch_cuda_build.pipeline import default_ca_bundle
 
-    bundle = default_ca_bundle()
-    if not bundle:
-        pytest.skip("no CA bundle configured on this host: the build had no secret to leak")
-    baked = docker_client.containers.run("pytorch-cuda:v2.7", ["cat", "/etc/ssl/certs/ca-certificates.crt"], remove=True,
-                                         environment={"PYTORCH_CUDA_NO_BANNER": "1"}).decode()
-    private = _pem_blocks(open(bundle).read()) - _pem_blocks(baked)  # e.g. a TLS proxy's CA, not Debian's
-    if not private:
-        pytest.skip(f"{bundle} holds only public CAs that the image ships anyway: nothing private to look for")
-    # The second line of a PEM certificate (64 base64 characters) identifies it.
-    needles = [p.split("\n")[1].encode() for p in private]
     history = json.dumps(docker_client.api.history("pytorch-cuda:v2.7"))
     config = json.dumps(docker_client.images.get("pytorch-cuda:v2.7").attrs["Config"])
+    needles = list(PRIVATE_KEYS)
+    bundle = default_ca_bundle()
+    if bundle:
+        baked = docker_client.containers.run("pytorch-cuda:v2.7", ["cat", "/etc/ssl/certs/ca-certificates.crt"], remove=True,
+                                             environment={"PYTORCH_CUDA_NO_BANNER": "1"}).decode()
+        private = _pem_blocks(open(bundle).read()) - _pem_blocks(baked)  # e.g. a TLS proxy's CA, not Debian's
+        # The second line of a PEM certificate (64 base64 characters) identifies it.
+        needles += [p.split("\n")[1].encode() for p in private]
+        assert bundle not in history + config
     for text in (history, config):
-        assert bundle not in text and "BEGIN CERTIFICATE" not in text
+        assert "BEGIN CERTIFICATE" not in text and "PRIVATE KEY" not in text and "JUPYTER_TOKEN" not in text
         assert not any(n.decode() in text for n in needles)
-    layers, hits = _scan_layers("pytorch-cuda:v2.7", needles)
+    layers, hits = scan_layers("pytorch-cuda:v2.7", needles, SECRET_FILES)
     assert layers >= 5, f"only {layers} layers read from docker save"
-    assert not hits, f"private CA certificate found in: {hits}"
+    assert not hits, f"secrets found in: {hits}"
 
 
 @pytest.mark.fault
