@@ -36,7 +36,7 @@ def image_dir(root: Path, image: Image) -> Path:
 def base_identity(image: Image) -> dict:
     """What the base is: a digest-pinned registry image, or the recipe of a local rootfs."""
     # The rootfs is made from suite, mirror and variant alone; package lists are pinned apart.
-    recipe = image.os.model_dump(exclude_none=True, exclude={"packages", "build_packages"})
+    recipe = image.os.model_dump(exclude_none=True, exclude={"packages", "build_packages", "updates"})
     recipe["name"] = image.os_name
     return {**recipe, "recipe_sha256": sha256_text(json.dumps(recipe, sort_keys=True))}
 
@@ -50,17 +50,25 @@ def inputs(image: Image) -> dict:
         "index": image.index,
         "expect": {"torch_cuda": image.wheel_cuda, "cudnn": image.cudnn, "nccl": image.nccl},
         "base": base_identity(image),
-        "apt": {"packages": list(image.os.packages), "build_packages": list(image.os.build_packages)},
+        "apt": {"packages": list(image.os.packages), "build_packages": list(image.os.build_packages),
+                "updates": [u.model_dump() for u in image.os.updates]},
         "toolkit": image.toolkit.model_dump(mode="json", exclude_defaults=True) if image.toolkit else None,
     }
 
 
-def apt_pins(image: Image, ca_bundle: str | None) -> dict[str, str]:
-    """Versions of the image's Debian packages, when its OS names a mirror to read them from."""
+def apt_pins(image: Image, ca_bundle: str | None) -> tuple[dict[str, str], dict[str, str]]:
+    """(pins, fixes) of the image's Debian packages, when its OS names a mirror to read them from.
+
+    pins: each named package at its newest version across the release and its update suites.
+    fixes: the newest version in the update suites of every package the image can install
+    (the named ones, their dependencies, the release's required set): the floor the image's
+    structure check holds every installed package to."""
     names = [*image.os.packages, *image.os.build_packages]
     if not names or not (image.os.mirror and image.os.suite):
-        return {}
-    return resolve.debian_versions(image.os.mirror, image.os.suite, names, ca_bundle)
+        return {}, {}
+    suites = resolve.DebianSuites(image.os.mirror, image.os.suite,
+                                  tuple((u.mirror, u.suite) for u in image.os.updates), ca_bundle)
+    return suites.newest(names), suites.fixes(names)
 
 
 def split(lock_text: str) -> tuple[str, str]:
@@ -125,7 +133,7 @@ def resolve_toolkit(image: Image, lock_text: str, ca_bundle: str | None,
     return head + body, toolkit_version(debs, "")
 
 
-def render_lock(image: Image, lock_text: str, apt: dict[str, str] | None = None,
+def render_lock(image: Image, lock_text: str, apt: tuple[dict[str, str], dict[str, str]] = ({}, {}),
                 toolkit: tuple[str, str] = ("", "")) -> dict[str, str]:
     """The four files of one image's lock, as text."""
     facts = resolve.wheel_facts(lock_text)
@@ -141,7 +149,8 @@ def render_lock(image: Image, lock_text: str, apt: dict[str, str] | None = None,
         "inputs_sha256": sha256_text(json.dumps(inputs(image), sort_keys=True)),
         "wheel": asdict(facts),
         "pins": resolve.pins(lock_text),
-        "apt": apt or {},
+        "apt": apt[0],
+        "apt_fixes": apt[1],
         "cuda_toolkit": tk_version,
         "files_sha256": sha256_text(req, ds, tk_text),
     }

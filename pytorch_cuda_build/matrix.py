@@ -60,6 +60,13 @@ def minor_of(version: str) -> str:
     return f"{major}.{minor}"
 
 
+class AptSource(_Strict):
+    """A suite beside the release's own: its security fixes, its stable updates."""
+
+    mirror: str
+    suite: str
+
+
 class OSBase(_Strict):
     """Where a row's root filesystem comes from: built locally, or a pinned registry image."""
 
@@ -73,6 +80,9 @@ class OSBase(_Strict):
     # `lock` pins each to the version the mirror's index holds.
     packages: tuple[str, ...] = ()
     build_packages: tuple[str, ...] = ()
+    # Fixes on top of the release (its -security and -updates suites): every apt step reads
+    # them too and the base upgrades to them; `lock` pins from the newest of all suites.
+    updates: tuple[AptSource, ...] = ()
 
     _py = field_validator("python", mode="before")(_version("Python version (X.Y)", (2, 2)))
 

@@ -28,6 +28,7 @@ RENDERED = ("Dockerfile", "manifest.json")
 SBOM_PATH = "/opt/pytorch-cuda/sbom.cdx.json"  # CycloneDX, baked into every image
 _BASE_ARG = re.compile(r"^ARG BASE_IMAGE=\S+$", re.M)
 _APT_ARG = re.compile(r'^ARG APT_PACKAGES="[^"]*"$', re.M)
+_SOURCES_ARG = re.compile(r'^ARG APT_SOURCES="[^"]*"$', re.M)
 
 
 def rootfs_ref(image: Image) -> str:
@@ -45,11 +46,18 @@ def apt_list(names: tuple[str, ...], pins: dict[str, str]) -> str:
     return " ".join(f"{n}={pins[n]}" if n in pins else n for n in names)
 
 
+def apt_sources(image: Image) -> str:
+    """The OS's update suites as sources.list lines, `;`-separated (one ARG holds them)."""
+    return ";".join(f"deb {u.mirror} {u.suite} main" for u in image.os.updates)
+
+
 def base_stage(root: Path, image: Image, lock_meta: dict) -> str:
     text = (root / "Dockerfile.base").read_text()
-    if len(_BASE_ARG.findall(text)) != 1 or len(_APT_ARG.findall(text)) != 1:
-        raise RenderError('Dockerfile.base must have exactly one `ARG BASE_IMAGE=<default>` and one `ARG APT_PACKAGES="..."` line')
+    if len(_BASE_ARG.findall(text)) != 1 or len(_APT_ARG.findall(text)) != 1 or len(_SOURCES_ARG.findall(text)) != 1:
+        raise RenderError('Dockerfile.base must have exactly one `ARG BASE_IMAGE=<default>`, one `ARG APT_PACKAGES="..."` '
+                          'and one `ARG APT_SOURCES="..."` line')
     text = _BASE_ARG.sub(f"ARG BASE_IMAGE={base_ref(image)}", text)
+    text = _SOURCES_ARG.sub(f'ARG APT_SOURCES="{apt_sources(image)}"', text)
     text = _APT_ARG.sub(f'ARG APT_PACKAGES="{apt_list(image.os.packages, lock_meta.get("apt", {}))}"', text)
     return text.rstrip("\n")
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from debian.debian_support import Version  # Debian's own ordering: epochs, ~, revisions
+
 from .errors import EnvironmentProblem, ResolveError
 from .matrix import Image
 
@@ -151,24 +153,107 @@ def wheel_facts(lock_text: str) -> WheelFacts:
     )
 
 
-_DEBIAN_INDEX: dict[tuple[str, str], dict[str, str]] = {}
+_DEBIAN_INDEX: dict[tuple[str, str], dict[str, dict[str, str]]] = {}
 
 
-def debian_versions(mirror: str, suite: str, names: list[str], ca_bundle: str | None) -> dict[str, str]:
-    """name -> version of each package in the suite's main index, as apt in the build will see it."""
+def debian_index(mirror: str, suite: str, ca_bundle: str | None) -> dict[str, dict[str, str]]:
+    """name -> fields of the newest stanza of each package in the suite's main amd64 index,
+    read only after its sha256 matches the one the signed InRelease gives."""
     key = (mirror, suite)
     if key not in _DEBIAN_INDEX:
-        url = f"{mirror.rstrip('/')}/dists/{suite}/main/binary-amd64/Packages.xz"
+        hashes = _release_hashes(signed_release(mirror, suite, ca_bundle))
+        path = "main/binary-amd64/Packages.xz"
+        url = f"{mirror.rstrip('/')}/dists/{suite}/{path}"
+        if path not in hashes:
+            raise ResolveError(f"Debian {suite} at {mirror} has no {path} in its signed InRelease")
+        data = _fetch(url, ca_bundle)
+        if hashlib.sha256(data).hexdigest() != hashes[path]:
+            raise ResolveError(f"{url} does not match the sha256 in the signed InRelease")
         try:
-            text = lzma.decompress(_fetch(url, ca_bundle)).decode()
+            text = lzma.decompress(data).decode()
         except lzma.LZMAError as e:
             raise ResolveError(f"cannot read the Debian package index {url}: {e}") from None
-        _DEBIAN_INDEX[key] = {f["Package"]: f["Version"] for f in _stanzas(text) if "Package" in f}
-    index = _DEBIAN_INDEX[key]
-    missing = [n for n in names if n not in index]
-    if missing:
-        raise ResolveError(f"Debian {suite} at {mirror} has no package {', '.join(missing)}")
-    return {n: index[n] for n in names}
+        index: dict[str, dict[str, str]] = {}
+        for fields in _stanzas(text):
+            name = fields.get("Package")
+            if name and (name not in index or _newer(fields["Version"], index[name]["Version"])):
+                index[name] = fields  # the security suite can hold several versions of one package
+        _DEBIAN_INDEX[key] = index
+    return _DEBIAN_INDEX[key]
+
+
+def _newer(a: str, b: str) -> bool:
+    return Version(a) > Version(b)
+
+
+# A dependency: "name", "name (>= 1.0)", "name:any"; "a | b" are alternatives.
+_DEP = re.compile(r"^\s*([a-z0-9][a-z0-9.+-]*)")
+
+
+@dataclass
+class DebianSuites:
+    """A release (mirror, suite) and its update suites, as apt in the build sees them together."""
+
+    mirror: str
+    suite: str
+    updates: tuple[tuple[str, str], ...]
+    ca_bundle: str | None
+
+    def _indexes(self) -> list[dict[str, dict[str, str]]]:
+        return [debian_index(m, s, self.ca_bundle) for m, s in ((self.mirror, self.suite), *self.updates)]
+
+    def newest(self, names: list[str]) -> dict[str, str]:
+        """name -> the version apt installs: the newest any of the suites holds."""
+        indexes = self._indexes()
+        missing = [n for n in names if not any(n in i for i in indexes)]
+        if missing:
+            raise ResolveError(f"Debian {self.suite} at {self.mirror} has no package {', '.join(missing)}")
+        out = {}
+        for n in names:
+            versions = [i[n]["Version"] for i in indexes if n in i]
+            out[n] = max(versions, key=Version)
+        return out
+
+    def fixes(self, names: list[str]) -> dict[str, str]:
+        """name -> newest version in the update suites, for every package an image of these
+        names can hold: the names, the release's Priority: required set (debootstrap's minbase)
+        and everything they depend on, alternatives and providers of virtual packages included."""
+        main, *updates = self._indexes()
+        wanted = closure(main, [*names, *(n for n, f in main.items() if f.get("Priority") == "required")])
+        out: dict[str, str] = {}
+        for index in updates:
+            for n in wanted & index.keys():
+                if n not in out or _newer(index[n]["Version"], out[n]):
+                    out[n] = index[n]["Version"]
+        return dict(sorted(out.items()))
+
+
+def closure(index: dict[str, dict[str, str]], roots: list[str]) -> set[str]:
+    """Every package reachable from roots through Depends and Pre-Depends (an over-approximation:
+    all alternatives, all providers): no package the image may hold is left out."""
+    providers: dict[str, list[str]] = {}
+    for name, fields in index.items():
+        for dep in fields.get("Provides", "").split(","):
+            m = _DEP.match(dep)
+            if m:
+                providers.setdefault(m.group(1), []).append(name)
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        fields = index.get(name)
+        if fields is None:
+            todo += providers.get(name, [])
+            continue
+        for field in ("Pre-Depends", "Depends"):
+            for alt in fields.get(field, "").replace("|", ",").split(","):
+                m = _DEP.match(alt)
+                if m:
+                    todo.append(m.group(1))
+    return {n for n in seen if n in index}
 
 
 # ---- the CUDA toolkit DeepSpeed's ops are built with ----------------------------------

@@ -6,6 +6,7 @@ with what the installed wheels report, not with what the matrix claims.
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 
@@ -286,6 +287,26 @@ def test_banner_prints_versions_and_cpu_warning(image_ref, row, lock_meta):
 def test_banner_can_be_silenced(image_ref):
     proc = run_image(image_ref, ["echo", "hi"], ("-e", "PYTORCH_CUDA_NO_BANNER=1"))
     assert proc.returncode == 0 and proc.stdout == "hi\n" and proc.stderr == "", shown(proc)
+
+
+BEHIND = """while read -r name fixed; do
+    installed=$(dpkg-query -W -f='${Version}' "$name" 2>/dev/null) || continue
+    if dpkg --compare-versions "$installed" lt "$fixed"; then echo "$name $installed < $fixed"; fi
+done"""
+
+
+def test_no_debian_package_is_behind_the_security_suite(host, row, lock_meta):
+    """Every installed package at least at the version its OS's security and updates suites held
+    when the lock was made (lock.json apt_fixes: the base upgrades, then installs the newest)."""
+    fixes = lock_meta.get("apt_fixes", {})
+    if not row.os.updates:
+        pytest.skip(f"{row.os_name} names no security or updates suite")
+    assert fixes, "the lock recorded no security versions: run `build.py lock`"
+    listing = "".join(f"{n} {v}\n" for n, v in fixes.items())
+    cmd = host.run(f"printf %s {shlex.quote(listing)} | sh -c {shlex.quote(BEHIND)}")
+    assert cmd.rc == 0, cmd.stderr
+    assert cmd.stdout.strip() == "", f"behind the security suite as of the lock:\n{cmd.stdout}"
+    assert host.file("/etc/apt/sources.list.d/updates.list").contains(row.os.updates[0].suite)
 
 
 def test_debian_packages_are_the_locked_versions(host, row, lock_meta):
