@@ -73,10 +73,15 @@ def parser() -> argparse.ArgumentParser:
     _selection(pb, required=False)
     pb.add_argument("--all", action="store_true", help="every row of the matrix (each must be built and tested)")
     _registry(pb, "push for real; without it, print what would move")
+    pb.add_argument("--allow-vulnerable", action="append", default=[], metavar="ID",
+                    help="publish despite this critical advisory of vulnerabilities.json (its ID or an alias); repeatable")
 
     lk = sub.add_parser("lock", help="resolve rows into images/<image>/ lock files (network)")
     _selection(lk, required=False)
-    _flags(lk, check="fail if any lock is stale (offline)", upgrade="re-resolve and print the version changes")
+    _flags(lk, check="fail if any lock is stale (offline)", upgrade="re-resolve and print the version changes",
+           check_security="list locked Python packages with advisories and Debian pins behind the security suite; exit 1 if any (network)")
+    lk.add_argument("--security-snapshot", type=Path, metavar="DIR",
+                    help="with --check-security: recorded answers instead of the network (pypi.json, <suite>-security.Packages)")
     _docker_ca(lk, docker=False)
 
     r = sub.add_parser("render", help="render images/<image>/Dockerfile (offline)")

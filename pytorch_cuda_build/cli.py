@@ -28,6 +28,14 @@ def cmd_list(m: matrix.Matrix, args) -> int:
 
 def cmd_lock(m: matrix.Matrix, args) -> int:
     images = [m.select(args.torch, args.cuda, args.flavor)] if args.torch else list(m.images)
+    if args.security_snapshot and not args.check_security:
+        raise UsageError("--security-snapshot goes with --check-security")
+    if args.check_security and (args.check or args.upgrade):
+        raise UsageError("--check-security only reads the locks; run it apart from --check and --upgrade")
+    if args.check_security:
+        lines, found = inputs.check_security(ROOT, images, args.security_snapshot, lambda: pipeline.ca_bundle(args.ca_bundle))
+        print("\n".join(lines))
+        return 1 if found else 0  # 1, not an error: CI refreshes the locks on it
     if args.check:
         lock.check(ROOT, images)
         print(f"locks current for {len(images)} image(s)")
@@ -85,6 +93,7 @@ def cmd_publish(m: matrix.Matrix, args) -> int:
         raise UsageError("pick the rows: --torch X [--cuda Y] for one, or --all")
     images = list(m.images) if args.all else [m.select(args.torch, args.cuda, args.flavor)]
     c = docker_env.ensure_engine(log)
+    publish.screen(c, images, lambda i: pipeline.results_dir(ROOT, i), set(args.allow_vulnerable))
     moves = pipeline.publish_rows(c, images, reg, args.push, pipeline.ca_bundle(args.ca_bundle), args.retries, log,
                                   lambda i: pipeline.results_dir(ROOT, i))
     print("\n".join(publish.table(moves, reg, args.push)))

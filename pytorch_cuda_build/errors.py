@@ -208,3 +208,29 @@ class ImmutableTagTaken(PipelineError):
     def lines(self) -> list[str]:
         return [f"{t.target} is immutable and already holds another image (registry: manifest {t.digest}, "
                 f"config {t.config}; this image: {t.image_id}); nothing pushed" for t in self.taken]
+
+
+class AdvisoryLookupError(PipelineError):
+    """PyPI or Debian's security index could not be read, so nothing can be said about advisories."""
+
+    # Not 1: `lock --check-security` exits 1 when it found advisories, and CI refreshes the locks on that.
+    exit_code = 2
+
+
+@dataclass
+class VulnerableImage(PipelineError):
+    """Critical advisories in an image's vulnerabilities.json that no --allow-vulnerable names; nothing pushed."""
+
+    refused: dict[str, list[str]]  # image -> "ID (package version)" of each critical advisory not allowed
+    exit_code = 2
+
+    def __post_init__(self) -> None:
+        super().__init__(next(iter(self.refused), ""))
+
+    def __str__(self) -> str:
+        return self.lines()[0]
+
+    def lines(self) -> list[str]:
+        return [f"{image} has {len(ids)} critical advisor{'y' if len(ids) == 1 else 'ies'} not allowed: {', '.join(ids)}; "
+                f"nothing pushed (rebuild from refreshed locks, or name each with --allow-vulnerable ID)"
+                for image, ids in self.refused.items()]

@@ -1,11 +1,12 @@
-"""The checkout's committed inputs: lock and render them (one writer at a time), and say
-where each row stands (lock current, image built here) or what its build would do."""
+"""The checkout's committed inputs: lock and render them (one writer at a time), say
+where each row stands (lock current, image built here) or what its build would do, and
+what advisories its locked packages have."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Callable
 
-from . import base, docker_env, files, lock, render, tag
+from . import base, docker_env, files, lock, render, security, tag
 from .errors import EnvironmentProblem
 from .matrix import Image, Matrix
 
@@ -26,6 +27,20 @@ def relock(root: Path, m: Matrix, images: list[Image], upgrade: bool, ca: Callab
                       for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)]
         render.write(root, m, stale, log=log)
     return moved
+
+
+def check_security(root: Path, images: list[Image], snapshot: Path | None, ca: Callable[[], str | None]) -> tuple[list[str], bool]:
+    """`lock --check-security`: one line per advisory of a locked Python package and per
+    Debian pin behind the security suite, then a summary; and whether anything was found."""
+    sources = security.Snapshot(snapshot) if snapshot else security.Online(ca())
+    results = [security.check_lock(root, i, sources) for i in images]
+    lines = [line for r in results for line in security.finding_lines(r)]
+    python, critical = sum(len(r.advisories) for r in results), sum(a.severity == security.CRITICAL for r in results for a in r.advisories)
+    debian, unchecked = sum(len(r.behind) for r in results), {u for r in results for u in r.unchecked}
+    hit = sum(bool(r.advisories or r.behind) for r in results)
+    summary = (f"{hit} of {len(images)} image(s) with findings: {python} Python advisor{'y' if python == 1 else 'ies'} ({critical} critical), "
+               f"{debian} Debian pin(s) behind the security suite; {len(unchecked)} package version(s) unchecked (no answer from PyPI or the snapshot)")
+    return lines + [summary], bool(lines)
 
 
 def rerender(root: Path, m: Matrix, log) -> None:

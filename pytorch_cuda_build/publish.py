@@ -8,7 +8,8 @@ immutable tag of the run goes first and is read back from the registry (manifest
 and config digest = the local image ID) before any moving tag (the row's name, the
 aliases) moves, so a failure part-way leaves them where they were. A tag already
 holding this image is skipped. Pushing happens only with push=True: the default is a
-dry run that prints what would move.
+dry run that prints what would move. Before the registry is contacted, `screen` refuses
+an image whose vulnerabilities.json (security.py) lists a critical advisory not allowed.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import docker.errors
 import requests
 import tenacity
 
-from . import docker_env
+from . import docker_env, security
 from . import tag as tags
 from .errors import EnvironmentProblem, ImmutableTagTaken, PublishError, TagTaken, UsageError
 from .files import write_atomic
@@ -217,6 +218,14 @@ def tested_id(c: docker.DockerClient, image: Image) -> str:
     if tags.passed(image_id) is None:
         raise UsageError(f"{ref} ({image_id[:19]}) never passed its tests here; nothing pushed (run {build_cmd} or build.py test)")
     return image_id
+
+
+def screen(c: docker.DockerClient, images: list[Image], results: Callable[[Image], Path], allowed: set[str]) -> None:
+    """Refuse before the registry is contacted: a row never tested here, or one whose
+    vulnerabilities.json lists a critical advisory that `allowed` does not name."""
+    for image in images:
+        tested_id(c, image)  # the first question: a row never built says so, not that its report is missing
+    security.gate({i.name: results(i) / security.REPORT for i in images}, allowed)
 
 
 def dated_tag(image: Image, labels: dict[str, str] | None, ref: str) -> str:

@@ -1,0 +1,350 @@
+"""Known vulnerabilities of an image: Python advisories, and Debian packages behind the
+security suite. Written to build-results/<image>/vulnerabilities.json; publish refuses an
+image whose report lists a critical advisory that no --allow-vulnerable names.
+
+Python: PyPI's JSON API answers `/pypi/<name>/<version>/json` with a `vulnerabilities`
+list (OSV advisories: id, aliases, fixed_in, link, withdrawn). Each (name, version) is
+asked once however many images pin it; withdrawn advisories are skipped. A version PyPI
+does not know (HTTP 404), or that a snapshot did not record, is listed as unchecked,
+never counted as clean.
+
+Severity: PyPI's answers carry none, and none is guessed from the text. An advisory's
+severity is the `severity` key of its data when present (a recorded answer may carry
+one, e.g. OSV's GHSA rating: CRITICAL, HIGH, MODERATE, LOW), else UNKNOWN. Only CRITICAL
+stops a publish. With PyPI's live answers as they are today every advisory is UNKNOWN:
+the report lists each for a person to judge, and the gate alone stops none of them.
+
+Debian: the security suite's index, its InRelease checked with gpgv and its Packages.xz
+with the sha256 that InRelease lists, gives each package's newest version there. An
+installed version older by Debian's ordering (epochs, `~`, revisions: python-debian) is
+behind.
+"""
+from __future__ import annotations
+
+import concurrent.futures as futures
+import datetime as dt
+import hashlib
+import json
+import lzma
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Protocol
+
+import requests
+import tenacity
+from debian.debian_support import Version
+
+from . import lock, resolve
+from .errors import AdvisoryLookupError, ResolveError, UsageError, VulnerableImage
+from .files import write_atomic
+from .matrix import Image
+
+PYPI = "https://pypi.org/pypi"
+# Plain HTTP, as apt uses it: the signed InRelease vouches for the index, not the transport.
+SECURITY_MIRROR = "http://deb.debian.org/debian-security"
+INDEX_PATH = "main/binary-amd64/Packages.xz"
+REPORT = "vulnerabilities.json"
+CRITICAL = "CRITICAL"
+SNAPSHOT_ANSWERS = "pypi.json"  # a snapshot's PyPI answers, keyed "name==version"
+
+
+@dataclass(frozen=True)
+class Advisory:
+    id: str
+    package: str
+    installed: str
+    fixed_in: tuple[str, ...]
+    severity: str  # from the advisory's data, else UNKNOWN (see the module's docstring)
+    link: str
+    aliases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Behind:
+    """A Debian package whose installed (or locked) version is older than the security suite's."""
+
+    package: str
+    installed: str
+    security: str
+
+
+class Sources(Protocol):
+    """Where advisories come from: PyPI and Debian (Online), or a recorded folder (Snapshot)."""
+
+    def answer(self, name: str, version: str) -> list[dict] | None:
+        """The version's advisories as PyPI lists them; None when there is no answer for it."""
+
+    def security_index(self, suite: str) -> dict[str, str]:
+        """name -> newest version in the security suite (e.g. bookworm-security)."""
+
+    def described(self) -> dict[str, str]:
+        """What data was read, for the report's generated_from."""
+
+
+class _Transient(Exception):
+    """Worth another attempt: connection refused or reset, a timeout, HTTP 429 or 5xx."""
+
+
+class Online:
+    """PyPI's JSON API and Debian's signed security index; each answer asked once."""
+
+    def __init__(self, ca_bundle: str | None, attempts: int = 4, backoff: float = 2.0, session: requests.Session | None = None):
+        self.ca_bundle, self.attempts, self.backoff = ca_bundle, attempts, backoff
+        self.session = session or requests.Session()
+        self.session.verify = ca_bundle or True
+        self._answers: dict[str, list[dict] | None] = {}
+        self._indexes: dict[str, dict[str, str]] = {}
+        self._dates: dict[str, str] = {}
+
+    def answer(self, name: str, version: str) -> list[dict] | None:
+        key = f"{name}=={version}"
+        if key not in self._answers:
+            retrying = tenacity.Retrying(stop=tenacity.stop_after_attempt(self.attempts), reraise=True,
+                                         wait=tenacity.wait_exponential(multiplier=self.backoff, max=30),
+                                         retry=tenacity.retry_if_exception_type(_Transient))
+            try:
+                self._answers[key] = retrying(self._get, f"{PYPI}/{name}/{version}/json")
+            except _Transient as e:
+                raise AdvisoryLookupError(f"{e} ({self.attempts} attempts)") from None
+        return self._answers[key]
+
+    def _get(self, url: str) -> list[dict] | None:
+        try:
+            r = self.session.get(url, timeout=30)
+        except (requests.ConnectionError, requests.Timeout) as e:
+            raise _Transient(f"{url} unreachable ({type(e).__name__})") from None
+        if r.status_code == 404:  # not on PyPI, or not this version: unchecked, not clean
+            return None
+        if r.status_code == 429 or r.status_code >= 500:
+            raise _Transient(f"{url} answered HTTP {r.status_code}")
+        if r.status_code != 200:
+            raise AdvisoryLookupError(f"{url} answered HTTP {r.status_code}")
+        try:
+            return list(r.json().get("vulnerabilities") or [])
+        except (ValueError, AttributeError):
+            raise AdvisoryLookupError(f"{url} did not answer with PyPI's JSON") from None
+
+    def security_index(self, suite: str) -> dict[str, str]:
+        if suite not in self._indexes:
+            url = f"{SECURITY_MIRROR}/dists/{suite}/{INDEX_PATH}"
+            try:
+                release = resolve.signed_release(SECURITY_MIRROR, suite, self.ca_bundle)
+                expected = resolve._release_hashes(release).get(INDEX_PATH)
+                if expected is None:
+                    raise AdvisoryLookupError(f"{SECURITY_MIRROR}/dists/{suite}/InRelease lists no {INDEX_PATH}")
+                data = resolve._fetch(url, self.ca_bundle)
+                if hashlib.sha256(data).hexdigest() != expected:
+                    raise AdvisoryLookupError(f"{url} does not match the sha256 in the signed InRelease")
+                self._indexes[suite] = newest(lzma.decompress(data).decode())
+            except ResolveError as e:
+                raise AdvisoryLookupError(str(e)) from None
+            except lzma.LZMAError as e:
+                raise AdvisoryLookupError(f"cannot read {url}: {e}") from None
+            self._dates[suite] = next((ln.split(":", 1)[1].strip() for ln in release.splitlines() if ln.startswith("Date:")), "?")
+        return self._indexes[suite]
+
+    def described(self) -> dict[str, str]:
+        debian = "; ".join(f"{SECURITY_MIRROR}/dists/{s}/InRelease of {d}" for s, d in sorted(self._dates.items()))
+        return {"python": f"{PYPI}/<name>/<version>/json", "debian": debian or "not read"}
+
+
+class Snapshot:
+    """Recorded answers in a folder: pypi.json ({"name==version": {"vulnerabilities": [...]}})
+    and <suite>.Packages (e.g. bookworm-security.Packages, the suite's uncompressed index)."""
+
+    def __init__(self, folder: Path):
+        path = folder / SNAPSHOT_ANSWERS
+        if not folder.is_dir():
+            raise UsageError(f"security snapshot {folder} is not a folder")
+        try:
+            answers = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise UsageError(f"security snapshot {folder} has no {SNAPSHOT_ANSWERS} (PyPI's answers keyed name==version)") from None
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{path} is not valid JSON ({e.msg}, line {e.lineno})") from None
+        if not isinstance(answers, dict):
+            raise UsageError(f"{path} must map name==version to PyPI's answer")
+        self.folder, self.answers = folder, answers
+        self._read: list[str] = []
+
+    def answer(self, name: str, version: str) -> list[dict] | None:
+        key = f"{name}=={version}"
+        if key not in self.answers:
+            return None
+        found = self.answers[key]
+        if not isinstance(found, dict) or not isinstance(found.get("vulnerabilities", []), list):
+            raise UsageError(f"{self.folder / SNAPSHOT_ANSWERS}: {key} is not PyPI's answer (an object with a vulnerabilities list)")
+        return found.get("vulnerabilities", [])
+
+    def security_index(self, suite: str) -> dict[str, str]:
+        path = self.folder / f"{suite}.Packages"
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            raise UsageError(f"security snapshot {self.folder} has no {path.name} (the uncompressed {SECURITY_MIRROR}/dists/{suite}/{INDEX_PATH})") from None
+        self._read.append(path.name)
+        return newest(text)
+
+    def described(self) -> dict[str, str]:
+        return {"python": f"snapshot {self.folder / SNAPSHOT_ANSWERS}", "debian": f"snapshot {', '.join(sorted(set(self._read))) or 'not read'}"}
+
+
+# ---- Python ------------------------------------------------------------------------
+
+
+def python_packages(root: Path, image: Image) -> dict[str, str]:
+    """Every Python package the image's lock pins: lock.json's pins and deepspeed.lock's sdists."""
+    pins = dict(lock.read(root, image).get("pins", {}))
+    sdists = lock.image_dir(root, image) / "deepspeed.lock"
+    return {**pins, **(resolve.pins(sdists.read_text()) if sdists.exists() else {})}
+
+
+def python_advisories(packages: Iterable[tuple[str, str]], sources: Sources) -> tuple[list[Advisory], list[str]]:
+    """The advisories of each (name, version), each asked once; and the name==version with no answer."""
+    pairs = sorted(set(packages))
+    with futures.ThreadPoolExecutor(8) as pool:  # some 250 distinct pins over the matrix: seconds, not minutes
+        answers = list(pool.map(lambda p: sources.answer(*p), pairs))
+    found, unchecked = [], []
+    for (name, version), answer in zip(pairs, answers):
+        if answer is None:
+            unchecked.append(f"{name}=={version}")
+        found += [a for a in (_advisory(name, version, raw) for raw in answer or []) if a]
+    return found, unchecked
+
+
+def _advisory(name: str, version: str, raw: dict) -> Advisory | None:
+    if raw.get("withdrawn"):
+        return None
+    severity = raw.get("severity")
+    return Advisory(id=str(raw.get("id") or "unnamed"), package=name, installed=version,
+                    fixed_in=tuple(raw.get("fixed_in") or ()), severity=severity.upper() if isinstance(severity, str) else "UNKNOWN",
+                    link=raw.get("link") or "", aliases=tuple(raw.get("aliases") or ()))
+
+
+# ---- Debian ------------------------------------------------------------------------
+
+
+def _version(package: str, text: str) -> Version:
+    try:
+        return Version(text)
+    except ValueError:
+        raise UsageError(f"{package}: {text!r} is not a Debian version") from None
+
+
+def newest(packages_text: str) -> dict[str, str]:
+    """name -> newest version in a Debian Packages index (an index may list a package twice)."""
+    out: dict[str, str] = {}
+    for f in resolve._stanzas(packages_text):
+        name, version = f.get("Package"), f.get("Version")
+        if name and version and (name not in out or _version(name, version) > _version(name, out[name])):
+            out[name] = version
+    return out
+
+
+def behind(installed: dict[str, str], security: dict[str, str]) -> list[Behind]:
+    """The installed packages that the security suite has a newer version of."""
+    return [Behind(name, version, security[name]) for name, version in sorted(installed.items())
+            if name in security and _version(name, version) < _version(name, security[name])]
+
+
+def security_suite(image: Image) -> str | None:
+    """The security suite of the image's Debian release (bookworm -> bookworm-security); None without one."""
+    return f"{image.os.suite}-security" if image.os.suite else None
+
+
+def sbom_debian(doc: dict) -> dict[str, str]:
+    """name -> version of the Debian packages in a CycloneDX SBOM that pytorch_cuda_runtime/sbom.py wrote."""
+    return {c["name"]: c["version"] for c in doc.get("components", []) if c.get("purl", "").startswith("pkg:deb/")}
+
+
+# ---- the report, and the gate that reads it -------------------------------------------
+
+
+def write_report(image: str, advisories: list[Advisory], debian_behind: list[Behind], path: Path,
+                 generated_from: dict | None = None, unchecked: list[str] | None = None) -> dict:
+    """build-results/<image>/vulnerabilities.json, written atomically; returns what was written."""
+    python = [{"id": a.id, "package": a.package, "installed": a.installed, "fixed_in": list(a.fixed_in),
+               "severity": a.severity, "link": a.link, "aliases": list(a.aliases)} for a in advisories]
+    report = {
+        "image": image,
+        "generated_from": generated_from or {},
+        "python": python,
+        "python_unchecked": sorted(unchecked or []),
+        "debian_behind_security": [asdict(b) for b in debian_behind],
+        "counts": {"python": len(python), "debian": len(debian_behind), "critical": sum(a.severity == CRITICAL for a in advisories)},
+    }
+    write_atomic(path, json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def report_for_image(root: Path, image: Image, installed_debian: dict[str, str], fetch: Sources | None = None,
+                     ca_bundle: str | None = None) -> dict:
+    """The image's vulnerabilities.json from its locked Python packages and its installed Debian
+    packages (sbom_debian of its SBOM); fetch defaults to PyPI and Debian online."""
+    sources = fetch or Online(ca_bundle)
+    found, unchecked = python_advisories(python_packages(root, image).items(), sources)
+    suite = security_suite(image)
+    late = behind(installed_debian, sources.security_index(suite)) if suite else []
+    when = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    # build-results/<image>/, as pipeline.results_dir has it (imported from here, pipeline would import itself)
+    return write_report(image.name, found, late, root / "build-results" / image.name / REPORT,
+                        {**sources.described(), "at": when}, unchecked)
+
+
+def not_allowed(report: dict, allowed: set[str]) -> list[str]:
+    """The report's critical advisories that no allowed ID names (by its ID or an alias): 'ID (package version)'."""
+    return [f"{a['id']} ({a['package']} {a['installed']})" for a in report.get("python", [])
+            if a.get("severity") == CRITICAL and not allowed & {a["id"], *a.get("aliases", [])}]
+
+
+def refuse_critical(report: dict, allowed: Iterable[str]) -> None:
+    """Raise VulnerableImage naming every critical advisory of the report that `allowed` does not name."""
+    if refused := not_allowed(report, set(allowed)):
+        raise VulnerableImage({report.get("image", "?"): refused})
+
+
+def read_report(name: str, path: Path) -> dict:
+    try:
+        report = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{name}: no {path} (a build writes it after the SBOM); rebuild the row to record it; nothing pushed") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{name}: {path} is not valid JSON ({e.msg}); rebuild the row to record it again; nothing pushed") from None
+    if not isinstance(report, dict) or not isinstance(report.get("python"), list):
+        raise UsageError(f"{name}: {path} has no list of Python advisories; rebuild the row to record it again; nothing pushed")
+    return report
+
+
+def gate(reports: dict[str, Path], allowed: set[str]) -> None:
+    """Refuse, for every image at once, the critical advisories that `allowed` does not name."""
+    refused = {name: ids for name, path in reports.items() if (ids := not_allowed(read_report(name, path), allowed))}
+    if refused:
+        raise VulnerableImage(refused)
+
+
+# ---- `lock --check-security` ------------------------------------------------------------
+
+
+@dataclass
+class LockFindings:
+    image: str
+    advisories: list[Advisory]
+    behind: list[Behind]
+    suite: str | None
+    unchecked: list[str] = field(default_factory=list)
+
+
+def check_lock(root: Path, image: Image, sources: Sources) -> LockFindings:
+    """A row's committed lock against the advisories: its Python pins, and its Debian pins
+    (lock.json "apt") against the security suite."""
+    found, unchecked = python_advisories(python_packages(root, image).items(), sources)
+    apt, suite = lock.read(root, image).get("apt", {}), security_suite(image)
+    late = behind(apt, sources.security_index(suite)) if apt and suite else []
+    return LockFindings(image.name, found, late, suite, unchecked)
+
+
+def finding_lines(f: LockFindings) -> list[str]:
+    python = [f"{f.image}: python {a.package} {a.installed}: {a.id} ({a.severity}), "
+              f"fixed in {', '.join(a.fixed_in) or 'no release listed'}" + (f" {a.link}" if a.link else "") for a in f.advisories]
+    debian = [f"{f.image}: debian {b.package} {b.installed}: {f.suite} has {b.security}" for b in f.behind]
+    return python + debian
