@@ -38,6 +38,8 @@ def _registry(p: argparse.ArgumentParser, push_help: str) -> None:
     p.add_argument("--registry", default=os.environ.get("PYTORCH_CUDA_REGISTRY"), help="HOST[:PORT]/NAMESPACE (default: $PYTORCH_CUDA_REGISTRY)")
     p.add_argument("--push", action="store_true", help=push_help)
     p.add_argument("--retries", type=int, default=4, help="attempts per registry call (default 4, exponential backoff)")
+    p.add_argument("--allow-vulnerable", action="append", default=[], metavar="ID",
+                   help="publish despite this critical advisory of vulnerabilities.json (its ID or an alias); repeatable")
     if not any(a.dest == "ca_bundle" for a in p._actions):
         p.add_argument("--ca-bundle", help="CA bundle for an HTTPS registry (default: pip's configured cert)")
 
@@ -73,8 +75,6 @@ def parser() -> argparse.ArgumentParser:
     _selection(pb, required=False)
     pb.add_argument("--all", action="store_true", help="every row of the matrix (each must be built and tested)")
     _registry(pb, "push for real; without it, print what would move")
-    pb.add_argument("--allow-vulnerable", action="append", default=[], metavar="ID",
-                    help="publish despite this critical advisory of vulnerabilities.json (its ID or an alias); repeatable")
 
     lk = sub.add_parser("lock", help="resolve rows into images/<image>/ lock files (network)")
     _selection(lk, required=False)

@@ -65,7 +65,8 @@ def cmd_build(m: matrix.Matrix, args) -> int:
         print(inputs.plan(ROOT, images[0]))
         return 0
     opts = pipeline.Options(docker=args.docker, matrix_path=args.matrix, ca_path=pipeline.ca_bundle(args.ca_bundle), no_test=args.no_test, retest=args.retest,
-                            no_cache=args.no_cache, require_gpu=args.require_gpu, registry=reg, retries=args.retries)
+                            no_cache=args.no_cache, require_gpu=args.require_gpu, registry=reg, retries=args.retries,
+                            allow_vulnerable=tuple(args.allow_vulnerable))
     with console.make(args.verbose, args.quiet) as con:  # a bad CA failed above, not after waiting for the row lock
         if args.all:
             results = pipeline.build_many(ROOT, m, args.matrix, images, opts, args.jobs, con, ["--quiet"] * args.quiet + ["--verbose"] * args.verbose)

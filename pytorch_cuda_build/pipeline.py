@@ -1,7 +1,7 @@
 """The pipeline of the README's diagram, for one row and for many.
 
 One row (`build_row`): engine and base -> build (BuildKit) -> smoke + structure tests ->
-record the pass -> SBOM -> tag -> publish (with --push). Each stage is a call into the
+record the pass -> SBOM -> vulnerability report -> tag -> publish (with --push). Each stage is a call into the
 module named after it; this module only orders them, times them and tells the console.
 
 Many rows (`build_many`): a scheduler runs `--jobs` rows at once, each as its own
@@ -27,7 +27,7 @@ from typing import Callable
 
 from filelock import FileLock, Timeout
 
-from . import base, build, docker_env, files, lock, publish, render, sbom, tag, test
+from . import base, build, docker_env, files, lock, publish, render, sbom, security, tag, test
 from .errors import BuildError, PipelineError, UsageError
 from .matrix import Image, Matrix
 
@@ -78,6 +78,7 @@ class Options:
     registry: publish.Registry | None = None  # set: publish after tagging
     retries: int = 4
     matrix_path: Path | None = None  # the gate checks the row against the matrix the user gave
+    allow_vulnerable: tuple[str, ...] = ()  # critical advisories the user lets publish past
 
     def argv(self) -> list[str]:
         """The same options for a child `build.py build`."""
@@ -85,6 +86,7 @@ class Options:
         out += ["--docker", self.docker] if self.docker else []
         out += ["--ca-bundle", self.ca_path] if self.ca_path else []
         out += ["--push", "--registry", str(self.registry)] if self.registry else []
+        out += [a for v in self.allow_vulnerable for a in ("--allow-vulnerable", v)]
         return out + ["--retries", str(self.retries)]
 
 
@@ -177,6 +179,10 @@ class _Row:
         with self.stage("sbom"):
             doc = sbom.generate(c, image_id)
             files.write_atomic(self.results / "sbom.cdx.json", sbom.text(doc))
+        with self.stage("vulnerabilities"):
+            report = security.record(self.root, image, security.sbom_debian(doc), opts.ca_path, log)
+        if opts.registry:  # before any tag moves: a refused image keeps its old tags everywhere
+            security.refuse_critical(report, opts.allow_vulnerable)
         with self.stage("tag"):
             self.result.tags = tag.promote(c, image, image_id)
             c.images.remove(build.candidate_ref(image), noprune=True)

@@ -14,8 +14,9 @@ one, e.g. OSV's GHSA rating: CRITICAL, HIGH, MODERATE, LOW), else UNKNOWN. Only 
 stops a publish. With PyPI's live answers as they are today every advisory is UNKNOWN:
 the report lists each for a person to judge, and the gate alone stops none of them.
 
-Debian: the security suite's index, its InRelease checked with gpgv and its Packages.xz
-with the sha256 that InRelease lists, gives each package's newest version there. An
+Debian: the OS's security suite (matrix.yaml `updates`), read as `lock` reads it
+(resolve.debian_index: InRelease checked with gpgv, Packages.xz against its sha256 there),
+gives each package's newest version. An
 installed version older by Debian's ordering (epochs, `~`, revisions: python-debian) is
 behind.
 """
@@ -23,9 +24,7 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import datetime as dt
-import hashlib
 import json
-import lzma
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Protocol
@@ -37,12 +36,10 @@ from debian.debian_support import Version
 from . import lock, resolve
 from .errors import AdvisoryLookupError, ResolveError, UsageError, VulnerableImage
 from .files import write_atomic
-from .matrix import Image
+from .matrix import AptSource, Image
 
 PYPI = "https://pypi.org/pypi"
 # Plain HTTP, as apt uses it: the signed InRelease vouches for the index, not the transport.
-SECURITY_MIRROR = "http://deb.debian.org/debian-security"
-INDEX_PATH = "main/binary-amd64/Packages.xz"
 REPORT = "vulnerabilities.json"
 CRITICAL = "CRITICAL"
 SNAPSHOT_ANSWERS = "pypi.json"  # a snapshot's PyPI answers, keyed "name==version"
@@ -74,8 +71,8 @@ class Sources(Protocol):
     def answer(self, name: str, version: str) -> list[dict] | None:
         """The version's advisories as PyPI lists them; None when there is no answer for it."""
 
-    def security_index(self, suite: str) -> dict[str, str]:
-        """name -> newest version in the security suite (e.g. bookworm-security)."""
+    def security_index(self, source: AptSource) -> dict[str, str]:
+        """name -> newest version in the OS's security suite (matrix.yaml: updates, e.g. bookworm-security)."""
 
     def described(self) -> dict[str, str]:
         """What data was read, for the report's generated_from."""
@@ -93,8 +90,7 @@ class Online:
         self.session = session or requests.Session()
         self.session.verify = ca_bundle or True
         self._answers: dict[str, list[dict] | None] = {}
-        self._indexes: dict[str, dict[str, str]] = {}
-        self._dates: dict[str, str] = {}
+        self._read: set[str] = set()
 
     def answer(self, name: str, version: str) -> list[dict] | None:
         key = f"{name}=={version}"
@@ -124,28 +120,16 @@ class Online:
         except (ValueError, AttributeError):
             raise AdvisoryLookupError(f"{url} did not answer with PyPI's JSON") from None
 
-    def security_index(self, suite: str) -> dict[str, str]:
-        if suite not in self._indexes:
-            url = f"{SECURITY_MIRROR}/dists/{suite}/{INDEX_PATH}"
-            try:
-                release = resolve.signed_release(SECURITY_MIRROR, suite, self.ca_bundle)
-                expected = resolve._release_hashes(release).get(INDEX_PATH)
-                if expected is None:
-                    raise AdvisoryLookupError(f"{SECURITY_MIRROR}/dists/{suite}/InRelease lists no {INDEX_PATH}")
-                data = resolve._fetch(url, self.ca_bundle)
-                if hashlib.sha256(data).hexdigest() != expected:
-                    raise AdvisoryLookupError(f"{url} does not match the sha256 in the signed InRelease")
-                self._indexes[suite] = newest(lzma.decompress(data).decode())
-            except ResolveError as e:
-                raise AdvisoryLookupError(str(e)) from None
-            except lzma.LZMAError as e:
-                raise AdvisoryLookupError(f"cannot read {url}: {e}") from None
-            self._dates[suite] = next((ln.split(":", 1)[1].strip() for ln in release.splitlines() if ln.startswith("Date:")), "?")
-        return self._indexes[suite]
+    def security_index(self, source: AptSource) -> dict[str, str]:
+        try:
+            index = resolve.debian_index(source.mirror, source.suite, self.ca_bundle)
+        except ResolveError as e:
+            raise AdvisoryLookupError(str(e)) from None
+        self._read.add(f"{source.mirror}/dists/{source.suite}/InRelease (signature checked)")
+        return {name: fields["Version"] for name, fields in index.items()}
 
     def described(self) -> dict[str, str]:
-        debian = "; ".join(f"{SECURITY_MIRROR}/dists/{s}/InRelease of {d}" for s, d in sorted(self._dates.items()))
-        return {"python": f"{PYPI}/<name>/<version>/json", "debian": debian or "not read"}
+        return {"python": f"{PYPI}/<name>/<version>/json", "debian": "; ".join(sorted(self._read)) or "not read"}
 
 
 class Snapshot:
@@ -176,12 +160,13 @@ class Snapshot:
             raise UsageError(f"{self.folder / SNAPSHOT_ANSWERS}: {key} is not PyPI's answer (an object with a vulnerabilities list)")
         return found.get("vulnerabilities", [])
 
-    def security_index(self, suite: str) -> dict[str, str]:
+    def security_index(self, source: AptSource) -> dict[str, str]:
+        suite = source.suite
         path = self.folder / f"{suite}.Packages"
         try:
             text = path.read_text()
         except FileNotFoundError:
-            raise UsageError(f"security snapshot {self.folder} has no {path.name} (the uncompressed {SECURITY_MIRROR}/dists/{suite}/{INDEX_PATH})") from None
+            raise UsageError(f"security snapshot {self.folder} has no {path.name} (the uncompressed {source.mirror}/dists/{suite}/main/binary-amd64/Packages.xz)") from None
         self._read.append(path.name)
         return newest(text)
 
@@ -247,9 +232,9 @@ def behind(installed: dict[str, str], security: dict[str, str]) -> list[Behind]:
             if name in security and _version(name, version) < _version(name, security[name])]
 
 
-def security_suite(image: Image) -> str | None:
-    """The security suite of the image's Debian release (bookworm -> bookworm-security); None without one."""
-    return f"{image.os.suite}-security" if image.os.suite else None
+def security_suite(image: Image) -> AptSource | None:
+    """The security suite among the OS's update suites (matrix.yaml), e.g. bookworm-security; None without one."""
+    return next((u for u in image.os.updates if u.suite.endswith("-security")), None)
 
 
 def sbom_debian(doc: dict) -> dict[str, str]:
@@ -289,6 +274,21 @@ def report_for_image(root: Path, image: Image, installed_debian: dict[str, str],
     # build-results/<image>/, as pipeline.results_dir has it (imported from here, pipeline would import itself)
     return write_report(image.name, found, late, root / "build-results" / image.name / REPORT,
                         {**sources.described(), "at": when}, unchecked)
+
+
+def record(root: Path, image: Image, installed_debian: dict[str, str], ca_bundle: str | None, log) -> dict:
+    """The build's report step: report_for_image online. Without PyPI or Debian the image is
+    still the tested image: the report says nothing could be checked, and why, and the build goes on."""
+    try:
+        report = report_for_image(root, image, installed_debian, ca_bundle=ca_bundle)
+    except AdvisoryLookupError as e:
+        log(f"warning: vulnerabilities not looked up ({e}); {REPORT} says so")
+        return write_report(image.name, [], [], root / "build-results" / image.name / REPORT, {"error": str(e)},
+                            [f"{n}=={v}" for n, v in python_packages(root, image).items()])
+    c = report["counts"]
+    log(f"vulnerabilities: {c['python']} Python advisories ({c['critical']} critical), {c['debian']} Debian packages "
+        f"behind the security suite, {len(report['python_unchecked'])} Python packages PyPI gave no answer for")
+    return report
 
 
 def not_allowed(report: dict, allowed: set[str]) -> list[str]:
@@ -338,9 +338,11 @@ def check_lock(root: Path, image: Image, sources: Sources) -> LockFindings:
     """A row's committed lock against the advisories: its Python pins, and its Debian pins
     (lock.json "apt") against the security suite."""
     found, unchecked = python_advisories(python_packages(root, image).items(), sources)
-    apt, suite = lock.read(root, image).get("apt", {}), security_suite(image)
-    late = behind(apt, sources.security_index(suite)) if apt and suite else []
-    return LockFindings(image.name, found, late, suite, unchecked)
+    meta, source = lock.read(root, image), security_suite(image)
+    # What the lock holds the image to: its pins, and the floor for everything else it can hold.
+    apt = {**meta.get("apt_fixes", {}), **meta.get("apt", {})}
+    late = behind(apt, sources.security_index(source)) if apt and source else []
+    return LockFindings(image.name, found, late, source.suite if source else None, unchecked)
 
 
 def finding_lines(f: LockFindings) -> list[str]:
