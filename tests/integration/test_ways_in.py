@@ -74,7 +74,8 @@ def test_ssh_key_login_runs_torch_and_deepspeed_with_the_containers_environment(
     proc = ssh(sshd["key"], sshd["port"], 'python -c "import torch, deepspeed; print(torch.__version__, deepspeed.__version__)"',
                known=sshd["known"])
     assert proc.returncode == 0, shown(proc)
-    assert re.match(r"^2\.7\.1\+cu126 0\.17\.6$", proc.stdout.strip()), shown(proc)
+    # The last line: importing DeepSpeed without a GPU logs its accelerator choice to stdout first.
+    assert re.match(r"^2\.7\.1\+cu126 0\.17\.6$", proc.stdout.strip().splitlines()[-1]), shown(proc)
     # Same PATH and venv as `docker run`, for a command (pdsh's way) and for a login shell.
     want = subprocess.run(["docker", "exec", sshd["cid"], "sh", "-c", 'echo "$PATH|$VIRTUAL_ENV|$NCCL_DEBUG"'],
                           capture_output=True, text=True).stdout.strip()
