@@ -80,6 +80,8 @@ def parser() -> argparse.ArgumentParser:
     _selection(lk, required=False)
     _flags(lk, check="fail if any lock is stale (offline)", upgrade="re-resolve and print the version changes",
            check_security="list locked Python packages with advisories and Debian pins behind the security suite; exit 1 if any (network)")
+    lk.add_argument("--record", action="store_true",
+                    help="with --check-security: write images/<image>/security.json (the README table's counts)")
     lk.add_argument("--security-snapshot", type=Path, metavar="DIR",
                     help="with --check-security: recorded answers instead of the network (pypi.json, <suite>-security.Packages)")
     _docker_ca(lk, docker=False)

@@ -28,13 +28,16 @@ def cmd_list(m: matrix.Matrix, args) -> int:
 
 def cmd_lock(m: matrix.Matrix, args) -> int:
     images = [m.select(args.torch, args.cuda, args.flavor)] if args.torch else list(m.images)
-    if args.security_snapshot and not args.check_security:
-        raise UsageError("--security-snapshot goes with --check-security")
+    if (args.security_snapshot or args.record) and not args.check_security:
+        raise UsageError("--security-snapshot and --record go with --check-security")
     if args.check_security and (args.check or args.upgrade):
         raise UsageError("--check-security only reads the locks; run it apart from --check and --upgrade")
     if args.check_security:
-        lines, found = inputs.check_security(ROOT, images, args.security_snapshot, lambda: pipeline.ca_bundle(args.ca_bundle))
+        lines, found = inputs.check_security(ROOT, images, args.security_snapshot, lambda: pipeline.ca_bundle(args.ca_bundle),
+                                             record=args.record)
         print("\n".join(lines))
+        if args.record:
+            inputs.rerender(ROOT, m, lambda _: None)  # the README table shows the new counts
         return 1 if found else 0  # 1, not an error: CI refreshes the locks on it
     if args.check:
         lock.check(ROOT, images)

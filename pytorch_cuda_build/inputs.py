@@ -3,6 +3,8 @@ where each row stands (lock current, image built here) or what its build would d
 what advisories its locked packages have."""
 from __future__ import annotations
 
+import datetime as dt
+
 from pathlib import Path
 from typing import Callable
 
@@ -29,11 +31,17 @@ def relock(root: Path, m: Matrix, images: list[Image], upgrade: bool, ca: Callab
     return moved
 
 
-def check_security(root: Path, images: list[Image], snapshot: Path | None, ca: Callable[[], str | None]) -> tuple[list[str], bool]:
+def check_security(root: Path, images: list[Image], snapshot: Path | None, ca: Callable[[], str | None],
+                   record: bool = False) -> tuple[list[str], bool]:
     """`lock --check-security`: one line per advisory of a locked Python package and per
-    Debian pin behind the security suite, then a summary; and whether anything was found."""
+    Debian pin behind the security suite, then a summary; and whether anything was found.
+    record: also write each image's images/<image>/security.json (the README table's counts)."""
     sources = security.Snapshot(snapshot) if snapshot else security.Online(ca())
     results = [security.check_lock(root, i, sources) for i in images]
+    if record:
+        when = {**sources.described(), "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+        for image, r in zip(images, results):
+            security.record_check(root, image, r, when)
     lines = [line for r in results for line in security.finding_lines(r)]
     python, critical = sum(len(r.advisories) for r in results), sum(a.severity == security.CRITICAL for r in results for a in r.advisories)
     debian, unchecked = sum(len(r.behind) for r in results), {u for r in results for u in r.unchecked}

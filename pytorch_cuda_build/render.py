@@ -158,8 +158,11 @@ README_START, README_END = "<!-- matrix-table:start (build.py render) -->", "<!-
 
 def matrix_table(root: Path, matrix: Matrix) -> str:
     """The README's matrix table, derived from matrix.yaml (never a second table)."""
-    rows = ["| image | torch | CUDA platform | wheel CUDA | cuDNN | NCCL | DeepSpeed | ops built with | Python | driver >= | aliases |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    from . import security  # the last recorded `lock --check-security --record` (images/<image>/security.json)
+
+    rows = ["| image | torch | CUDA platform | wheel CUDA | cuDNN | NCCL | DeepSpeed | ops built with | Python | driver >= | aliases "
+            "| known vulnerabilities (last check) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for i in matrix.images:
         aliases = ", ".join(f"`{t}`" for t in i.tags[1:])
         try:
@@ -167,7 +170,7 @@ def matrix_table(root: Path, matrix: Matrix) -> str:
         except LockError:
             toolkit = "not locked"
         rows.append(f"| `{i.name}` | {i.torch} | {i.cuda} | {i.wheel_cuda} | {i.cudnn} | {i.nccl} | {i.deepspeed} | "
-                    f"CUDA {toolkit} | {i.python} | {i.driver_min} | {aliases} |")
+                    f"CUDA {toolkit} | {i.python} | {i.driver_min} | {aliases} | {security.checked_cell(root, i)} |")
     return "\n".join(rows)
 
 

@@ -41,6 +41,7 @@ from .matrix import AptSource, Image
 PYPI = "https://pypi.org/pypi"
 # Plain HTTP, as apt uses it: the signed InRelease vouches for the index, not the transport.
 REPORT = "vulnerabilities.json"
+CHECKED = "security.json"  # images/<image>/: the last `lock --check-security --record`, committed
 CRITICAL = "CRITICAL"
 SNAPSHOT_ANSWERS = "pypi.json"  # a snapshot's PyPI answers, keyed "name==version"
 
@@ -343,6 +344,30 @@ def check_lock(root: Path, image: Image, sources: Sources) -> LockFindings:
     apt = {**meta.get("apt_fixes", {}), **meta.get("apt", {})}
     late = behind(apt, sources.security_index(source)) if apt and source else []
     return LockFindings(image.name, found, late, source.suite if source else None, unchecked)
+
+
+def record_check(root: Path, image: Image, f: LockFindings, generated_from: dict) -> None:
+    """images/<image>/security.json: what the last check of the committed lock found, for the
+    README's matrix table (render reads it offline) and for a refresh commit to carry."""
+    data = {"image": f.image, "generated_from": generated_from,
+            "python": sorted(f"{a.id} ({a.package} {a.installed}, {a.severity})" for a in f.advisories),
+            "python_unchecked": len(f.unchecked), "debian_behind_security": [asdict(b) for b in f.behind],
+            "counts": {"python": len(f.advisories), "critical": sum(a.severity == CRITICAL for a in f.advisories),
+                       "debian": len(f.behind)}}
+    write_atomic(lock.image_dir(root, image) / CHECKED, json.dumps(data, indent=2) + "\n")
+
+
+def checked_cell(root: Path, image: Image) -> str:
+    """The README table's cell: the counts of the last recorded check, or that there was none."""
+    try:
+        data = json.loads((lock.image_dir(root, image) / CHECKED).read_text())
+    except (OSError, ValueError):
+        return "not checked"
+    c = data.get("counts", {})
+    cell = f"{c.get('python', '?')} Python ({c.get('critical', '?')} critical), {c.get('debian', '?')} Debian"
+    unchecked = data.get("python_unchecked", 0)
+    when = str(data.get("generated_from", {}).get("at", "?"))[:10]
+    return cell + (f"; {unchecked} pins unchecked" if unchecked else "") + f" ({when})"
 
 
 def finding_lines(f: LockFindings) -> list[str]:

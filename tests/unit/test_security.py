@@ -238,7 +238,7 @@ def test_lock_check_security_with_a_bad_snapshot_is_one_line_exit_2(tmp_path, fi
 
 
 @pytest.mark.parametrize("args, says", [
-    (["--security-snapshot", str(DATA)], "--security-snapshot goes with --check-security"),
+    (["--security-snapshot", str(DATA)], "--security-snapshot and --record go with --check-security"),
     (["--check-security", "--upgrade"], "apart from --check and --upgrade"),
 ])
 def test_lock_security_flags_misused_are_one_usage_line(args, says):
@@ -254,3 +254,20 @@ def test_the_weekly_job_refreshes_the_locks_only_when_the_check_exits_1():
     assert "build.py lock --check-security" in check["run"] and refresh["if"] == "steps.check.outputs.rc == '1'"
     assert "build.py lock --upgrade" in refresh["run"] and "build.py render" in refresh["run"]
     assert 'git push origin "$branch"' in refresh["run"] and job["permissions"] == {"contents": "write"}
+
+
+def test_a_recorded_check_is_the_readme_tables_count(tmp_path):
+    """--record writes images/<image>/security.json for every row checked; render's table shows its counts."""
+    from helpers import project_copy
+
+    root = project_copy(tmp_path / "p")
+    shutil.copy(ROOT / "README.md", root / "README.md")  # the copy holds code and inputs only
+    proc = run_cli(root, "lock", "--check-security", "--record", "--security-snapshot", str(DATA), *SELECT)
+    assert proc.returncode == 1, proc.stderr
+    data = json.loads((root / "images" / ROW.name / "security.json").read_text())
+    assert data["counts"] == {"python": 2, "critical": 1, "debian": 1}
+    assert data["debian_behind_security"] == [{"package": "libssl3", "installed": "3.0.22-1~deb12u2", "security": "3.0.23-1~deb12u1"}]
+    row = next(line for line in (root / "README.md").read_text().splitlines() if line.startswith(f"| `{ROW.name}`"))
+    assert row.endswith(f"| 2 Python (1 critical), 1 Debian; {data['python_unchecked']} pins unchecked ({data['generated_from']['at'][:10]}) |")
+    assert not (ROOT / "images" / ROW.name / "security.json").exists() or (ROOT / "images" / ROW.name / "security.json").read_text() != (
+        root / "images" / ROW.name / "security.json").read_text()  # the repository's own record untouched
