@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytorch_cuda_build import base, build, cli, docker_env, lock, render, sbom, tag, test
+from pytorch_cuda_build import base, build, cli, docker_env, lock, render, sbom, security, tag, test
 from pytorch_cuda_build import pipeline as row_pipeline
 
 ID = "sha256:" + "c" * 64
@@ -44,6 +44,7 @@ def pipeline(tmp_path, monkeypatch):
     monkeypatch.setattr(base, "ensure", lambda *a, **kw: "sha256:base")
     monkeypatch.setattr(build, "run", lambda *a, **kw: ID)
     monkeypatch.setattr(sbom, "generate", lambda c, i: {"components": []})
+    monkeypatch.setattr(security, "record", lambda *a: {"python": [], "counts": {}})  # no network in a unit test
     monkeypatch.setattr(tag, "promote", lambda c, image, i: seen["promoted"].append(i) or image.refs())
     real_run = test.run
 
