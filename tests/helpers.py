@@ -177,9 +177,23 @@ def default_image() -> str:
     return "pytorch-cuda:v2.7"
 
 
-def scan_layers(ref: str, needles: list[bytes], secret_names: str | None = None) -> tuple[int, list[str]]:
-    """Stream `docker save` and search every file of every layer for the needles, and every
-    file name for the secret_names pattern; return (layers read, hits).
+# Files that are private keys of the kinds an image could leak: OpenSSH's own format (ssh-keygen's
+# default, sshd host keys) and PEM RSA/EC/DSA, found by how the file starts (ssh and gnutls carry
+# the same text inside their binaries). Packages' test fixtures use PKCS#8 ("BEGIN PRIVATE KEY"),
+# which is not searched for.
+PRIVATE_KEYS = (b"-----BEGIN OPENSSH PRIVATE KEY-----", b"-----BEGIN RSA PRIVATE KEY-----",
+                b"-----BEGIN EC PRIVATE KEY-----", b"-----BEGIN DSA PRIVATE KEY-----")
+# Files that hold a secret by their name alone: ssh host keys, and Jupyter's runtime files and
+# JSON configs, where a server's token or password hash lives.
+SECRET_FILES = r"(^|/)ssh_host_[a-z0-9]+_key(\.pub)?$|(^|/)jupyter/runtime/|(^|/)jupyter_(server|notebook)_config\.json$"
+
+
+def scan_layers(ref: str, needles: list[bytes], secret_names: str | None = None,
+                heads: tuple[bytes, ...] = ()) -> tuple[int, list[str]]:
+    """Stream `docker save` and search every file of every layer for the needles, every file
+    name for the secret_names pattern, and every file's start for the heads (a key file
+    begins with its PEM line; a binary that merely contains the text, like ssh-keygen, does not);
+    return (layers read, hits).
 
     Both layouts: Docker < 25 writes <id>/layer.tar, Docker >= 25 an OCI layout whose layers
     are blobs/sha256/<digest> (the manifests and configs there are JSON, not tar, and skipped)."""
@@ -188,7 +202,7 @@ def scan_layers(ref: str, needles: list[bytes], secret_names: str | None = None)
     import tarfile
 
     names = re.compile(secret_names) if secret_names else None
-    chunk, keep = 16 * 1024 * 1024, max(len(n) for n in needles)
+    chunk, keep = 16 * 1024 * 1024, max(len(n) for n in [*needles, b"-"])
     hits, layers = [], 0
     save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE)
     try:
@@ -210,7 +224,12 @@ def scan_layers(ref: str, needles: list[bytes], secret_names: str | None = None)
                 if not f.isfile():
                     continue
                 fh, tail = inner.extractfile(f), b""
+                first = True
                 while block := fh.read(chunk):
+                    if first and heads and block.lstrip().startswith(heads):
+                        hits.append(f"{member.name}:{f.name}")
+                        break
+                    first = False
                     window = tail + block
                     if any(n in window for n in needles):
                         hits.append(f"{member.name}:{f.name}")

@@ -269,3 +269,27 @@ def test_tensorboard_serves_what_torch_wrote(image, tmp_path):
                                params={"run": "smoke", "tag": "loss"}, timeout=10)
         assert scalars.status_code == 200 and [s[1] for s in scalars.json()] == [0, 1, 2, 3, 4], scalars.text
     assert os.path.isdir(ws / "runs" / "smoke")
+
+
+def test_the_layer_scan_finds_a_host_key_where_there_is_one(docker_client, tmp_path):
+    """The secret scan (test_pipeline.py, test_no_secret_in_any_layer) on an image that does hold
+    an ssh host key and a private key file: it must name both, or its silence proves nothing."""
+    from helpers import PRIVATE_KEYS, SECRET_FILES, scan_layers
+
+    rootfs = docker_client.images.list(name="pytorch-cuda-rootfs")
+    if not rootfs:
+        pytest.skip("no local pytorch-cuda-rootfs image (build.py makes one with debootstrap)")
+    key = "-----BEGIN OPENSSH PRIVATE KEY-----\\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ==\\n-----END OPENSSH PRIVATE KEY-----\\n"
+    box = docker_client.containers.run(rootfs[0].id, ["sh", "-c", f"mkdir -p /etc/ssh && printf '%b' '{key}' > /etc/ssh/ssh_host_ed25519_key "
+                                                      f"&& printf '%b' '{key}' > /srv/deploy_key && cp /bin/ls /srv/not-a-key"],
+                                       detach=True)
+    ref = f"pytorch-cuda-scan-probe:{uuid.uuid4().hex[:12]}"
+    try:
+        assert box.wait(timeout=60)["StatusCode"] == 0
+        box.commit(*ref.split(":"))
+        _, hits = scan_layers(ref, [], SECRET_FILES, heads=PRIVATE_KEYS)
+    finally:
+        box.remove(force=True)
+        docker_client.images.remove(ref, force=True) if docker_client.images.list(name=ref) else None
+    assert sorted(h.split(":", 1)[1].lstrip("./") for h in hits) == ["etc/ssh/ssh_host_ed25519_key", "etc/ssh/ssh_host_ed25519_key",
+                                                                    "srv/deploy_key"], hits
