@@ -173,13 +173,19 @@ def debian_index(mirror: str, suite: str, ca_bundle: str | None) -> dict[str, di
             text = lzma.decompress(data).decode()
         except lzma.LZMAError as e:
             raise ResolveError(f"cannot read the Debian package index {url}: {e}") from None
-        index: dict[str, dict[str, str]] = {}
-        for fields in _stanzas(text):
-            name = fields.get("Package")
-            if name and (name not in index or _newer(fields["Version"], index[name]["Version"])):
-                index[name] = fields  # the security suite can hold several versions of one package
-        _DEBIAN_INDEX[key] = index
+        _DEBIAN_INDEX[key] = newest_stanzas(text)
     return _DEBIAN_INDEX[key]
+
+
+def newest_stanzas(packages_text: str) -> dict[str, dict[str, str]]:
+    """name -> fields of its newest stanza in a Packages index (the security suite can list
+    several versions of one package). A version Debian's ordering cannot read raises ValueError."""
+    index: dict[str, dict[str, str]] = {}
+    for fields in _stanzas(packages_text):
+        name = fields.get("Package")
+        if name and fields.get("Version") and (name not in index or _newer(fields["Version"], index[name]["Version"])):
+            index[name] = fields
+    return index
 
 
 def _newer(a: str, b: str) -> bool:

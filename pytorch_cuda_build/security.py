@@ -218,13 +218,11 @@ def _version(package: str, text: str) -> Version:
 
 
 def newest(packages_text: str) -> dict[str, str]:
-    """name -> newest version in a Debian Packages index (an index may list a package twice)."""
-    out: dict[str, str] = {}
-    for f in resolve._stanzas(packages_text):
-        name, version = f.get("Package"), f.get("Version")
-        if name and version and (name not in out or _version(name, version) > _version(name, out[name])):
-            out[name] = version
-    return out
+    """name -> newest version in a Debian Packages index (resolve.newest_stanzas, as `lock` reads one)."""
+    try:
+        return {name: f["Version"] for name, f in resolve.newest_stanzas(packages_text).items()}
+    except ValueError as e:
+        raise UsageError(f"a Debian index holds a version Debian's ordering cannot read ({e})") from None
 
 
 def behind(installed: dict[str, str], security: dict[str, str]) -> list[Behind]:
