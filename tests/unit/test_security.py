@@ -271,3 +271,18 @@ def test_a_recorded_check_is_the_readme_tables_count(tmp_path):
     assert row.endswith(f"| 2 Python (1 critical), 1 Debian; {data['python_unchecked']} pins unchecked ({data['generated_from']['at'][:10]}) |")
     assert not (ROOT / "images" / ROW.name / "security.json").exists() or (ROOT / "images" / ROW.name / "security.json").read_text() != (
         root / "images" / ROW.name / "security.json").read_text()  # the repository's own record untouched
+
+
+def test_a_build_without_pypi_or_debian_still_writes_a_report_that_says_so(tmp_path, monkeypatch):
+    """The pipeline's step (security.record): the tested image is not failed for a lookup that
+    could not run, but its report names the error and counts every pin as unchecked."""
+    def unreachable(*a, **kw):
+        raise AdvisoryLookupError("https://pypi.org/pypi/torch/2.7.1/json unreachable (ConnectionError) (4 attempts)")
+
+    monkeypatch.setattr(security, "report_for_image", unreachable)
+    root, said = _project(tmp_path), []
+    report = security.record(root, ROW, {}, None, said.append)
+    assert report == json.loads((root / "build-results" / ROW.name / "vulnerabilities.json").read_text())
+    assert report["generated_from"]["error"].endswith("(4 attempts)") and report["counts"]["python"] == 0
+    assert len(report["python_unchecked"]) == len(security.python_packages(root, ROW))
+    assert len(said) == 1 and said[0].startswith("warning: vulnerabilities not looked up")
