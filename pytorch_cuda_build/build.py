@@ -163,8 +163,14 @@ def prune(bc: BuildClient, c, repository: str, keep_storage: str) -> int:
             c.images.remove(ref, noprune=False)
             removed += 1
     c.images.prune(filters={"dangling": True})
-    subprocess.run([bc.argv[0], "builder", "prune", "--force", "--keep-storage", keep_storage],
-                   env={**os.environ, **bc.env}, check=False, stdout=subprocess.DEVNULL)
+    # Layer records and build-context copies only: BuildKit's LRU would otherwise also drop the
+    # cache mounts (wheelhouse, toolkit .debs, compiled ops), and the next build downloads
+    # gigabytes and runs nvcc again. Those stay bounded by the matrix; the README says how to
+    # empty them.
+    for kind in ("regular", "source.local"):
+        subprocess.run([bc.argv[0], "builder", "prune", "--force", "--keep-storage", keep_storage,
+                        "--filter", f"type={kind}"],
+                       env={**os.environ, **bc.env}, check=False, stdout=subprocess.DEVNULL)
     return removed
 
 

@@ -6,6 +6,7 @@ break a throwaway copy of the project and check that nothing public moves.
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
 from helpers import PRIVATE_KEYS, ROOT, SECRET_FILES, insert_before_user, project_copy, run_build_py, scan_layers
@@ -151,15 +152,32 @@ def test_no_test_build_sets_no_public_tag(built, docker_client, tmp_path):
     assert candidate.id != before["pytorch-cuda:v2.7"]
 
 
-def test_a_row_on_the_same_lock_shares_the_torch_layer(built, docker_client):
-    """(2.7, 12.6) installs the very wheels of (2.7, 12.1): only the small layers after them are its own."""
+def test_a_row_on_the_same_lock_shares_the_torch_layer(built, docker_client, tmp_path):
+    """(2.7, 12.6) installs the very wheels of (2.7, 12.1): only the small layers after them are its own.
+
+    Both rows are built from one copy of the project with a step of this run's own just before
+    the row-specific layers. Without it, a row whose every step is cached takes its whole chain
+    from whichever earlier build made it, and a `--no-cache` build in between (bench, verify)
+    leaves a second chain of the same steps: the two rows would then share nothing for a reason
+    that is the cache's history, not the Dockerfiles. With it, BuildKit resolves the shared steps
+    from the cache afresh, for both rows the same way.
+    """
     twin = MATRIX.select("2.7", "12.6")
     assert twin.lock_key == DEFAULT.lock_key
-    proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.6", "--no-test", "--quiet", timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    candidate = f"pytorch-cuda-candidate:{twin.name}"
-    own = bench.unique_bytes(docker_client, candidate, "pytorch-cuda:v2.7")
-    size = bench.image_size(docker_client, candidate)
+    root = project_copy(tmp_path / "p")
+    tpl = root / "templates" / "finish.j2"
+    first_row_specific = "ENV NVIDIA_VISIBLE_DEVICES=all"
+    assert tpl.read_text().count(first_row_specific) == 1
+    tpl.write_text(tpl.read_text().replace(
+        first_row_specific, f"RUN echo {uuid.uuid4().hex} > /dev/null\n{first_row_specific}", 1))
+    render.write(root, MATRIX, [DEFAULT, twin], log=lambda m: None)
+    candidates = []
+    for row in (DEFAULT, twin):
+        proc = run_build_py(root, "--torch", row.torch_minor, "--cuda", row.cuda, "--no-test", "--quiet", timeout=1800)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        candidates.append(f"pytorch-cuda-candidate:{row.name}")
+    own = bench.unique_bytes(docker_client, candidates[1], candidates[0])
+    size = bench.image_size(docker_client, candidates[1])
     assert own < 0.01 * size, f"{own / 1e6:.0f} MB of {size / 1e6:.0f} MB are the twin row's own"
 
 
