@@ -60,6 +60,18 @@ def minor_of(version: str) -> str:
     return f"{major}.{minor}"
 
 
+# A dated snapshot of a Debian archive: snapshot.debian.org/archive/<archive>/<YYYYMMDDTHHMMSSZ>.
+# Its suites never change, so pinned versions stay fetchable and `apt-get upgrade` is
+# repeatable; its signed Release files are kept as they were, Valid-Until long past.
+_SNAPSHOT = re.compile(r"^https?://snapshot\.debian\.org/archive/[A-Za-z0-9._-]+/(\d{8}T\d{6}Z)/?$")
+
+
+def snapshot_time(mirror: str | None) -> str | None:
+    """The timestamp of a dated snapshot.debian.org mirror URL; None for any other mirror."""
+    m = _SNAPSHOT.match(mirror or "")
+    return m.group(1) if m else None
+
+
 class AptSource(_Strict):
     """A suite beside the release's own: its security fixes, its stable updates."""
 
@@ -92,6 +104,17 @@ class OSBase(_Strict):
         if value is not None and not re.search(r"@sha256:[0-9a-f]{64}$", value):
             raise ValueError(f"{value!r} must be pinned by digest (name@sha256:<64 hex>)")
         return value
+
+    @model_validator(mode="after")
+    def _one_point_in_time(self) -> "OSBase":
+        """A release read from a dated snapshot and its fixes from a live mirror (or another
+        date) would rebuild differently tomorrow: all of them, or none, at one timestamp."""
+        times = {snapshot_time(m) for m in (self.mirror, *(u.mirror for u in self.updates)) if m}
+        if len(times) > 1:
+            shown = ", ".join(sorted(t or "a live mirror" for t in times))
+            raise ValueError(f"mirror and updates must all be snapshot.debian.org at one timestamp, or none of them; "
+                             f"they read from {shown}")
+        return self
 
 
 class Toolkit(_Strict):

@@ -15,7 +15,7 @@ import jinja2
 from . import lock
 from .errors import LockError, RenderError
 from .files import write_all_atomic
-from .matrix import Image, Matrix, minor_of
+from .matrix import Image, Matrix, minor_of, snapshot_time
 
 LABEL_PREFIX = "io.pytorch-cuda"
 WHEELHOUSE_CACHE_ID = "pytorch-cuda-wheelhouse"
@@ -47,8 +47,12 @@ def apt_list(names: tuple[str, ...], pins: dict[str, str]) -> str:
 
 
 def apt_sources(image: Image) -> str:
-    """The OS's update suites as sources.list lines, `;`-separated (one ARG holds them)."""
-    return ";".join(f"deb {u.mirror} {u.suite} main" for u in image.os.updates)
+    """The OS's update suites as sources.list lines, `;`-separated (one ARG holds them).
+
+    A dated snapshot's security Release expired a week after its date (Valid-Until); apt
+    refuses it unless told, per source, that the date is the point."""
+    return ";".join(f"deb {'[check-valid-until=no] ' if snapshot_time(u.mirror) else ''}{u.mirror} {u.suite} main"
+                    for u in image.os.updates)
 
 
 def base_stage(root: Path, image: Image, lock_meta: dict) -> str:

@@ -18,13 +18,14 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 from debian.debian_support import Version  # Debian's own ordering: epochs, ~, revisions
 
 from .errors import EnvironmentProblem, ResolveError
-from .matrix import Image
+from .matrix import Image, snapshot_time
 
 # Wheels are manylinux_2_28 at most for the torch versions we ship; bookworm has glibc 2.36.
 PYTHON_PLATFORM = "x86_64-manylinux_2_28"
@@ -297,7 +298,25 @@ def signed_release(mirror: str, suite: str, ca_bundle: str | None) -> str:
     if proc.returncode != 0:
         reason = (proc.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
         raise ResolveError(f"{url}: signature not valid against {KEYRING}: {reason}")
-    return proc.stdout.decode()
+    release = proc.stdout.decode()
+    check_valid_until(release, url, snapshot=snapshot_time(mirror) is not None, now=datetime.now(timezone.utc))
+    return release
+
+
+def check_valid_until(release: str, url: str, *, snapshot: bool, now: datetime) -> None:
+    """Refuse a signed index past its Valid-Until, as apt does: a mirror that stopped syncing,
+    or an old index replayed to hide the security fixes after it, is still validly signed.
+    A dated snapshot is old on purpose; its expiry is the snapshot's, not a fault."""
+    field = next((ln.split(":", 1)[1].strip() for ln in release.splitlines() if ln.startswith("Valid-Until:")), None)
+    if field is None or snapshot:
+        return
+    try:
+        until = parsedate_to_datetime(field)
+    except (TypeError, ValueError):
+        raise ResolveError(f"{url}: unreadable Valid-Until {field!r}") from None
+    if until < now:
+        raise ResolveError(f"{url}: expired at {field} (Valid-Until): a stale mirror or a replayed index; "
+                           "for a dated archive, point the mirror at snapshot.debian.org/archive/<archive>/<timestamp>")
 
 
 def _release_hashes(release: str) -> dict[str, str]:
