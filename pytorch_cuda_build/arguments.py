@@ -9,7 +9,7 @@ from pathlib import Path
 from . import bench
 from .errors import UsageError
 
-COMMANDS = ("build", "list", "matrix", "lock", "render", "test", "publish", "prune", "selftest", "bench", "sbom", "verify")
+COMMANDS = ("build", "list", "matrix", "lock", "render", "test", "publish", "prune", "selftest", "bench", "sbom", "verify", "engine")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -113,6 +113,12 @@ def parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("selftest", help="this project's own test suite (sets up Docker first)")
     st.add_argument("pytest_args", nargs=argparse.REMAINDER, help="extra pytest arguments")
+
+    en = sub.add_parser("engine", help="bring up a current Docker Engine (26, buildx) beside this host's; "
+                                      "prints the environment that points build.py at it (root)")
+    en.add_argument("--store", default="containerd", help="image store: containerd (default, Docker 29's) or classic")
+    en.add_argument("--down", action="store_true", help="stop that engine instead")
+    _docker_ca(en, docker=False)
 
     pr = sub.add_parser("prune", help="remove candidate images and bound the build cache")
     pr.add_argument("--keep-storage", default="40GB", help="build cache to keep (default 40GB)")

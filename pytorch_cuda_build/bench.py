@@ -356,7 +356,7 @@ def _cold(c, image: Image, root: Path, bc, ca: str | None, cold_runs: int, build
 def _naive_build(bc, ca: str | None, dockerfile: str, ref: str) -> float:
     with tempfile.TemporaryDirectory(prefix="pytorch-cuda-naive-") as tmp:
         (Path(tmp) / "Dockerfile").write_text(dockerfile)
-        cmd = [*bc.argv, "--progress=plain", "--no-cache", "--tag", ref, tmp]
+        cmd = [*bc.argv, "--progress=plain", "--no-cache", "--tag", ref, *(["--network", bc.network] if bc.network else []), tmp]
         if ca:
             cmd[-1:-1] = ["--secret", f"id=ca,src={ca}"]
         return timed(cmd, env=bc.env)

@@ -90,7 +90,17 @@ def command(bc: BuildClient, root: Path, image: Image, context: Path, iidfile: P
         cmd += ["--secret", f"id=ca,src={ca_bundle}"]
     if no_cache:
         cmd += ["--no-cache"]
+    if getattr(bc, "network", None):
+        cmd += ["--network", bc.network]
+    if getattr(bc, "export", "load") == "oci":
+        # No provenance attestation: it records build times, and would make the image an index.
+        cmd += ["--provenance=false", "--output", f"type=oci,dest={oci_tarball(iidfile)},rewrite-timestamp=true"]
     return cmd + [str(context)]
+
+
+def oci_tarball(iidfile: Path) -> Path:
+    """Where an "oci" export writes the image, beside the iidfile in the build's own temp dir."""
+    return iidfile.with_name("image.oci.tar")
 
 
 def run(bc: BuildClient, root: Path, image: Image, log_path: Path, ca_bundle: str | None,
@@ -109,7 +119,24 @@ def run(bc: BuildClient, root: Path, image: Image, log_path: Path, ca_bundle: st
         rc = _stream(cmd, env, log_path, echo)
         if rc != 0:
             raise BuildError(failed_step(log_path), str(log_path), tail(log_path))
+        if getattr(bc, "export", "load") == "oci":
+            return load_oci(bc, oci_tarball(iidfile), tag or candidate_ref(image), log_path)
         return iidfile.read_text().strip()
+
+
+def load_oci(bc: BuildClient, tarball: Path, ref: str, log_path: Path) -> str:
+    """`docker load` an OCI export; the containerd store keeps its manifest, so the image ID
+    is the digest the build wrote (and the one a push sends)."""
+    env = {**os.environ, **bc.env}
+    proc = subprocess.run([bc.argv[0], "load", "--input", str(tarball)], capture_output=True, text=True, env=env)
+    with open(log_path, "a") as log:
+        log.write(f"$ {bc.argv[0]} load --input {tarball.name}\n{proc.stdout}{proc.stderr}")
+    if proc.returncode != 0:
+        raise BuildError("loading the built image", str(log_path), (proc.stderr.strip().splitlines() or ["no output"])[-1])
+    out = subprocess.run([bc.argv[0], "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True, text=True, env=env)
+    if out.returncode != 0 or not out.stdout.strip():
+        raise BuildError(f"loading the built image: {ref} is not in the daemon after `docker load`", str(log_path), out.stderr.strip())
+    return out.stdout.strip()
 
 
 def _stream(cmd: list[str], env: dict[str, str], log_path: Path, echo: bool | Callable[[str], None]) -> int:

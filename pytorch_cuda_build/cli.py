@@ -10,7 +10,7 @@ from pathlib import Path
 import docker.errors
 import requests
 
-from . import bench, build, console, docker_env, files, inputs, lock, matrix, pipeline, publish, render, sbom, selftest, verify
+from . import bench, build, console, docker_env, engine_current, files, inputs, lock, matrix, pipeline, publish, render, sbom, selftest, verify
 from .arguments import COMMANDS, parser
 from .errors import PipelineError, UsageError
 
@@ -145,6 +145,17 @@ def cmd_bench(m: matrix.Matrix, args) -> int:
     c = docker_env.ensure_engine(log)
     print(bench.run(c, m, image, ROOT, only, args.runs, args.cold_runs, args.full, args.yes, args.docker,
                     lambda: pipeline.ca_bundle(args.ca_bundle), log))
+    return 0
+
+
+def cmd_engine(m: matrix.Matrix, args) -> int:
+    if args.store not in engine_current.STORES:
+        raise UsageError(f"--store takes {' or '.join(engine_current.STORES)}, not {args.store!r}")
+    if args.down:
+        log(f"engine ({args.store} store): {'stopped' if engine_current.down(args.store) else 'was not running'}")
+        return 0
+    env = engine_current.up(args.store, pipeline.ca_bundle(args.ca_bundle), log=lambda msg: log(msg.removeprefix("engine: ")))
+    sys.stdout.write(engine_current.exports(env))
     return 0
 
 

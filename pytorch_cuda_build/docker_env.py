@@ -5,11 +5,12 @@ through a Docker CLI; everything else (inspect, run, tag) goes through the SDK.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import docker
@@ -20,6 +21,7 @@ from .errors import DockerRefused, EnvironmentProblem
 
 ENGINE_SCRIPT = Path(__file__).with_name("engine.sh")
 DOCKER_ENV = "PYTORCH_CUDA_DOCKER"
+NETWORK_ENV = "PYTORCH_CUDA_BUILD_NETWORK"  # set by `build.py engine` (engine_current)
 
 
 def daemon_address() -> str:
@@ -122,6 +124,14 @@ class BuildClient:
     env: dict[str, str]
     description: str
     progress: str = "plain"  # BuildKit's --progress: "rawjson" where the client offers it (buildx >= 0.12)
+    # "host" where the daemon's bridge reaches nothing outside (engine_current's, --iptables=false):
+    # RUN steps then download on the host's network.
+    network: str | None = None
+    # "load": the image goes straight into the daemon. "oci": the containerd store with buildx
+    # >= 0.13, where an OCI tarball with rewrite-timestamp (file times = SOURCE_DATE_EPOCH) is
+    # loaded instead, so two builds of one commit give one digest; `--load` with
+    # rewrite-timestamp fails there ("conflicts with unpack", moby/moby#51493).
+    export: str = "load"
 
 
 def _client_major(docker_bin: str) -> int | None:
@@ -172,7 +182,28 @@ def docker_cli(override: str | None = None) -> str:
 
 
 def build_client(override: str | None = None) -> BuildClient:
-    """The client to build with: --docker, then $PYTORCH_CUDA_DOCKER, then the first that works."""
+    """The client to build with: --docker, then $PYTORCH_CUDA_DOCKER, then the first that works;
+    its RUN steps' network from $PYTORCH_CUDA_BUILD_NETWORK."""
+    network = os.environ.get(NETWORK_ENV) or None
+    if network not in (None, "host"):
+        raise EnvironmentProblem(f"${NETWORK_ENV} may be `host` or unset, not {network!r}")
+    bc = replace(_build_client(override), network=network)
+    if bc.argv[1:3] == ("buildx", "build") and _buildx_version(bc.argv[0]) >= (0, 13) and _cli_store(bc.argv[0]) == "containerd":
+        bc = replace(bc, argv=tuple(a for a in bc.argv if a != "--load"), export="oci")
+    return bc
+
+
+def _cli_store(docker_bin: str) -> str:
+    """image_store(), asked through the CLI (build_client has no SDK client)."""
+    try:
+        out = subprocess.run([docker_bin, "info", "--format", "{{json .DriverStatus}}"], capture_output=True, text=True, timeout=30).stdout
+        status = json.loads(out or "[]") or []
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return "classic"
+    return "containerd" if ["driver-type", "io.containerd.snapshotter.v1"] in status else "classic"
+
+
+def _build_client(override: str | None) -> BuildClient:
     chosen = override or os.environ.get(DOCKER_ENV)
     if chosen:
         path = shutil.which(chosen)
@@ -189,6 +220,13 @@ def build_client(override: str | None = None) -> BuildClient:
         f"no BuildKit-capable Docker client among {', '.join(candidates) or 'PATH'}: install the buildx plugin, "
         f"or point --docker / ${DOCKER_ENV} at a client that has BuildKit"
     )
+
+
+def image_store(c: docker.DockerClient) -> str:
+    """"containerd" where the daemon keeps images in containerd (Docker 29's default, an option
+    from 24): an image ID is then its manifest or index digest, not its config digest. Else "classic"."""
+    status = c.info().get("DriverStatus") or []
+    return "containerd" if ["driver-type", "io.containerd.snapshotter.v1"] in [list(kv) for kv in status] else "classic"
 
 
 def nvidia_runtime(c: docker.DockerClient) -> bool:

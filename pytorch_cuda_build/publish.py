@@ -113,7 +113,7 @@ def credentials(reg: Registry) -> dict | None:
 @dataclass(frozen=True)
 class Remote:
     digest: str  # manifest digest: what `pull REPO@DIGEST` takes
-    config: str | None  # config digest = the image ID it was pushed from
+    config: str | None  # config digest: the classic store's image ID
 
 
 class RegistryAPI:
@@ -198,13 +198,23 @@ class Move:
     immutable: bool
     before: Remote | None = None
     after: Remote | None = None
+    # Which registry digest the local ID is. The classic store's image ID is the config
+    # digest; the containerd store's is the digest of the manifest (or index) that a push
+    # sends unchanged.
+    by_manifest: bool = False
 
     def target(self, reg: Registry) -> str:
         return f"{reg.repository(self.image)}:{self.tag}"
 
+    def holds(self, remote: Remote | None) -> bool:
+        """Whether the registry's image there is this one."""
+        if remote is None:
+            return False
+        return (remote.digest if self.by_manifest else remote.config) == self.image_id
+
     @property
     def in_place(self) -> bool:
-        return self.before is not None and self.before.config == self.image_id
+        return self.holds(self.before)
 
 
 def tested_id(c: docker.DockerClient, image: Image) -> str:
@@ -259,8 +269,9 @@ def plan(c: docker.DockerClient, api: RegistryAPI, images: list[Image], retry: C
     ids = {i.name: tested_id(c, i) for i in images}
     dated = {i.name: dated_tag(i, c.images.get(ids[i.name]).labels, i.refs()[0]) for i in images}
     retry(api.ping, "contacting the registry")
-    moves = [Move(i, ids[i.name], dated[i.name], True) for i in images]
-    moves += [Move(i, ids[i.name], t, False) for i in images for t in i.tags]
+    by_manifest = docker_env.image_store(c) == "containerd"
+    moves = [Move(i, ids[i.name], dated[i.name], True, by_manifest=by_manifest) for i in images]
+    moves += [Move(i, ids[i.name], t, False, by_manifest=by_manifest) for i in images for t in i.tags]
     for mv in moves:
         mv.before = retry(lambda: api.manifest(mv.image, mv.tag), f"reading {mv.target(api.reg)}")
     taken = [TagTaken(mv.target(api.reg), mv.before.digest, mv.before.config, mv.image_id)
@@ -275,7 +286,7 @@ def describe(mv: Move, reg: Registry, now: Remote | None, unknown: str = "") -> 
         state = f"unknown ({unknown})"
     elif now is None:
         state = "absent"
-    elif now.config == mv.image_id:
+    elif mv.holds(now):
         state = f"at this image ({now.digest})"
     else:
         state = f"at another image ({now.digest}, config {now.config})"
@@ -331,7 +342,7 @@ def execute(c: docker.DockerClient, api: RegistryAPI, moves: list[Move], creds: 
             mv.after = retry(lambda: api.manifest(mv.image, mv.tag), f"reading back {mv.target(reg)}")
         except (Transient, PublishError) as e:
             raise PublishError(f"{mv.target(reg)}: {e}") from None
-        if mv.after is None or mv.after.digest != pushed or mv.after.config != mv.image_id:
+        if mv.after is None or mv.after.digest != pushed or not mv.holds(mv.after):
             raise PublishError(f"read-back of {mv.target(reg)} does not match the push: pushed {pushed} of {mv.image_id}, registry has {mv.after}")
 
 

@@ -337,6 +337,14 @@ def _stanzas(text: str) -> list[dict[str, str]]:
             for block in text.split("\n\n")]
 
 
+def fetch_verified(url: str, sha256: str, ca_bundle: str | None) -> bytes:
+    """A file whose sha256 a signed index gave: its bytes, or a ResolveError."""
+    data = _fetch(url, ca_bundle)
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise ResolveError(f"{url} does not match the sha256 in its signed index")
+    return data
+
+
 def debian_toolkit(mirror: str, suite: str, components: tuple[str, ...], packages: tuple[str, ...],
                    ca_bundle: str | None) -> list[Deb]:
     """The toolkit's .debs with their sha256, read from indexes whose hashes the signed Release vouches for."""

@@ -1,9 +1,11 @@
 """Reproducibility: build one row twice without the layer cache and compare the images.
 
 Layer by layer and file by file: path, type, mode, owner, size and content hash must be
-equal; modification times are reported apart, since our engine's BuildKit (< 0.13)
-cannot rewrite them to SOURCE_DATE_EPOCH. The base rootfs and the wheelhouse are reused
-(both are pinned: the base by its recipe, every wheel by its hash).
+equal; modification times are reported apart. Docker 20.10's BuildKit (< 0.13) cannot
+rewrite them to SOURCE_DATE_EPOCH, and the classic image store ignores rewrite-timestamp;
+on the containerd store with buildx >= 0.13 the build exports an OCI tarball with it
+(build.py), and the two image digests must then be equal. The base rootfs and the
+wheelhouse are reused (both are pinned: the base by its recipe, every wheel by its hash).
 """
 from __future__ import annotations
 
@@ -27,10 +29,13 @@ class Comparison:
     content: list[str] = field(default_factory=list)  # differing path: what differs
     mtime_only: int = 0
     files: int = 0
+    image_ids: tuple[str, str] = ("", "")  # equal: the two builds are one image, digest and all
+    byte_identical: bool = False  # the promise where file times are rewritten: equal digests
 
     @property
     def reproducible(self) -> bool:
-        return self.layers[0] == self.layers[1] and not self.content
+        same = self.layers[0] == self.layers[1] and not self.content
+        return same and (not self.byte_identical or self.image_ids[0] == self.image_ids[1])
 
 
 def layer_index(ref: str, *, docker_cli: str) -> list[dict[str, tuple[Entry, int]]]:
@@ -62,7 +67,8 @@ def read_save(stream, ref: str) -> tuple[list[str], dict[str, dict]]:
     """The layer order (manifest.json) and every layer's index from a `docker save` stream.
 
     Docker before 25 names layers <id>/layer.tar; from 25 on the archive is an OCI layout
-    whose layers are blobs/sha256/<hex>, next to config and manifest blobs that are JSON.
+    whose layers are blobs/sha256/<hex> (gzip-compressed from the containerd store), next to
+    config and manifest blobs that are JSON.
     The stream is read once, and manifest.json may come last, so every candidate is
     indexed and the manifest picks the layers.
     """
@@ -75,7 +81,7 @@ def read_save(stream, ref: str) -> tuple[list[str], dict[str, dict]]:
                 order = _layers(json.load(outer.extractfile(member)), ref)
             elif member.isfile() and (member.name.endswith("layer.tar") or member.name.startswith("blobs/")):
                 try:
-                    by_name[member.name] = _index(tarfile.open(fileobj=outer.extractfile(member), mode="r|"))
+                    by_name[member.name] = _index(tarfile.open(fileobj=outer.extractfile(member), mode="r|*"))
                 except tarfile.TarError:
                     pass  # a JSON blob (config, manifest), not a layer
     except (tarfile.TarError, ValueError, UnicodeDecodeError) as e:
@@ -126,6 +132,9 @@ def _what(x: Entry, y: Entry) -> str:
 
 def verdict(c: Comparison, buildkit_note: str, show: int = 200) -> str:
     lines = [f"layers: {c.layers[0]} vs {c.layers[1]}; files compared: {c.files}"]
+    if c.image_ids[0]:
+        same = c.image_ids[0] == c.image_ids[1]
+        lines.append(f"image digests: {'identical, ' + c.image_ids[0] if same else 'differ, ' + ' vs '.join(c.image_ids)}")
     if c.same_layer_ids:
         lines.append("layer digests: identical (bit-for-bit)")
     else:
@@ -136,7 +145,10 @@ def verdict(c: Comparison, buildkit_note: str, show: int = 200) -> str:
         lines += [f"  {d}" for d in c.content[:show]]
         if len(c.content) > show:
             lines.append(f"  ... {len(c.content) - show} more in verdict.txt")
-    lines.append("verdict: " + ("REPRODUCIBLE: same content in every layer" if c.reproducible else "NOT REPRODUCIBLE"))
+    if c.reproducible:
+        lines.append("verdict: REPRODUCIBLE: " + ("byte-identical images" if c.byte_identical else "same content in every layer"))
+    else:
+        lines.append("verdict: NOT REPRODUCIBLE" + (": the digests differ" if c.byte_identical and not c.content else ""))
     return "\n".join(lines)
 
 
@@ -159,12 +171,17 @@ def run(root: Path, image, results: Path, docker: str | None, ca: str | None, lo
         a, b = (layer_index(r, docker_cli=bc.argv[0]) for r in refs)
         same = c.images.get(ids[0]).attrs["RootFS"]["Layers"] == c.images.get(ids[1]).attrs["RootFS"]["Layers"]
         comparison = compare(a, b, same)
+        comparison.image_ids, comparison.byte_identical = (ids[0], ids[1]), bc.export == "oci"
     finally:
         for ref in refs:
             try:
                 c.images.remove(ref)
             except Exception:
                 pass
-    note = f"{bc.description}: BuildKit here predates rewrite-timestamp (0.13), so layer tars carry build-time mtimes"
+    if bc.export == "oci":
+        note = f"{bc.description}: with rewrite-timestamp, so a difference here is one in the build itself"
+    else:
+        note = f"{bc.description}: this engine cannot rewrite file times to SOURCE_DATE_EPOCH (its BuildKit predates " \
+               "rewrite-timestamp, or its classic image store ignores it), so layer tars carry build-time mtimes"
     files.write_atomic(results / "verdict.txt", verdict(comparison, note, show=len(comparison.content)) + "\n")
     return comparison, note

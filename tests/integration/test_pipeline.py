@@ -40,9 +40,19 @@ def remove_throwaway_images(docker_client):
     """Candidates of the broken copies and images they left dangling go; the build cache
     stays, bounded, so repeated CI runs on one machine do not fill its disk."""
     yield
+    mounts = cache_mounts(docker_client)
     proc = run_build_py(ROOT, "prune", "--keep-storage", "20GB", timeout=900)
     assert proc.returncode == 0, proc.stderr
     assert not docker_client.images.list(name="pytorch-cuda-candidate")
+    # the wheelhouse, the toolkit .debs and the compiled ops outlive a prune: without them the
+    # next build downloads gigabytes and runs nvcc again
+    assert mounts and mounts <= cache_mounts(docker_client), (mounts, cache_mounts(docker_client))
+
+
+def cache_mounts(client) -> set[str]:
+    """The build cache's cache mounts, by where they mount ("cached mount /opscache")."""
+    return {r["Description"].split(" from exec", 1)[0] for r in client.df().get("BuildCache") or []
+            if r["Type"] == "exec.cachemount"}
 
 
 @pytest.fixture(scope="module")

@@ -118,12 +118,17 @@ def test_no_docker_daemon_names_the_address():
 
 # ---- BuildKit client detection, with fake clients --------------------------------
 
-def fake_docker(tmp_path, version: str, buildx: bool) -> str:
-    path = tmp_path / f"docker-{version}-{'bx' if buildx else 'nobx'}"
+CONTAINERD_STORE = '[["driver-type","io.containerd.snapshotter.v1"]]'
+CLASSIC_STORE = '[["Backing Filesystem","extfs"],["Supports d_type","true"]]'
+
+
+def fake_docker(tmp_path, version: str, buildx: bool, store: str = CLASSIC_STORE) -> str:
+    path = tmp_path / f"docker-{version}-{'bx' if buildx else 'nobx'}-{len(store)}"
     path.write_text(f"""#!/bin/sh
 case "$1" in
   version) echo {version};;
   buildx) {'echo buildx v0.20' if buildx else 'echo "docker: buildx is not a docker command" >&2; exit 1'};;
+  info) echo '{store}';;
 esac
 """)
     path.chmod(0o755)
@@ -147,6 +152,32 @@ def test_override_must_be_buildkit_capable(tmp_path, monkeypatch):
         docker_env.build_client(bad)
     monkeypatch.setenv("PYTORCH_CUDA_DOCKER", fake_docker(tmp_path, "20.10.24", buildx=False))
     assert docker_env.build_client().env == {"DOCKER_BUILDKIT": "1"}
+
+
+def test_buildx_on_the_containerd_store_exports_a_time_rewritten_oci_tarball(tmp_path, monkeypatch):
+    """--load with rewrite-timestamp fails there; the build writes an OCI tarball and loads it."""
+    monkeypatch.delenv("PYTORCH_CUDA_BUILD_NETWORK", raising=False)
+    ctrd = docker_env.build_client(fake_docker(tmp_path, "26.1.5", buildx=True, store=CONTAINERD_STORE))
+    assert ctrd.export == "oci" and ctrd.argv[1:] == ("buildx", "build")
+    classic = docker_env.build_client(fake_docker(tmp_path, "26.1.5", buildx=True))
+    assert classic.export == "load" and classic.argv[1:] == ("buildx", "build", "--load")
+    image = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
+    src = build.Source("abc", 1)
+    cmd = build.command(ctrd, ROOT, image, tmp_path, tmp_path / "iid", src, None, False)
+    assert cmd[-4:-1] == ["--provenance=false", "--output", f"type=oci,dest={tmp_path / 'image.oci.tar'},rewrite-timestamp=true"]
+    assert "--output" not in build.command(classic, ROOT, image, tmp_path, tmp_path / "iid", src, None, False)
+
+
+def test_the_build_network_comes_from_the_environment_and_only_host_is_taken(tmp_path, monkeypatch):
+    client = fake_docker(tmp_path, "20.10.24", buildx=False)
+    monkeypatch.setenv("PYTORCH_CUDA_BUILD_NETWORK", "host")
+    bc = docker_env.build_client(client)
+    image = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
+    cmd = build.command(bc, ROOT, image, tmp_path, tmp_path / "iid", build.Source("abc", 1), None, False)
+    assert cmd[-3:-1] == ["--network", "host"]
+    monkeypatch.setenv("PYTORCH_CUDA_BUILD_NETWORK", "bridge")
+    with pytest.raises(EnvironmentProblem, match="may be `host` or unset, not 'bridge'"):
+        docker_env.build_client(client)
 
 
 # ---- full disks, on a real tiny filesystem ---------------------------------------

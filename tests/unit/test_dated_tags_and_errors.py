@@ -49,12 +49,17 @@ class FakeImage:
 
 
 class FakeClient:
-    def __init__(self, image: FakeImage):
-        self.image = image
+    def __init__(self, image: FakeImage, store: str = "classic"):
+        self.image, self.store = image, store
         self.images = self
 
     def get(self, ref):
         return self.image
+
+    def info(self):  # what Docker 26 says of its containerd image store, or 20.10 of overlay2
+        if self.store == "containerd":
+            return {"Driver": "overlayfs", "DriverStatus": [["driver-type", "io.containerd.snapshotter.v1"]]}
+        return {"Driver": "overlay2", "DriverStatus": [["Backing Filesystem", "extfs"], ["Supports d_type", "true"]]}
 
 
 class FakeAPI:
@@ -74,8 +79,8 @@ def tested(monkeypatch):
     monkeypatch.setattr(publish.tags, "passed", lambda image_id, *a: {"mode": "cpu"})
 
 
-def _plan(remote: dict) -> list[publish.Move]:
-    c = FakeClient(FakeImage("sha256:" + "a" * 64, LABELS))
+def _plan(remote: dict, store: str = "classic") -> list[publish.Move]:
+    c = FakeClient(FakeImage("sha256:" + "a" * 64, LABELS), store)
     return publish.plan(c, FakeAPI(remote), [ROW], retry=lambda fn, what: fn())
 
 
@@ -101,6 +106,16 @@ def test_plan_lets_moving_tags_move_and_skips_a_dated_tag_already_in_place(teste
     elsewhere = publish.Remote("sha256:" + "e" * 64, "sha256:" + "b" * 64)
     moves = _plan({"2.7.1-cuda12.1-runtime-20261122-7904bf67": here, "2.7.1-cuda12.1-runtime": elsewhere})
     assert moves[0].in_place and not moves[1].in_place
+
+
+def test_on_the_containerd_store_the_local_id_is_compared_with_the_manifest_digest(tested):
+    """There the image ID is the manifest's digest, and a registry's config digest never equals it."""
+    here = publish.Remote("sha256:" + "a" * 64, "sha256:" + "c" * 64)  # manifest digest = local ID
+    config_only = publish.Remote("sha256:" + "e" * 64, "sha256:" + "a" * 64)  # a classic-store match, not this one
+    moves = _plan({"2.7.1-cuda12.1-runtime-20261122-7904bf67": here, "2.7.1-cuda12.1-runtime": config_only}, "containerd")
+    assert moves[0].by_manifest and moves[0].in_place and not moves[1].in_place
+    with pytest.raises(ImmutableTagTaken):
+        _plan({"2.7.1-cuda12.1-runtime-20261122-7904bf67": config_only}, "containerd")
 
 
 # ---- Docker errors: refused (with status and message) or gone ----------------------------

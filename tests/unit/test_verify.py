@@ -26,3 +26,18 @@ def test_content_mode_and_missing_files_are_named():
 
 def test_different_layer_counts_are_not_reproducible():
     assert not verify.compare([{}], [{}, {}], same_layer_ids=False).reproducible
+
+
+def test_where_file_times_are_rewritten_only_equal_digests_are_reproducible():
+    """The containerd store with rewrite-timestamp promises byte-identical images: equal
+    content under two digests breaks that promise, and the verdict says so."""
+    a = [{"etc/x": (entry(), 100)}]
+    c = verify.compare(a, a, same_layer_ids=True)
+    c.image_ids, c.byte_identical = ("sha256:" + "1" * 64, "sha256:" + "2" * 64), True
+    assert not c.reproducible
+    text = verify.verdict(c, "rewrite-timestamp")
+    assert "image digests: differ" in text and text.endswith("verdict: NOT REPRODUCIBLE: the digests differ")
+    c.image_ids = ("sha256:" + "1" * 64,) * 2
+    assert c.reproducible
+    text = verify.verdict(c, "rewrite-timestamp")
+    assert f"image digests: identical, sha256:{'1' * 64}" in text and text.endswith("verdict: REPRODUCIBLE: byte-identical images")
