@@ -229,8 +229,26 @@ def image_store(c: docker.DockerClient) -> str:
     return "containerd" if ["driver-type", "io.containerd.snapshotter.v1"] in [list(kv) for kv in status] else "classic"
 
 
-def nvidia_runtime(c: docker.DockerClient) -> bool:
-    return "nvidia" in (c.info().get("Runtimes") or {})
+# The two ways a daemon hands out NVIDIA GPUs: `--gpus all` through the NVIDIA runtime, or a
+# CDI device (Docker >= 25; what the NVIDIA Container Toolkit sets up with `nvidia-ctk cdi generate`).
+GPUS_BY_RUNTIME = docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])
+GPUS_BY_CDI = docker.types.DeviceRequest(driver="cdi", device_ids=["nvidia.com/gpu=all"])
+
+
+def gpu_request(c: docker.DockerClient) -> docker.types.DeviceRequest | None:
+    """How to give a container every GPU of this daemon, or None when it has none to give."""
+    info = c.info()
+    if "nvidia" in (info.get("Runtimes") or {}):
+        return GPUS_BY_RUNTIME
+    for folder in info.get("CDISpecDirs") or []:  # the daemon's own list (API >= 1.47); local daemons only
+        for spec in sorted(Path(folder).glob("*")) if Path(folder).is_dir() else []:
+            try:
+                text = spec.read_text(errors="replace") if spec.suffix in (".yaml", ".yml", ".json") else ""
+            except OSError:
+                continue
+            if re.search(r'"?kind"?\s*:\s*"?nvidia\.com/gpu"?', text):
+                return GPUS_BY_CDI
+    return None
 
 
 def root_dir(c: docker.DockerClient) -> str:

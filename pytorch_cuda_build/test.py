@@ -65,14 +65,16 @@ def _test_files(root: Path, package_home: Path = PACKAGE_HOME):
 
 def smoke(c: docker.DockerClient, image: Image, image_id: str, results: Path, require_gpu: bool, log=print) -> dict:
     """Run the smoke suite in a throwaway container; return its JSON report."""
-    gpu = docker_env.nvidia_runtime(c)
+    gpu = docker_env.gpu_request(c)
     if require_gpu and not gpu:
-        raise EnvironmentProblem("--require-gpu: this Docker daemon has no NVIDIA runtime (install the NVIDIA Container Toolkit)")
-    log("smoke suite: " + ("on the GPUs (NVIDIA runtime found)" if gpu else "on the CPU, 2 gloo ranks (no NVIDIA runtime in this daemon)"))
+        raise EnvironmentProblem("--require-gpu: this Docker daemon has no NVIDIA runtime and no CDI nvidia.com/gpu device "
+                                 "(install the NVIDIA Container Toolkit)")
+    how = "CDI nvidia.com/gpu=all" if gpu is docker_env.GPUS_BY_CDI else "NVIDIA runtime"
+    log("smoke suite: " + (f"on the GPUs ({how})" if gpu else "on the CPU, 2 gloo ranks (no NVIDIA GPU in this daemon)"))
     args = ["pytorch-cuda-smoke", "--report", "/results/report.json", "--timeout", "600"]
     if require_gpu:
         args.append("--require-gpu")
-    gpu_opts = {"device_requests": [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])], "ipc_mode": "host"} if gpu else {"shm_size": "2g"}
+    gpu_opts = {"device_requests": [gpu], "ipc_mode": "host"} if gpu else {"shm_size": "2g"}
     log_path = results / "smoke.log"
     with tempfile.TemporaryDirectory(prefix="pytorch-cuda-smoke-") as out:
         os.chmod(out, 0o777)  # the image's default user is not root

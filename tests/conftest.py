@@ -87,6 +87,7 @@ def docker_client():
 
 @pytest.fixture(scope="session")
 def gpu_runtime(docker_client):
-    if "nvidia" not in (docker_client.info().get("Runtimes") or {}):
-        pytest.skip("no NVIDIA container runtime in this Docker daemon: GPU checks need a GPU host")
+    from pytorch_cuda_build import docker_env
+    if docker_env.gpu_request(docker_client) is None:
+        pytest.skip("no NVIDIA container runtime or CDI GPU device in this Docker daemon: GPU checks need a GPU host")
     return True

@@ -69,7 +69,7 @@ class FakeDaemon:
 
 @pytest.fixture(autouse=True)
 def cpu_daemon(monkeypatch):
-    monkeypatch.setattr(stage.docker_env, "nvidia_runtime", lambda c: False)
+    monkeypatch.setattr(stage.docker_env, "gpu_request", lambda c: None)
 
 
 def smoke(daemon: FakeDaemon, tmp_path: Path, logs: list | None = None):

@@ -60,7 +60,8 @@ def test_require_gpu_after_a_cpu_pass_fails_without_a_gpu(pipeline, capsys):
     before = tag.TESTED.read_text()
     assert cli.main([*ARGS, "--require-gpu"]) == 2
     errors = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error: ")]
-    assert errors == ["error: --require-gpu: this Docker daemon has no NVIDIA runtime (install the NVIDIA Container Toolkit)"]
+    assert errors == ["error: --require-gpu: this Docker daemon has no NVIDIA runtime and no CDI nvidia.com/gpu device "
+                      "(install the NVIDIA Container Toolkit)"]
     assert pipeline == {"promoted": [], "tested": 1}
     assert tag.TESTED.read_text() == before  # still only the CPU pass
 
