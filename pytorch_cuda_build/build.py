@@ -101,14 +101,14 @@ def command(bc: BuildClient, root: Path, image: Image, context: Path, iidfile: P
 
 
 def check_cache_options(bc: BuildClient, cache_from: tuple[str, ...], cache_to: tuple[str, ...]) -> None:
-    """Cache import and export are buildx's; export also needs an image store that can hold
-    the cache's manifests (the containerd store: the docker driver refuses it on the classic one)."""
+    """Cache import and export are buildx's; export also needs a builder that can write one: the
+    containerd store, or a docker-container builder (the docker driver refuses it on the classic store)."""
     if (cache_from or cache_to) and bc.argv[1:2] != ("buildx",):
         raise UsageError(f"--cache-from and --cache-to need buildx, and {bc.description} has none "
                          "(Docker 20.10's built-in BuildKit); use a current engine (python3 build.py engine)")
-    if cache_to and getattr(bc, "export", "load") != "oci":
-        raise UsageError(f"--cache-to needs the containerd image store ({bc.description} builds into the classic store, "
-                         "whose docker driver cannot export a cache)")
+    if cache_to and getattr(bc, "export", "load") != "oci" and getattr(bc, "driver", None) in (None, "docker"):
+        raise UsageError(f"--cache-to needs the containerd image store or a docker-container builder ({bc.description} "
+                         "uses the docker driver on the classic store, which cannot export a cache)")
     for spec in (*cache_from, *cache_to):
         if not re.match(r"^type=[a-z]+(,|$)", spec):
             raise UsageError(f"cache spec {spec!r} is not buildx's type=...,key=value form (e.g. type=registry,ref=HOST/NS/cache:{{image}})")
