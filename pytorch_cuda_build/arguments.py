@@ -57,6 +57,10 @@ def parser() -> argparse.ArgumentParser:
     _flags(b, no_test="build only; sets no public tag", retest="test even if this image ID already passed",
            no_cache="build without the layer cache", require_gpu="fail instead of testing on the CPU when no GPU runtime exists",
            dry_run="print the plan without calling Docker")
+    b.add_argument("--cache-from", action="append", default=[], metavar="SPEC",
+                   help="import BuildKit's cache (buildx; e.g. type=registry,ref=HOST/NS/pytorch-cuda-cache:{image}); repeatable")
+    b.add_argument("--cache-to", action="append", default=[], metavar="SPEC",
+                   help="export BuildKit's cache (buildx on the containerd store; add mode=max for every stage); repeatable")
     shown = b.add_mutually_exclusive_group()
     shown.add_argument("--quiet", action="store_true", help="show no build progress (the log is still saved)")
     shown.add_argument("--verbose", action="store_true", help="stream BuildKit's raw log instead of one line per step")

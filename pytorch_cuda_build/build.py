@@ -20,7 +20,7 @@ from typing import Callable
 
 from . import lock, progress
 from .docker_env import BuildClient
-from .errors import BuildError, EnvironmentProblem
+from .errors import BuildError, EnvironmentProblem, UsageError
 from .matrix import Image
 
 RUNTIME_PACKAGE = "pytorch_cuda_runtime"
@@ -79,7 +79,8 @@ def check_disk(docker_root: str) -> None:
 
 
 def command(bc: BuildClient, root: Path, image: Image, context: Path, iidfile: Path, src: Source,
-            ca_bundle: str | None, no_cache: bool, tag: str | None = None, base_id: str | None = None) -> list[str]:
+            ca_bundle: str | None, no_cache: bool, tag: str | None = None, base_id: str | None = None,
+            cache_args: list[str] | tuple[str, ...] = ()) -> list[str]:
     cmd = [*bc.argv, f"--progress={getattr(bc, 'progress', progress.PLAIN)}", "--file", str(lock.image_dir(root, image) / "Dockerfile"),
            "--target", image.flavor, "--iidfile", str(iidfile), "--tag", tag or candidate_ref(image),
            "--label", f"org.opencontainers.image.revision={src.revision}",
@@ -90,12 +91,27 @@ def command(bc: BuildClient, root: Path, image: Image, context: Path, iidfile: P
         cmd += ["--secret", f"id=ca,src={ca_bundle}"]
     if no_cache:
         cmd += ["--no-cache"]
+    cmd += list(cache_args)
     if getattr(bc, "network", None):
         cmd += ["--network", bc.network]
     if getattr(bc, "export", "load") == "oci":
         # No provenance attestation: it records build times, and would make the image an index.
         cmd += ["--provenance=false", "--output", f"type=oci,dest={oci_tarball(iidfile)},rewrite-timestamp=true"]
     return cmd + [str(context)]
+
+
+def check_cache_options(bc: BuildClient, cache_from: tuple[str, ...], cache_to: tuple[str, ...]) -> None:
+    """Cache import and export are buildx's; export also needs a builder that can write one: the
+    containerd store, or a docker-container builder (the docker driver refuses it on the classic store)."""
+    if (cache_from or cache_to) and bc.argv[1:2] != ("buildx",):
+        raise UsageError(f"--cache-from and --cache-to need buildx, and {bc.description} has none "
+                         "(Docker 20.10's built-in BuildKit); use a current engine (python3 build.py engine)")
+    if cache_to and getattr(bc, "export", "load") != "oci" and getattr(bc, "driver", None) in (None, "docker"):
+        raise UsageError(f"--cache-to needs the containerd image store or a docker-container builder ({bc.description} "
+                         "uses the docker driver on the classic store, which cannot export a cache)")
+    for spec in (*cache_from, *cache_to):
+        if not re.match(r"^type=[a-z]+(,|$)", spec):
+            raise UsageError(f"cache spec {spec!r} is not buildx's type=...,key=value form (e.g. type=registry,ref=HOST/NS/cache:{{image}})")
 
 
 def oci_tarball(iidfile: Path) -> Path:
@@ -105,7 +121,7 @@ def oci_tarball(iidfile: Path) -> Path:
 
 def run(bc: BuildClient, root: Path, image: Image, log_path: Path, ca_bundle: str | None,
         no_cache: bool = False, echo: bool | Callable[[str], None] = True, tag: str | None = None,
-        base_id: str | None = None) -> str:
+        base_id: str | None = None, cache_args: list[str] | tuple[str, ...] = ()) -> str:
     """Build the candidate; return its image ID. The log is kept in full; each line also goes
     to echo: a callable (a console), True (stderr, raw) or False (nowhere)."""
     src = source(root)
@@ -114,7 +130,7 @@ def run(bc: BuildClient, root: Path, image: Image, log_path: Path, ca_bundle: st
         context.mkdir()
         stage_context(root, image, context)
         iidfile = Path(tmp) / "iid"
-        cmd = command(bc, root, image, context, iidfile, src, ca_bundle, no_cache, tag, base_id)
+        cmd = command(bc, root, image, context, iidfile, src, ca_bundle, no_cache, tag, base_id, cache_args)
         env = {**os.environ, **bc.env, "SOURCE_DATE_EPOCH": str(src.epoch)}
         rc = _stream(cmd, env, log_path, echo)
         if rc != 0:

@@ -67,9 +67,11 @@ def cmd_build(m: matrix.Matrix, args) -> int:
     if args.dry_run:
         print(inputs.plan(ROOT, images[0]))
         return 0
+    if args.cache_from or args.cache_to:  # before an hour of building, like a bad registry address
+        build.check_cache_options(docker_env.build_client(args.docker), tuple(args.cache_from), tuple(args.cache_to))
     opts = pipeline.Options(docker=args.docker, matrix_path=args.matrix, ca_path=pipeline.ca_bundle(args.ca_bundle), no_test=args.no_test, retest=args.retest,
                             no_cache=args.no_cache, require_gpu=args.require_gpu, registry=reg, retries=args.retries,
-                            allow_vulnerable=tuple(args.allow_vulnerable))
+                            allow_vulnerable=tuple(args.allow_vulnerable), cache_from=tuple(args.cache_from), cache_to=tuple(args.cache_to))
     with console.make(args.verbose, args.quiet) as con:  # a bad CA failed above, not after waiting for the row lock
         if args.all:
             results = pipeline.build_many(ROOT, m, args.matrix, images, opts, args.jobs, con, ["--quiet"] * args.quiet + ["--verbose"] * args.verbose)

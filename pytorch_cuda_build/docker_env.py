@@ -132,6 +132,7 @@ class BuildClient:
     # loaded instead, so two builds of one commit give one digest; `--load` with
     # rewrite-timestamp fails there ("conflicts with unpack", moby/moby#51493).
     export: str = "load"
+    driver: str | None = None  # buildx's builder driver: "docker" (the daemon's own BuildKit), "docker-container", ...
 
 
 def _client_major(docker_bin: str) -> int | None:
@@ -188,9 +189,22 @@ def build_client(override: str | None = None) -> BuildClient:
     if network not in (None, "host"):
         raise EnvironmentProblem(f"${NETWORK_ENV} may be `host` or unset, not {network!r}")
     bc = replace(_build_client(override), network=network)
-    if bc.argv[1:3] == ("buildx", "build") and _buildx_version(bc.argv[0]) >= (0, 13) and _cli_store(bc.argv[0]) == "containerd":
+    if bc.argv[1:3] != ("buildx", "build"):
+        return bc
+    bc = replace(bc, driver=_buildx_driver(bc.argv[0]))
+    if _buildx_version(bc.argv[0]) >= (0, 13) and _cli_store(bc.argv[0]) == "containerd":
         bc = replace(bc, argv=tuple(a for a in bc.argv if a != "--load"), export="oci")
     return bc
+
+
+def _buildx_driver(docker_bin: str) -> str | None:
+    """The driver of buildx's current builder (`docker buildx inspect`), or None if it will not say."""
+    try:
+        out = subprocess.run([docker_bin, "buildx", "inspect"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"^Driver:\s*(\S+)", out, re.M)
+    return m.group(1) if m else None
 
 
 def _cli_store(docker_bin: str) -> str:

@@ -79,6 +79,14 @@ class Options:
     retries: int = 4
     matrix_path: Path | None = None  # the gate checks the row against the matrix the user gave
     allow_vulnerable: tuple[str, ...] = ()  # critical advisories the user lets publish past
+    # BuildKit cache imports and exports (buildx syntax; {image} is the row's name), for CI
+    # runners that start cold: type=registry,ref=HOST/NS/pytorch-cuda-cache:{image}
+    cache_from: tuple[str, ...] = ()
+    cache_to: tuple[str, ...] = ()
+
+    def cache_args(self, image: Image) -> list[str]:
+        return [a for flag, specs in (("--cache-from", self.cache_from), ("--cache-to", self.cache_to))
+                for spec in specs for a in (flag, spec.replace("{image}", image.name))]
 
     def argv(self) -> list[str]:
         """The same options for a child `build.py build`."""
@@ -87,6 +95,7 @@ class Options:
         out += ["--ca-bundle", self.ca_path] if self.ca_path else []
         out += ["--push", "--registry", str(self.registry)] if self.registry else []
         out += [a for v in self.allow_vulnerable for a in ("--allow-vulnerable", v)]
+        out += [a for flag, specs in (("--cache-from", self.cache_from), ("--cache-to", self.cache_to)) for v in specs for a in (flag, v)]
         return out + ["--retries", str(self.retries)]
 
 
@@ -201,6 +210,7 @@ class _Row:
         with self.stage("build"):
             try:
                 return build.run(bc, self.root, self.image, log_path, self.opts.ca_path, self.opts.no_cache,
+                                 cache_args=self.opts.cache_args(self.image),
                                  echo=self.console.build_sink(getattr(bc, "progress", "plain")), base_id=base_id)
             except BuildError:
                 if not docker_env.answers(c):  # not a failing step: the daemon itself went away

@@ -122,13 +122,16 @@ CONTAINERD_STORE = '[["driver-type","io.containerd.snapshotter.v1"]]'
 CLASSIC_STORE = '[["Backing Filesystem","extfs"],["Supports d_type","true"]]'
 
 
-def fake_docker(tmp_path, version: str, buildx: bool, store: str = CLASSIC_STORE) -> str:
-    path = tmp_path / f"docker-{version}-{'bx' if buildx else 'nobx'}-{len(store)}"
+def fake_docker(tmp_path, version: str, buildx: bool, store: str = CLASSIC_STORE, driver: str = "docker") -> str:
+    path = tmp_path / f"docker-{version}-{'bx' if buildx else 'nobx'}-{len(store)}-{driver}"
     path.write_text(f"""#!/bin/sh
 case "$1" in
   version) echo {version};;
   buildx) {'echo buildx v0.20' if buildx else 'echo "docker: buildx is not a docker command" >&2; exit 1'};;
   info) echo '{store}';;
+esac
+case "$1 $2" in
+  "buildx inspect") printf 'Name:          default\nDriver:        {driver}\n';;
 esac
 """)
     path.chmod(0o755)
@@ -178,6 +181,37 @@ def test_the_build_network_comes_from_the_environment_and_only_host_is_taken(tmp
     monkeypatch.setenv("PYTORCH_CUDA_BUILD_NETWORK", "bridge")
     with pytest.raises(EnvironmentProblem, match="may be `host` or unset, not 'bridge'"):
         docker_env.build_client(client)
+
+
+@pytest.mark.parametrize("client,args,says", [
+    (("20.10.24", False, CLASSIC_STORE), ["--cache-from", "type=registry,ref=r/c:{image}"], "need buildx"),
+    (("26.1.5", True, CLASSIC_STORE), ["--cache-to", "type=registry,ref=r/c:{image}"], "--cache-to needs the containerd image store or a docker-container builder"),
+    (("26.1.5", True, CONTAINERD_STORE), ["--cache-from", "registry,ref=r/c"], "is not buildx's type=...,key=value form"),
+])
+def test_cache_options_the_client_cannot_honour_are_refused_before_building(tmp_path, monkeypatch, client, args, says):
+    monkeypatch.delenv("PYTORCH_CUDA_BUILD_NETWORK", raising=False)
+    docker = fake_docker(tmp_path, *client[:2], store=client[2])
+    proc = run_cli(ROOT, "--torch", "2.7", "--cuda", "12.1", "--docker", docker, "--ca-bundle", "/dev/null", *args)
+    one_error_line(proc, 2, says)
+
+
+def test_cache_specs_name_each_row_and_reach_the_build_and_child_runs(tmp_path, monkeypatch):
+    from pytorch_cuda_build import pipeline
+    monkeypatch.delenv("PYTORCH_CUDA_BUILD_NETWORK", raising=False)
+    opts = pipeline.Options(cache_from=("type=registry,ref=r/ns/cache:{image}",),
+                            cache_to=("type=registry,ref=r/ns/cache:{image},mode=max",))
+    image = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
+    args = opts.cache_args(image)
+    assert args == ["--cache-from", "type=registry,ref=r/ns/cache:2.7.1-cuda12.1-runtime",
+                    "--cache-to", "type=registry,ref=r/ns/cache:2.7.1-cuda12.1-runtime,mode=max"]
+    assert "type=registry,ref=r/ns/cache:{image}" in opts.argv()  # a child run fills in its own row
+    container_builder = docker_env.build_client(fake_docker(tmp_path, "28.2.2", buildx=True, driver="docker-container"))
+    assert container_builder.driver == "docker-container" and container_builder.export == "load"
+    build.check_cache_options(container_builder, opts.cache_from, opts.cache_to)  # classic store, yet it can export
+    bc = docker_env.build_client(fake_docker(tmp_path, "26.1.5", buildx=True, store=CONTAINERD_STORE))
+    build.check_cache_options(bc, opts.cache_from, opts.cache_to)
+    cmd = build.command(bc, ROOT, image, tmp_path, tmp_path / "iid", build.Source("abc", 1), None, False, cache_args=args)
+    assert all(a in cmd for a in args)
 
 
 # ---- full disks, on a real tiny filesystem ---------------------------------------
