@@ -414,8 +414,11 @@ def merge_previous(path: Path, r: dict, only: set[str]) -> dict:
     if old.get("image") != r["image"] or set(MEASURES) <= only:
         return r
     first = old.get("measured_first", old["date"])
-    return {**old, **r, "date": first, "measured_first": first,
-            "updated": [*old.get("updated", []), {"date": r["date"], "measures": sorted(only)}]}
+    merged = {**old, **r, "date": first, "measured_first": first,
+              "updated": [*old.get("updated", []), {"date": r["date"], "measures": sorted(only)}]}
+    # Two measures fill "size": size (the image, its floor) and cold (the naive images).
+    merged["size"] = {**old.get("size", {}), **r.get("size", {})}
+    return merged
 
 
 def _s(d: dict) -> str:

@@ -62,6 +62,10 @@ def test_a_partial_run_keeps_the_other_figures_and_says_when(tmp_path):
     assert merged["rebuild_nochange_s"]["median"] == 2.0 and "matrix" in merged
     assert merged["date"] == "monday" and merged["updated"] == [{"date": "tuesday", "measures": ["matrix", "rebuild"]}]
     assert "Re-measured tuesday: matrix, rebuild" in bench.report_markdown(merged)
+    # the cold measure's naive image sizes join the size measure's, never replace them
+    path.write_text(bench.json.dumps({**first, "size": {"image": 6, "floor": 5}}))
+    merged = bench.merge_previous(path, {**later, "size": {"naive": 3}}, {"cold"})
+    assert merged["size"] == {"image": 6, "floor": 5, "naive": 3}
     # a full run, or another image's report, starts afresh
     assert bench.merge_previous(path, later, set(bench.MEASURES)) is later
     assert bench.merge_previous(path, {**later, "image": "y"}, {"matrix"})["date"] == "tuesday"
