@@ -45,6 +45,7 @@ _ACCEPT = ", ".join([
     "application/vnd.docker.distribution.manifest.list.v2+json",
     "application/vnd.oci.image.index.v1+json",
 ])
+_PUSHED_DIGEST = re.compile(r"\bdigest: (sha256:[0-9a-f]{64})\b")
 # Push errors worth retrying: the registry or the network hiccuped. Anything else
 # (unauthorized, denied, a malformed name) fails the same way every time.
 _PERMANENT = re.compile(r"unauthori[sz]ed|denied|authentication required|invalid reference|name unknown", re.I)
@@ -315,9 +316,13 @@ def push_one(c: docker.DockerClient, mv: Move, reg: Registry, creds: dict | None
                 err = ev.get("error") or (ev.get("errorDetail") or {}).get("message")
                 if err:
                     raise (PublishError if _PERMANENT.search(err) else Transient)(err)
-                digest = (ev.get("aux") or {}).get("Digest", digest)
+                # Docker 20.10 sends it as aux; 26 on the containerd store only in the status line
+                said = _PUSHED_DIGEST.search(ev.get("status") or "")
+                digest = (ev.get("aux") or {}).get("Digest") or (said.group(1) if said else digest)
         except (docker.errors.APIError, requests.ConnectionError) as e:
             raise Transient(str(docker_env.failure(f"the push of {repo}:{mv.tag}", e))) from None
+        if not digest and mv.by_manifest:
+            digest = mv.image_id  # that store pushes the manifest it holds; the read-back checks it
         if not digest:
             raise Transient("the daemon reported no digest")
         return digest

@@ -203,3 +203,42 @@ def test_cli_prints_an_api_error_as_one_refusal_line(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1, err
     assert err.startswith("error: the Docker daemon at ") and f"(500: {GPU})" in err, err
+
+
+# ---- what a push reports: Docker 20.10 an aux record, 26 on the containerd store a status line ----
+
+class PushingClient:
+    def __init__(self, events):
+        self.events, self.removed = events, []
+        self.images = self
+        self.api = self
+
+    def get(self, ref):
+        return self
+
+    def tag(self, repo, tag):
+        pass
+
+    def remove(self, ref, noprune=False):
+        self.removed.append(ref)
+
+    def push(self, repo, tag, stream, decode, auth_config):
+        yield from self.events
+
+
+@pytest.mark.parametrize("events,by_manifest,expected", [
+    ([{"status": "Pushed"}, {"aux": {"Tag": "t", "Digest": "sha256:" + "1" * 64, "Size": 1}}], False, "sha256:" + "1" * 64),
+    ([{"status": "Pushed"}, {"status": f"t: digest: sha256:{'2' * 64} size: 750"}], True, "sha256:" + "2" * 64),
+    ([{"status": "Pushed"}], True, "sha256:" + "a" * 64),  # the containerd store's ID is the manifest pushed
+])
+def test_the_pushed_digest_is_read_from_what_each_engine_says(events, by_manifest, expected):
+    mv = publish.Move(ROW, "sha256:" + "a" * 64, "t", True, by_manifest=by_manifest)
+    c = PushingClient(events)
+    assert publish.push_one(c, mv, publish.Registry.parse("127.0.0.1:5000/ml"), None) == expected
+    assert c.removed == ["127.0.0.1:5000/ml/pytorch-cuda:t"]  # the local registry-named tag goes again
+
+
+def test_a_classic_store_push_that_names_no_digest_is_retried():
+    mv = publish.Move(ROW, "sha256:" + "a" * 64, "t", True)
+    with pytest.raises(publish.Transient, match="reported no digest"):
+        publish.push_one(PushingClient([{"status": "Pushed"}]), mv, publish.Registry.parse("127.0.0.1:5000/ml"), None)

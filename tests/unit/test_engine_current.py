@@ -27,6 +27,7 @@ def test_dockerd_leaves_the_host_and_the_other_engine_alone():
     argv = engine_current.dockerd_argv(U, store)
     assert {"--iptables=false", "--ip6tables=false"} <= set(argv)
     assert argv[argv.index("--bridge") + 1] == store.bridge != "none"  # --bridge=none deleted docker0 here
+    assert argv[argv.index("--dns") + 1] == "127.0.0.1"  # no resolver is reachable: fail lookups at once
     for flag, value in (("--data-root", store.state / "docker"), ("--exec-root", store.run / "exec"),
                         ("--pidfile", store.run / "dockerd.pid"), ("-H", store.docker_host),
                         ("--containerd", store.run / "containerd.sock")):
