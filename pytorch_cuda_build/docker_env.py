@@ -214,7 +214,7 @@ def _cli_store(docker_bin: str) -> str:
         status = json.loads(out or "[]") or []
     except (OSError, ValueError, subprocess.TimeoutExpired):
         return "classic"
-    return "containerd" if ["driver-type", "io.containerd.snapshotter.v1"] in status else "classic"
+    return _store(status)
 
 
 def _build_client(override: str | None) -> BuildClient:
@@ -239,8 +239,12 @@ def _build_client(override: str | None) -> BuildClient:
 def image_store(c: docker.DockerClient) -> str:
     """"containerd" where the daemon keeps images in containerd (Docker 29's default, an option
     from 24): an image ID is then its manifest or index digest, not its config digest. Else "classic"."""
-    status = c.info().get("DriverStatus") or []
-    return "containerd" if ["driver-type", "io.containerd.snapshotter.v1"] in [list(kv) for kv in status] else "classic"
+    return _store(c.info().get("DriverStatus") or [])
+
+
+def _store(driver_status: list) -> str:
+    """The store named by `docker info`'s DriverStatus pairs."""
+    return "containerd" if ["driver-type", "io.containerd.snapshotter.v1"] in [list(kv) for kv in driver_status] else "classic"
 
 
 # The two ways a daemon hands out NVIDIA GPUs: `--gpus all` through the NVIDIA runtime, or a

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from . import resolve
 from .docker_env import NETWORK_ENV
-from .errors import EnvironmentProblem, UsageError
+from .errors import EnvironmentProblem
 
 MIRROR = "http://deb.debian.org/debian"
 SUITE = "trixie"
@@ -219,9 +219,7 @@ def _answers(u: Unpacked, store: Store) -> bool:
 
 def up(store_name: str, ca_bundle: str | None, log=print) -> dict[str, str]:
     """Bring the store's daemon up (or find it up); its environment."""
-    store = STORES.get(store_name)
-    if store is None:
-        raise UsageError(f"--store takes {' or '.join(STORES)}, not {store_name!r}")
+    store = STORES[store_name]  # the CLI refused any other name
     if os.geteuid() != 0:
         raise EnvironmentProblem("starting a second Docker engine needs root (it creates a bridge and runs dockerd); "
                                  "on a machine with a current engine already, point DOCKER_HOST at it instead")
