@@ -23,9 +23,20 @@ answers() { timeout 10 docker info >/dev/null 2>&1; }
 alive() {
   [ -n "$1" ] && kill -0 "$1" 2>/dev/null && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null
 }
+# The default engine's dockerd, starting or up: the one its pid file names, or one that will
+# write that file (no --pidfile of its own). A second engine beside it (`build.py engine`
+# runs Docker 26 with its own --pidfile) is not it: counting that one, a restart here waited
+# for an answer that never came and started nothing.
 dockerd_running() {
-  local p
-  for p in $(pgrep -x dockerd 2>/dev/null); do alive "$p" && return 0; done
+  local p args
+  p=$(cat "$pidfile" 2>/dev/null || true)
+  alive "$p" && return 0
+  for p in $(pgrep -x dockerd 2>/dev/null); do
+    alive "$p" || continue
+    args=$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null) || continue
+    case " $args" in *" --pidfile"* | *" -p "*) continue ;; esac
+    return 0
+  done
   return 1
 }
 started_by_us() {

@@ -22,12 +22,15 @@ ROW = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
 
 
 @pytest.fixture(scope="module")
-def current() -> dict[str, str]:
-    """`eval "$(python3 build.py engine)"`, as the README says: the environment it prints."""
+def current():
+    """`eval "$(python3 build.py engine)"`, as the README says: the environment it prints.
+    An engine this module started is stopped after it, so the modules after it run beside
+    one engine, as they do everywhere else."""
     if os.geteuid() != 0:
         pytest.skip("starting a second engine needs root (a CI runner's own engine is used there instead)")
     proc = run_build_py(ROOT, "engine", timeout=900)
     assert proc.returncode == 0, proc.stderr
+    started = "starting dockerd" in proc.stderr
     env = {}
     for line in proc.stdout.splitlines():
         word, assignment = shlex.split(line)
@@ -35,7 +38,10 @@ def current() -> dict[str, str]:
         key, value = assignment.split("=", 1)
         env[key] = value
     assert set(env) == {"DOCKER_HOST", "PYTORCH_CUDA_DOCKER", "DOCKER_CONFIG", "PYTORCH_CUDA_BUILD_NETWORK"}, env
-    return env
+    yield env
+    if started:
+        down = run_build_py(ROOT, "engine", "--down", timeout=300)
+        assert down.returncode == 0, down.stderr
 
 
 def cli(env: dict[str, str], *args: str, **kw) -> subprocess.CompletedProcess:

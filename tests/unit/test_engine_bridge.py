@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,50 @@ def test_sourcing_the_script_runs_nothing():
     proc = subprocess.run(["bash", "-c", f"source {ENGINE_SCRIPT}; type check_bridge >/dev/null"],
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0 and proc.stdout == "" and proc.stderr == "", proc.stderr
+
+
+# ---- which dockerd is the default engine's: a second engine beside it is not ---------------
+
+def running(tmp_path: Path, *argv: str, pidfile_names_it: bool = False) -> int:
+    """dockerd_running's exit status with one process named dockerd (a shell script) started
+    with argv; a fake pgrep lists only that process, so this machine's own daemons are unseen."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir(exist_ok=True)
+    dockerd = tmp_path / "dockerd"
+    dockerd.write_text("#!/bin/sh\nsleep 30\n")
+    dockerd.chmod(0o755)
+    proc = subprocess.Popen([str(dockerd), *argv])
+    (bin_ / "pgrep").write_text(f"#!/bin/sh\necho {proc.pid}\n")
+    (bin_ / "pgrep").chmod(0o755)
+    pidfile = tmp_path / "docker.pid"
+    pidfile.write_text(f"{proc.pid}\n" if pidfile_names_it else "999999\n")
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}"}
+    try:
+        for _ in range(50):  # until the kernel has named it
+            if Path(f"/proc/{proc.pid}/comm").read_text().strip() == "dockerd":
+                break
+            time.sleep(0.02)
+        script = f"source {ENGINE_SCRIPT}; pidfile={pidfile}; dockerd_running"
+        return subprocess.run(["bash", "-c", script], env=env, timeout=30).returncode
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_dockerd_with_the_default_pid_file_is_the_default_engine(tmp_path):
+    assert running(tmp_path, "--log-level", "info") == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("argv", [("--pidfile", "/run/other/dockerd.pid", "-H", "unix:///run/other.sock"),
+                                  ("--pidfile=/run/other/dockerd.pid",), ("-p", "/run/other/dockerd.pid")])
+def test_a_second_engine_with_its_own_pid_file_is_not(tmp_path, argv):
+    """The CI failure this guards: with Docker 26 up beside it, a killed 20.10 daemon was never
+    restarted, because engine.sh took the other dockerd for its own."""
+    assert running(tmp_path, *argv) == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_process_the_default_pid_file_names_is_the_default_engine(tmp_path):
+    assert running(tmp_path, "--pidfile", "/var/run/docker.pid", pidfile_names_it=True) == 0
