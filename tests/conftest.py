@@ -37,8 +37,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
-# When the committed locks were resolved (images/*/lock.json); resolving at this time gives them back.
-LOCKS_RESOLVED_AT = "2026-11-22T21:30:00Z"
+# The index as the committed locks (images/*/lock.json) saw it: the newest upload among their
+# pins (platformdirs 4.14.7). The commit's own time was later, and once the index served a
+# release from between the two (filelock 4.2.12, uploaded 2026-11-18), a re-resolve at the
+# commit time no longer gave the locks back. Resolving at this time does.
+LOCKS_RESOLVED_AT = "2026-11-17T20:04:00Z"
 
 # Set before any test module imports the product: base.STATE_DIR and tag.TESTED are read at import.
 STATE_DIR = Path(tempfile.mkdtemp(prefix="pytorch-cuda-test-state-"))
