@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import lock, progress
+from . import lock, opsseed, progress
 from .docker_env import BuildClient
 from .errors import BuildError, EnvironmentProblem, UsageError
 from .matrix import Image
@@ -66,6 +66,7 @@ def stage_context(root: Path, image: Image, dest: Path) -> None:
     shutil.copytree(
         root / RUNTIME_PACKAGE, dest / RUNTIME_PACKAGE, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "tests")
     )
+    (dest / opsseed.CONTEXT_DIR).mkdir()  # empty unless a --no-cache build fills it (opsseed.stage)
 
 
 def check_disk(docker_root: str) -> None:
@@ -100,6 +101,34 @@ def command(bc: BuildClient, root: Path, image: Image, context: Path, iidfile: P
     return cmd + [str(context)]
 
 
+def export_command(bc: BuildClient, root: Path, image: Image, context: Path, dest: Path, ca_bundle: str | None,
+                   cache_args: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The ops-dist stage to a host directory: every step is the build's, so all of them are cached."""
+    cmd = [*bc.argv, "--progress=plain", "--file", str(lock.image_dir(root, image) / "Dockerfile"),
+           "--target", opsseed.TARGET, "--output", f"type=local,dest={dest}"]
+    if ca_bundle:
+        cmd += ["--secret", f"id=ca,src={ca_bundle}"]
+    args = list(cache_args)
+    for i, a in enumerate(args[:-1]):
+        if a == "--cache-from":  # never --cache-to: that would overwrite the row's exported cache
+            cmd += [a, args[i + 1]]
+    if getattr(bc, "network", None):
+        cmd += ["--network", bc.network]
+    return cmd + [str(context)]
+
+
+def export_ops(bc: BuildClient, root: Path, image: Image, context: Path, env: dict[str, str], ca_bundle: str | None,
+               cache_args: list[str] | tuple[str, ...], log_path: Path) -> str:
+    """Keep the image's compiled ops on the host (opsseed), for a later --no-cache build; the key."""
+    dest = opsseed.export_dir()
+    try:
+        if _stream(export_command(bc, root, image, context, dest, ca_bundle, cache_args), env, log_path, False) != 0:
+            raise BuildError(f"exporting the compiled ops ({opsseed.TARGET}) to {opsseed.store()}", str(log_path), tail(log_path))
+        return opsseed.save(dest, image)
+    finally:
+        shutil.rmtree(dest, ignore_errors=True)
+
+
 def check_cache_options(bc: BuildClient, cache_from: tuple[str, ...], cache_to: tuple[str, ...]) -> None:
     """Cache import and export are buildx's; export also needs a builder that can write one: the
     containerd store, or a docker-container builder (the docker driver refuses it on the classic store)."""
@@ -129,12 +158,15 @@ def run(bc: BuildClient, root: Path, image: Image, log_path: Path, ca_bundle: st
         context = Path(tmp) / "context"
         context.mkdir()
         stage_context(root, image, context)
+        seeded = opsseed.stage(image, context, use=no_cache)
         iidfile = Path(tmp) / "iid"
         cmd = command(bc, root, image, context, iidfile, src, ca_bundle, no_cache, tag, base_id, cache_args)
         env = {**os.environ, **bc.env, "SOURCE_DATE_EPOCH": str(src.epoch)}
         rc = _stream(cmd, env, log_path, echo)
         if rc != 0:
             raise BuildError(failed_step(log_path), str(log_path), tail(log_path))
+        if not seeded:  # a seeded build took the wheel the host has already
+            export_ops(bc, root, image, context, env, ca_bundle, cache_args, log_path.with_name("ops-export.log"))
         if getattr(bc, "export", "load") == "oci":
             return load_oci(bc, oci_tarball(iidfile), tag or candidate_ref(image), log_path)
         return iidfile.read_text().strip()

@@ -35,6 +35,7 @@ from pathlib import Path
 RACE_OLD = "        launch_handles[-1].wait()\n"
 RACE_NEW = "        for handle in launch_handles:  # PR #8539: every gloo handle, not the last\n            handle.wait()\n"
 RACE_FIXED = "for handle in launch_handles:"
+KEY_FILE = "ops-cache-key"
 
 
 def fail(msg):
@@ -166,17 +167,23 @@ def main(argv=None):
     p.add_argument("--dist", type=Path, required=True, help="where the wheel and ops-facts.json go")
     p.add_argument("--toolkit", required=True, help="the CUDA toolkit's version, recorded in the facts")
     p.add_argument("--cache", type=Path, help="keep built wheels here, keyed by every input of the compile")
+    p.add_argument("--seed", type=Path, help="read-only wheels built before, keyed the same way (the host's "
+                   "copy: a --no-cache build gets an empty cache mount)")
     a = p.parse_args(argv)
     ops = [o for o in a.ops.split(",") if o]
     a.dist.mkdir(parents=True, exist_ok=True)
     key = cache_key(a.sdist, ops, a.cpu_arch)
     cached = a.cache / key if a.cache else None
-    if cached and (cached / "ops-facts.json").exists():
-        for f in cached.iterdir():
+    found = next((d for d in (cached, a.seed / key if a.seed else None) if d and (d / "ops-facts.json").exists()), None)
+    if found:
+        for f in found.iterdir():
             shutil.copy2(f, a.dist / f.name)
-        print(f"opsbuild: inputs {key[:16]} built before; wheel taken from the ops cache, nothing compiled", flush=True)
+        where = "the ops cache" if found == cached else f"the host's ops seed ({a.seed})"
+        print(f"opsbuild: inputs {key[:16]} built before; wheel taken from {where}, nothing compiled", flush=True)
     else:
         build(a, ops)
+    # The key travels with the wheel, so the host can file an exported copy under it.
+    (a.dist / KEY_FILE).write_text(key + "\n")
     wheels = sorted(a.dist.glob("deepspeed-*.whl"))
     if len(wheels) != 1:
         fail(f"expected one DeepSpeed wheel in {a.dist}, found {len(wheels)}")

@@ -70,3 +70,60 @@ def test_unknown_sources_stop_the_build(tmp_path):
         src = tree(tmp_path / "c")
         (src / "deepspeed" / "ops" / "op_builder" / "builder.py").write_text("def nothing(): pass\n")
         opsbuild.patch(src, "x86-64-v3")
+
+
+# ---- where the wheel comes from: the cache mount, the host's ops seed, or a compile ----------
+
+@pytest.fixture
+def no_compile(monkeypatch):
+    """main() with the compile and the wheel's proof stubbed out: which source it took."""
+    built = []
+    monkeypatch.setattr(opsbuild, "cache_key", lambda sdist, ops, cpu_arch: "k" * 64)
+    monkeypatch.setattr(opsbuild, "check_wheel", lambda wheel, ops, cpu_arch: ({}, {}))
+
+    def build(a, ops):
+        built.append(ops)
+        (a.dist / "deepspeed-0.17.6-cp311-cp311-linux_x86_64.whl").write_bytes(b"compiled")
+        (a.dist / "ops-facts.json").write_text("{}\n")
+    monkeypatch.setattr(opsbuild, "build", build)
+    return built
+
+
+def entry(d: Path, key: str, wheel: bytes) -> Path:
+    (d / key).mkdir(parents=True)
+    (d / key / "deepspeed-0.17.6-cp311-cp311-linux_x86_64.whl").write_bytes(wheel)
+    (d / key / "ops-facts.json").write_text("{}\n")
+    return d / key
+
+
+def main(tmp_path: Path, *extra: str) -> Path:
+    dist = tmp_path / "dist"
+    opsbuild.main(["sdist.tar.gz", "--ops", "cpu_adam", "--cpu-arch", "x86-64-v3", "--toolkit", "12.4.131",
+                   "--dist", str(dist), "--cache", str(tmp_path / "cache"), *extra])
+    return dist
+
+
+def test_a_seed_with_the_same_key_is_taken_and_fills_the_empty_cache_mount(tmp_path, no_compile, capsys):
+    entry(tmp_path / "seed", "k" * 64, b"from the host")
+    dist = main(tmp_path, "--seed", str(tmp_path / "seed"))
+    assert no_compile == []
+    assert (dist / "deepspeed-0.17.6-cp311-cp311-linux_x86_64.whl").read_bytes() == b"from the host"
+    assert (dist / opsbuild.KEY_FILE).read_text() == "k" * 64 + "\n"
+    assert "host's ops seed" in capsys.readouterr().out
+    assert (tmp_path / "cache" / ("k" * 64) / "ops-facts.json").exists()
+
+
+def test_a_seed_under_another_key_is_ignored_and_the_ops_compile(tmp_path, no_compile):
+    entry(tmp_path / "seed", "0" * 64, b"stale inputs")
+    dist = main(tmp_path, "--seed", str(tmp_path / "seed"))
+    assert no_compile == [["cpu_adam"]]
+    assert (dist / "deepspeed-0.17.6-cp311-cp311-linux_x86_64.whl").read_bytes() == b"compiled"
+    assert (dist / opsbuild.KEY_FILE).read_text() == "k" * 64 + "\n"
+
+
+def test_the_cache_mount_comes_before_the_seed(tmp_path, no_compile, capsys):
+    entry(tmp_path / "cache", "k" * 64, b"cache mount")
+    entry(tmp_path / "seed", "k" * 64, b"seed")
+    dist = main(tmp_path, "--seed", str(tmp_path / "seed"))
+    assert (dist / "deepspeed-0.17.6-cp311-cp311-linux_x86_64.whl").read_bytes() == b"cache mount"
+    assert "taken from the ops cache, nothing compiled" in capsys.readouterr().out and no_compile == []

@@ -89,7 +89,7 @@ def test_rendered_dockerfile_shape():
     assert f"ARG BASE_IMAGE={render.rootfs_ref(DEFAULT)}" in text
     stages = [ln.split()[1:] for ln in text.splitlines() if ln.startswith("FROM ")]
     assert stages == [["${BASE_IMAGE}", "AS", "base"], ["base", "AS", "python-env"], ["base", "AS", "cuda-toolkit"],
-                      ["python-env", "AS", "ops-builder"], ["python-env", "AS", "runtime"]]
+                      ["python-env", "AS", "ops-builder"], ["scratch", "AS", "ops-dist"], ["python-env", "AS", "runtime"]]
     # The ops are built with the toolkit of the lock, for the ops matrix.yaml lists.
     assert "COPY --from=cuda-toolkit /usr/local/cuda /usr/local/cuda" in text
     assert f"--ops {','.join(DEFAULT.prebuilt_ops)} " in text and "--toolkit 12.4.131" in text

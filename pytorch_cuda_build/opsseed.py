@@ -1,0 +1,100 @@
+"""The host's copy of each image's compiled DeepSpeed ops: its ops seed.
+
+Under `--no-cache`, BuildKit gives every cache mount a fresh, empty instance (seen on 20.10
+and 26), so the ops cache mount cannot spare a `--no-cache` rebuild, or `verify`'s two
+builds, the op compile. After a build, its `ops-dist` stage (the wheel, ops-facts.json and
+the key of every input of the compile) is exported here and filed under that key; a
+`--no-cache` build of the same image finds it in its context's ops-seed/, and opsbuild.py
+takes it only when the key still matches, so changed inputs still compile.
+
+Normal builds get an empty ops-seed/: the ops step's cache key then never depends on what
+this host has exported.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from filelock import FileLock
+
+from . import base
+from .errors import BuildError
+from .matrix import Image
+
+CONTEXT_DIR = "ops-seed"  # in the build context; the Dockerfile binds it at /opsseed
+KEY_FILE = "ops-cache-key"  # written by opsbuild.py beside the wheel
+TARGET = "ops-dist"
+
+
+def store() -> Path:
+    return base.STATE_DIR / "ops-seed"
+
+
+def _pointer(image: Image) -> Path:
+    return store() / "images" / image.name
+
+
+def _entry(key: str) -> Path:
+    return store() / "wheels" / key
+
+
+def stage(image: Image, context: Path, use: bool) -> str | None:
+    """When `use`, put the image's last exported wheel in the context's (empty) ops-seed/, hard
+    linked where the file system allows. The key staged, or None."""
+    dest = context / CONTEXT_DIR
+    if not use:
+        return None
+    try:
+        key = _pointer(image).read_text().strip()
+    except OSError:
+        return None
+    entry = _entry(key)
+    if not (entry / "ops-facts.json").is_file():
+        return None
+    shutil.copytree(entry, dest / key, copy_function=_link_or_copy)
+    return key
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def save(exported: Path, image: Image) -> str:
+    """File an exported ops-dist under its key, point the image at it and drop the entries no
+    image points at any more; the key. The exported directory is consumed."""
+    try:
+        key = (exported / KEY_FILE).read_text().strip()
+    except OSError:
+        raise BuildError(f"exporting the compiled ops ({TARGET} has no {KEY_FILE})", str(exported)) from None
+    if not re.fullmatch(r"[0-9a-f]{64}", key) or not (exported / "ops-facts.json").is_file() \
+            or len(list(exported.glob("deepspeed-*.whl"))) != 1:
+        raise BuildError(f"exporting the compiled ops ({TARGET} is not one wheel, ops-facts.json and a key)", str(exported))
+    root = store()
+    (root / "wheels").mkdir(parents=True, exist_ok=True)
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / "store.lock")):  # rows build in parallel
+        entry = _entry(key)
+        if not entry.exists():
+            exported.rename(entry)  # same file system: the export is made under the store
+        fd, tmp = tempfile.mkstemp(dir=root / "images", prefix=".tmp-")
+        with os.fdopen(fd, "w") as f:
+            f.write(key + "\n")
+        os.replace(tmp, _pointer(image))
+        named = {p.read_text().strip() for p in (root / "images").iterdir() if not p.name.startswith(".")}
+        for old in (root / "wheels").iterdir():
+            if old.name not in named:
+                shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(exported, ignore_errors=True)
+    return key
+
+
+def export_dir() -> Path:
+    """A fresh directory for an export, on the store's file system (filed by a rename)."""
+    (store() / "wheels").mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(dir=store(), prefix=".export-"))

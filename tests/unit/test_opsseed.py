@@ -1,0 +1,112 @@
+"""The host's ops seed (opsseed): what a --no-cache build gets in its context, and how an
+exported ops-dist is filed. Pure: no daemon, no network; the store is the tests' own state dir."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pytorch_cuda_build import build, matrix, opsseed
+from pytorch_cuda_build.errors import BuildError
+
+ROOT = Path(__file__).resolve().parents[2]
+M = matrix.load(ROOT / "matrix.yaml")
+ROW = M.select("2.7", "12.1")
+TWIN = M.select("2.7", "12.6")
+
+
+@pytest.fixture(autouse=True)
+def own_store(monkeypatch, tmp_path):
+    monkeypatch.setattr(opsseed.base, "STATE_DIR", tmp_path / "state")
+
+
+def exported(key: str = "a" * 64, wheel: bytes = b"wheel") -> Path:
+    d = opsseed.export_dir()
+    (d / "deepspeed-0.17.6-cp311-cp311-linux_x86_64.whl").write_bytes(wheel)
+    (d / "ops-facts.json").write_text("{}\n")
+    (d / opsseed.KEY_FILE).write_text(key + "\n")
+    return d
+
+
+def context(tmp_path: Path) -> Path:
+    ctx = tmp_path / "ctx"
+    (ctx / opsseed.CONTEXT_DIR).mkdir(parents=True)
+    return ctx
+
+
+def test_a_normal_build_gets_an_empty_seed_whatever_the_host_has(tmp_path):
+    opsseed.save(exported(), ROW)
+    ctx = context(tmp_path)
+    assert opsseed.stage(ROW, ctx, use=False) is None
+    assert list((ctx / opsseed.CONTEXT_DIR).iterdir()) == []
+
+
+def test_a_no_cache_build_gets_the_images_last_wheel_hard_linked(tmp_path):
+    key = opsseed.save(exported(wheel=b"built once"), ROW)
+    ctx = context(tmp_path)
+    assert opsseed.stage(ROW, ctx, use=True) == key
+    staged = ctx / opsseed.CONTEXT_DIR / key / "deepspeed-0.17.6-cp311-cp311-linux_x86_64.whl"
+    assert staged.read_bytes() == b"built once"
+    assert os.stat(staged).st_ino == os.stat(opsseed.store() / "wheels" / key / staged.name).st_ino
+
+
+def test_nothing_exported_yet_means_an_empty_seed(tmp_path):
+    ctx = context(tmp_path)
+    assert opsseed.stage(ROW, ctx, use=True) is None
+    assert list((ctx / opsseed.CONTEXT_DIR).iterdir()) == []
+
+
+def test_rows_share_an_entry_and_an_entry_no_image_names_is_dropped():
+    opsseed.save(exported("a" * 64), ROW)
+    opsseed.save(exported("a" * 64), TWIN)
+    assert sorted(p.name for p in (opsseed.store() / "wheels").iterdir()) == ["a" * 64]
+    opsseed.save(exported("b" * 64), ROW)
+    assert sorted(p.name for p in (opsseed.store() / "wheels").iterdir()) == ["a" * 64, "b" * 64]  # TWIN's still
+    opsseed.save(exported("b" * 64), TWIN)
+    assert sorted(p.name for p in (opsseed.store() / "wheels").iterdir()) == ["b" * 64]
+    assert not [p for p in opsseed.store().iterdir() if p.name.startswith(".export-")]  # exports consumed
+
+
+@pytest.mark.parametrize("spoil", ["no key", "bad key", "no facts", "two wheels"])
+def test_an_export_that_is_not_one_wheel_facts_and_key_is_refused_and_files_nothing(spoil):
+    d = exported()
+    if spoil == "no key":
+        (d / opsseed.KEY_FILE).unlink()
+    elif spoil == "bad key":
+        (d / opsseed.KEY_FILE).write_text("../../etc\n")
+    elif spoil == "no facts":
+        (d / "ops-facts.json").unlink()
+    else:
+        (d / "deepspeed-0.17.7-cp311-cp311-linux_x86_64.whl").write_bytes(b"other")
+    with pytest.raises(BuildError, match="exporting the compiled ops"):
+        opsseed.save(d, ROW)
+    assert not (opsseed.store() / "images" / ROW.name).exists()
+    assert list((opsseed.store() / "wheels").iterdir()) == []
+
+
+class FakeClient:
+    argv = ("docker", "build")
+    network = "host"
+
+
+def test_the_export_builds_ops_dist_to_a_directory_and_never_writes_the_rows_cache(tmp_path):
+    cmd = build.export_command(FakeClient(), ROOT, ROW, tmp_path / "ctx", tmp_path / "out", "/ca.pem",
+                               ["--cache-from", "type=registry,ref=r/c:x", "--cache-to", "type=registry,ref=r/c:x,mode=max"])
+    assert cmd[:2] == ["docker", "build"] and cmd[-1] == str(tmp_path / "ctx")
+    assert cmd[cmd.index("--target") + 1] == "ops-dist"
+    assert cmd[cmd.index("--output") + 1] == f"type=local,dest={tmp_path / 'out'}"
+    assert cmd[cmd.index("--cache-from") + 1] == "type=registry,ref=r/c:x" and "--cache-to" not in cmd
+    assert "--secret" in cmd and cmd[cmd.index("--network") + 1] == "host"
+
+
+def test_every_dockerfile_binds_the_seed_and_has_the_ops_dist_stage():
+    for image in M.images:
+        text = (ROOT / "images" / image.name / "Dockerfile").read_text()
+        assert "--mount=type=bind,source=ops-seed,target=/opsseed" in text and "--seed /opsseed" in text, image.name
+        assert "FROM scratch AS ops-dist\nCOPY --from=ops-builder /dist /\n" in text, image.name
+
+
+def test_the_staged_context_has_an_empty_seed(tmp_path):
+    build.stage_context(ROOT, ROW, tmp_path)
+    assert list((tmp_path / opsseed.CONTEXT_DIR).iterdir()) == []
