@@ -69,3 +69,18 @@ def test_a_cuda13_row_builds_with_nvcc_at_torchs_cuda_and_loads_its_ops():
     toolkit = json.loads(facts.stdout)["cuda_toolkit"]
     assert ".".join(toolkit.split(".")[:2]) == CUDA13.wheel_cuda, toolkit  # nvcc at exactly torch's CUDA
     prebuilt_ops_load(ref, CUDA13)
+
+
+@pytest.mark.skipif(os.environ.get("PYTORCH_CUDA_TEST_NO_CACHE") != "1",
+                    reason="a --no-cache rebuild of the default row (about 10 min here, every download again): "
+                           "on request, PYTORCH_CUDA_TEST_NO_CACHE=1")
+def test_a_no_cache_rebuild_takes_the_ops_from_the_host_and_compiles_nothing():
+    """BuildKit empties every cache mount under --no-cache; the host's ops seed, exported by
+    the build before, must spare nvcc (opsseed)."""
+    image = MATRIX.select("2.7", "12.1")
+    build(image)  # a normal build exports the ops seed
+    proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.1", "--no-cache", "--no-test", "--quiet", timeout=5400)
+    assert proc.returncode == 0, shown(proc)
+    log = (ROOT / "build-results" / image.name / "build.log").read_text()
+    assert "wheel taken from the host's ops seed" in log and "nothing compiled" in log, log[-3000:]
+    assert "Building wheel for deepspeed" not in log, log[-3000:]
