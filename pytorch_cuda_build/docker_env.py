@@ -22,6 +22,12 @@ from .errors import DockerRefused, EnvironmentProblem
 ENGINE_SCRIPT = Path(__file__).with_name("engine.sh")
 DOCKER_ENV = "PYTORCH_CUDA_DOCKER"
 NETWORK_ENV = "PYTORCH_CUDA_BUILD_NETWORK"  # set by `build.py engine` (engine_current)
+CONTAINER_DNS_ENV = "PYTORCH_CUDA_CONTAINER_DNS"  # likewise: test containers' resolvers, comma-separated
+
+
+def container_dns() -> list[str]:
+    """Resolvers for the containers this tool starts ($PYTORCH_CUDA_CONTAINER_DNS), or none: the daemon's own."""
+    return [a.strip() for a in os.environ.get(CONTAINER_DNS_ENV, "").split(",") if a.strip()]
 
 
 def daemon_address() -> str:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import resolve
-from .docker_env import NETWORK_ENV
+from .docker_env import CONTAINER_DNS_ENV, NETWORK_ENV
 from .errors import EnvironmentProblem
 
 MIRROR = "http://deb.debian.org/debian"
@@ -149,18 +149,19 @@ def dockerd_argv(u: Unpacked, store: Store) -> list[str]:
             "--data-root", str(store.state / "docker"), "--exec-root", str(store.run / "exec"),
             "--pidfile", str(store.run / "dockerd.pid"), "-H", store.docker_host,
             "--containerd", str(store.run / "containerd.sock"),
-            "--bridge", store.bridge, "--iptables=false", "--ip6tables=false",
-            # Its containers reach nothing outside (no NAT without iptables), the host's resolver
-            # included: each lookup of a name not in /etc/hosts would wait 10 s for it. A
-            # resolver on the container's own loopback refuses at once.
-            "--dns", "127.0.0.1"]
+            "--bridge", store.bridge, "--iptables=false", "--ip6tables=false"]
 
 
 def environment(u: Unpacked, store: Store) -> dict[str, str]:
     """What points build.py, the SDK and the CLI at this daemon. DOCKER_CONFIG holds the
     buildx plugin (the CLI looks for plugins there); its config.json is this engine's own."""
     return {"DOCKER_HOST": store.docker_host, "PYTORCH_CUDA_DOCKER": str(u.docker),
-            "DOCKER_CONFIG": str(store.state / "cli"), NETWORK_ENV: "host"}
+            "DOCKER_CONFIG": str(store.state / "cli"), NETWORK_ENV: "host",
+            # Its containers reach nothing outside (no NAT without iptables), the host's resolver
+            # included: each lookup of a name not in /etc/hosts waited 10 s for it. A resolver on
+            # the container's own loopback refuses at once. Per container, not dockerd's --dns:
+            # BuildKit gives that to RUN steps on the host network too, and apt then resolved nothing.
+            CONTAINER_DNS_ENV: "127.0.0.1"}
 
 
 def _alive(pidfile: Path) -> int | None:

@@ -109,6 +109,9 @@ def throwaway_container(c: docker.DockerClient, image_id: str, command: list[str
     lost is found and removed."""
     name = f"pytorch-cuda-{kind}-{uuid.uuid4().hex[:12]}"
     labels = {"pytorch-cuda.test": kind, RUN_LABEL: RUN_ID}
+    dns = docker_env.container_dns()
+    if dns and "network_mode" not in opts:  # a container on the host's network has the host's resolver
+        opts = {**opts, "dns": dns}
     try:
         container = c.containers.create(image_id, command, name=name, labels=labels, **opts)
         try:

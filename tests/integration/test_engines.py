@@ -37,7 +37,8 @@ def current():
         assert word == "export", line
         key, value = assignment.split("=", 1)
         env[key] = value
-    assert set(env) == {"DOCKER_HOST", "PYTORCH_CUDA_DOCKER", "DOCKER_CONFIG", "PYTORCH_CUDA_BUILD_NETWORK"}, env
+    assert set(env) == {"DOCKER_HOST", "PYTORCH_CUDA_DOCKER", "DOCKER_CONFIG", "PYTORCH_CUDA_BUILD_NETWORK",
+                        "PYTORCH_CUDA_CONTAINER_DNS"}, env
     yield env
     if started:
         down = run_build_py(ROOT, "engine", "--down", timeout=300)

@@ -27,7 +27,10 @@ def test_dockerd_leaves_the_host_and_the_other_engine_alone():
     argv = engine_current.dockerd_argv(U, store)
     assert {"--iptables=false", "--ip6tables=false"} <= set(argv)
     assert argv[argv.index("--bridge") + 1] == store.bridge != "none"  # --bridge=none deleted docker0 here
-    assert argv[argv.index("--dns") + 1] == "127.0.0.1"  # no resolver is reachable: fail lookups at once
+    # No daemon-wide --dns: BuildKit gives it to RUN steps on the host network too, and apt
+    # resolved nothing there. Containers get theirs from the environment (below).
+    assert not [a for a in argv if a.startswith("--dns")]
+    assert engine_current.environment(U, store)["PYTORCH_CUDA_CONTAINER_DNS"] == "127.0.0.1"
     for flag, value in (("--data-root", store.state / "docker"), ("--exec-root", store.run / "exec"),
                         ("--pidfile", store.run / "dockerd.pid"), ("-H", store.docker_host),
                         ("--containerd", store.run / "containerd.sock")):
@@ -57,3 +60,35 @@ def test_an_unknown_store_is_one_line_and_exit_2():
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == ["error: --store takes containerd or classic, not 'zfs'"]
     assert proc.stdout == ""
+
+
+def test_containers_get_the_resolver_the_engine_names_and_host_network_ones_keep_the_hosts(monkeypatch):
+    from pytorch_cuda_build import test as stage
+
+    made = []
+
+    class Containers:
+        def create(self, image, command, **opts):
+            made.append(opts)
+            raise RuntimeError("stop here")
+
+        def get(self, name):
+            import docker.errors
+            raise docker.errors.NotFound(name)
+
+    client = type("C", (), {"containers": Containers()})()
+    monkeypatch.setenv("PYTORCH_CUDA_CONTAINER_DNS", "127.0.0.1, 10.0.0.2")
+    for opts in ({}, {"network_mode": "host"}):
+        try:
+            with stage.throwaway_container(client, "img", ["true"], "smoke", log=lambda m: None, **opts):
+                pass
+        except RuntimeError:
+            pass
+    monkeypatch.delenv("PYTORCH_CUDA_CONTAINER_DNS")
+    try:
+        with stage.throwaway_container(client, "img", ["true"], "smoke", log=lambda m: None):
+            pass
+    except RuntimeError:
+        pass
+    assert made[0]["dns"] == ["127.0.0.1", "10.0.0.2"]
+    assert "dns" not in made[1] and "dns" not in made[2]
