@@ -48,28 +48,44 @@ def ensure(c: docker.DockerClient, image: Image, log_dir: Path, log=print, *, do
         return image_id(c, ref) or _debootstrap(c, image, ref, log_dir, log, docker_cli)
 
 
+def as_root(ref: str) -> list[str]:
+    """The prefix that runs a command as root: none for root; `sudo -n` for a user with
+    password-less sudo, as on GitHub's hosted runners (their user is not root)."""
+    if os.geteuid() == 0:
+        return []
+    if shutil.which("sudo") and subprocess.run(["sudo", "-n", "true"], capture_output=True).returncode == 0:
+        return ["sudo", "-n"]
+    raise EnvironmentProblem(f"building base {ref} with debootstrap needs root or password-less sudo; "
+                             "run as root, or pin a registry base")
+
+
 def _debootstrap(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, log, docker_cli: str) -> str:
-    if os.geteuid() != 0:
-        raise EnvironmentProblem(f"building base {ref} with debootstrap needs root; run as root or pin a registry base")
-    if not shutil.which("debootstrap"):
+    root = as_root(ref)
+    # /usr/sbin is not on a normal user's PATH, and debootstrap lives there
+    debootstrap = shutil.which("debootstrap", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
+    if not debootstrap:
         raise EnvironmentProblem("debootstrap is not installed (Debian: apt-get install debootstrap)")
     os_ = image.os
     log_path = log_dir / "rootfs.log"
-    log(f"building base {ref}: debootstrap --variant={os_.variant} {os_.suite} {os_.mirror} (log: {log_path})")
+    via = " (through sudo)" if root else ""
+    log(f"building base {ref}: debootstrap --variant={os_.variant} {os_.suite} {os_.mirror}{via} (log: {log_path})")
     with tempfile.TemporaryDirectory(prefix="pytorch-cuda-rootfs-") as tmp, open(log_path, "w") as out:
         target = Path(tmp) / "rootfs"
-        cmd = ["debootstrap", f"--variant={os_.variant}", os_.suite, str(target), os_.mirror]
-        if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
-            raise BuildError("debootstrap of the base rootfs", str(log_path), build.tail(log_path))
-        # Debootstrap leaves apt lists and caches; they are not part of the base's identity.
-        for junk in ("var/lib/apt/lists", "var/cache/apt/archives"):
-            shutil.rmtree(target / junk, ignore_errors=True)
-            (target / junk / "partial").mkdir(parents=True, exist_ok=True)
-        tar = subprocess.Popen(["tar", "--numeric-owner", "-C", str(target), "-c", "."], stdout=subprocess.PIPE)
-        imp = subprocess.run([docker_cli, "import", "-", ref], stdin=tar.stdout, stdout=out, stderr=subprocess.STDOUT)
-        tar.wait()
-        if tar.returncode != 0 or imp.returncode != 0:
-            raise BuildError("importing the base rootfs into Docker", str(log_path), build.tail(log_path))
+        try:
+            cmd = [*root, debootstrap, f"--variant={os_.variant}", os_.suite, str(target), os_.mirror]
+            if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
+                raise BuildError("debootstrap of the base rootfs", str(log_path), build.tail(log_path))
+            # Debootstrap leaves apt lists and caches; they are not part of the base's identity.
+            junk = [target / "var/lib/apt/lists", target / "var/cache/apt/archives"]
+            subprocess.run([*root, "rm", "-rf", *map(str, junk)], check=True)
+            subprocess.run([*root, "mkdir", "-p", *(str(j / "partial") for j in junk)], check=True)
+            tar = subprocess.Popen([*root, "tar", "--numeric-owner", "-C", str(target), "-c", "."], stdout=subprocess.PIPE)
+            imp = subprocess.run([docker_cli, "import", "-", ref], stdin=tar.stdout, stdout=out, stderr=subprocess.STDOUT)
+            tar.wait()
+            if tar.returncode != 0 or imp.returncode != 0:
+                raise BuildError("importing the base rootfs into Docker", str(log_path), build.tail(log_path))
+        finally:
+            if root:  # the tree is root's: the temporary directory's own clean-up cannot remove it
+                subprocess.run([*root, "rm", "-rf", str(target)], check=False)
     log(f"base {ref} ready")
     return c.images.get(ref).id
-

@@ -239,3 +239,35 @@ def scan_layers(ref: str, needles: list[bytes], secret_names: str | None = None,
         save.stdout.close()
         save.wait()
     return layers, hits
+
+
+# The environment `python3 build.py engine` prints for the current engine beside 20.10.
+CURRENT_ENGINE_ENV = {"DOCKER_HOST", "PYTORCH_CUDA_DOCKER", "DOCKER_CONFIG", "PYTORCH_CUDA_BUILD_NETWORK",
+                      "PYTORCH_CUDA_CONTAINER_DNS"}
+
+
+@contextlib.contextmanager
+def current_engine(store: str = "containerd"):
+    """`eval "$(python3 build.py engine)"`, as the README says: the environment it prints.
+    An engine this started is stopped after, so the tests after it run beside one engine,
+    as they do everywhere else."""
+    import shlex
+
+    if os.geteuid() != 0:
+        pytest.skip("starting a second engine needs root (a CI runner's own engine is used there instead)")
+    proc = run_build_py(ROOT, "engine", "--store", store, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    started = "starting dockerd" in proc.stderr
+    env = {}
+    for line in proc.stdout.splitlines():
+        word, assignment = shlex.split(line)
+        assert word == "export", line
+        key, value = assignment.split("=", 1)
+        env[key] = value
+    assert set(env) == CURRENT_ENGINE_ENV, env
+    try:
+        yield env
+    finally:
+        if started:
+            down = run_build_py(ROOT, "engine", "--store", store, "--down", timeout=300)
+            assert down.returncode == 0, down.stderr

@@ -95,10 +95,10 @@ def test_base_imports_the_rootfs_through_the_chosen_cli(monkeypatch, tmp_path):
             return 0
     monkeypatch.setattr(base, "STATE_DIR", tmp_path / "state")
     monkeypatch.setattr(base.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(base.shutil, "which", lambda name: f"/usr/sbin/{name}")
+    monkeypatch.setattr(base.shutil, "which", lambda name, **kw: f"/usr/sbin/{name}")
     monkeypatch.setattr(base.subprocess, "run", run)
     monkeypatch.setattr(base.subprocess, "Popen", Tar)
     got = base.ensure(SimpleNamespace(images=images), DEFAULT, tmp_path, log=lambda m: None, docker_cli="/opt/my/docker")
     assert got == "sha256:feed"
-    assert [c[:2] for c in seen] == [["debootstrap", f"--variant={DEFAULT.os.variant}"], ["tar", "--numeric-owner"],
-                                     ["/opt/my/docker", "import"]]
+    assert [c[:2] for c in seen] == [["/usr/sbin/debootstrap", f"--variant={DEFAULT.os.variant}"], ["rm", "-rf"],
+                                     ["mkdir", "-p"], ["tar", "--numeric-owner"], ["/opt/my/docker", "import"]]

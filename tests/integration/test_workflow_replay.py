@@ -1,0 +1,303 @@
+"""The CI workflow, run here the way a hosted runner runs it, not only linted.
+
+The run steps of .github/workflows/images.yml, read from the YAML, for a push to main: the
+`checks` job, the `matrix` job, and the `build` job for the default row, through `publish` to
+a registry on 127.0.0.1 that asks for a password. As on a hosted runner:
+
+- a user that is not root, with password-less sudo, in the docker group;
+- an engine that is already up: Docker 26 with buildx and the containerd image store
+  (`build.py engine`), reached through DOCKER_HOST and a `docker` on PATH, with buildx in
+  ~/.docker/cli-plugins;
+- a fresh checkout, `python` 3.11 on PATH, and the files named by GITHUB_OUTPUT and
+  GITHUB_STEP_SUMMARY;
+- each step run as `bash --noprofile --norc -eo pipefail FILE`, with the env of the workflow,
+  the job and the step.
+
+`uses:` steps do what those actions do: checkout is the clone, setup-python is the host's
+python3 (its version is checked), and upload-artifact checks that its path exists. Each
+expression is looked up in a table of what it evaluates to on this run, so a workflow edit that
+adds an expression fails here until the table says what it means.
+
+The runner gets three things here that a hosted one would not need:
+- the current engine's network settings (PYTORCH_CUDA_BUILD_NETWORK, PYTORCH_CUDA_CONTAINER_DNS;
+  that engine has no NAT);
+- the TLS proxy's CA variables;
+- the base rootfs in the engine's store. Building it needs root (debootstrap); on a hosted
+  runner, build.py runs debootstrap through sudo.
+
+This is also CI's full pipeline on the current engine with the containerd store: build, smoke,
+structure, tag, publish, and a pull back by digest.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import ROOT, current_engine
+from registry import BINARY, LocalRegistry
+
+from pytorch_cuda_build import base, matrix, render
+
+pytestmark = [pytest.mark.docker]
+
+WORKFLOW = ROOT / ".github" / "workflows" / "images.yml"
+USER = "pcb-runner"
+HOME = Path("/home") / USER
+JOBS = ("checks", "matrix", "build")  # a push to main, up to publish
+ROW = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
+REGISTRY_USER, REGISTRY_PASSWORD = "ci", "ci-password-not-printed"
+# What the runner's machine lends every step: its CA bundle (the TLS proxy) and pip's settings.
+PASSED_THROUGH = re.compile(r"^(PIP_\w+|SSL_CERT_\w+|REQUESTS_CA_BUNDLE|CURL_CA_BUNDLE|GIT_SSL_CAINFO|\w*_proxy|\w*_PROXY)$")
+
+
+def expressions(registry: str, row: dict) -> dict[str, object]:
+    """What each expression the replayed jobs use evaluates to on this run: a push to main on a
+    hosted runner without a GPU, with vars.REGISTRY set."""
+    return {
+        "github.event_name != 'schedule'": True,
+        "github.event_name == 'push' || github.event_name == 'workflow_dispatch'": True,
+        "vars.GPU_RUNNER != 'true'": True,
+        "vars.REGISTRY != ''": True,
+        "always()": True,
+        "matrix.build_args": row["build_args"],
+        "vars.GPU_RUNNER == 'true' && '--require-gpu' || ''": "",
+        "vars.REGISTRY": registry,
+        "secrets.REGISTRY_USER": REGISTRY_USER,
+        "secrets.REGISTRY_PASSWORD": REGISTRY_PASSWORD,
+        "vars.REGISTRY != '' && vars.GPU_RUNNER != 'true' && "
+        "format('type=registry,ref={0}/pytorch-cuda-cache:{{image}}', vars.REGISTRY) || ''":
+            f"type=registry,ref={registry}/pytorch-cuda-cache:{{image}}",
+    }
+
+
+def evaluate(expr: str, table: dict[str, object]) -> object:
+    key = " ".join(expr.strip().removeprefix("${{").removesuffix("}}").split())
+    if key not in table:
+        pytest.fail(f"the replay does not know what {key!r} evaluates to; add it to expressions()")
+    return table[key]
+
+
+def substitute(text: str, table: dict[str, object]) -> str:
+    return re.sub(r"\$\{\{(.*?)\}\}", lambda m: str(evaluate(m.group(1), table)), text)
+
+
+def condition(step_or_job: dict, table: dict[str, object]) -> bool:
+    return "if" not in step_or_job or bool(evaluate(str(step_or_job["if"]), table))
+
+
+def as_runner(argv: list[str], env: dict[str, str], cwd: Path, log: Path, timeout: float) -> int:
+    """argv as the runner user, with exactly env (nothing of ours leaks in), output to log."""
+    with open(log, "ab") as out:
+        return subprocess.run(["runuser", "-u", USER, "--", "env", "-i", *[f"{k}={v}" for k, v in env.items()], *argv],
+                              cwd=cwd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                              timeout=timeout).returncode
+
+
+@pytest.fixture(scope="module")
+def current():
+    with current_engine() as env:
+        yield env
+
+
+@pytest.fixture(scope="module")
+def runner(current, docker_client, tmp_path_factory):
+    """A hosted runner's user on this machine: sudo, the docker group, the current engine as
+    `docker`, a fresh checkout of HEAD. Removed afterwards, home and all."""
+    for tool in ("sudo", "runuser", "jq", "git"):
+        if not shutil.which(tool):
+            pytest.fail(f"{tool} missing: engine.sh --with-registry (build.py selftest) installs it")
+    subprocess.run(["userdel", "--remove", USER], capture_output=True)
+    subprocess.run(["useradd", "--create-home", "--home-dir", str(HOME), "--shell", "/bin/bash",
+                    "--groups", "docker", USER], check=True)
+    sudoers = Path("/etc/sudoers.d") / USER
+    sudoers.write_text(f"{USER} ALL=(ALL) NOPASSWD:ALL\n")
+    sudoers.chmod(0o440)
+    try:
+        bin_dir = HOME / "bin"
+        plugins = HOME / ".docker" / "cli-plugins"
+        for d in (bin_dir, plugins, HOME / "runner-temp"):
+            d.mkdir(parents=True)
+        (bin_dir / "docker").symlink_to(current["PYTORCH_CUDA_DOCKER"])
+        (bin_dir / "python").symlink_to("/usr/bin/python3")
+        (plugins / "docker-buildx").symlink_to((Path(current["DOCKER_CONFIG"]) / "cli-plugins" / "docker-buildx").resolve())
+        workspace = HOME / "work" / "pytorch-cuda"
+        subprocess.run(["git", "clone", "--quiet", str(ROOT), str(workspace)], check=True)
+        subprocess.run(["chown", "-R", f"{USER}:{USER}", str(HOME)], check=True)
+        _base_in_the_engine(current, docker_client, tmp_path_factory.mktemp("base"))
+        env = {"HOME": str(HOME), "USER": USER, "LANG": "C.UTF-8", "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",
+               "CI": "true", "GITHUB_ACTIONS": "true", "GITHUB_EVENT_NAME": "push", "GITHUB_REF": "refs/heads/main",
+               "GITHUB_WORKSPACE": str(workspace), "RUNNER_TEMP": str(HOME / "runner-temp"),
+               "DOCKER_HOST": current["DOCKER_HOST"],
+               "PYTORCH_CUDA_BUILD_NETWORK": current["PYTORCH_CUDA_BUILD_NETWORK"],
+               "PYTORCH_CUDA_CONTAINER_DNS": current["PYTORCH_CUDA_CONTAINER_DNS"]}
+        env.update({k: v for k, v in os.environ.items() if PASSED_THROUGH.match(k)})
+        yield workspace, env
+    finally:
+        sudoers.unlink(missing_ok=True)
+        subprocess.run(["userdel", "--remove", USER], capture_output=True)
+
+
+def _base_in_the_engine(current: dict, docker_client, tmp: Path) -> None:
+    """The row's base rootfs, in the current engine's store: built by 20.10's debootstrap (root)
+    if need be, then carried over with docker save | docker load."""
+    ref = render.base_ref(ROW)
+    base.ensure(docker_client, ROW, tmp, log=lambda m: None, docker_cli="/usr/bin/docker")
+    env = {**os.environ, **current}
+    if subprocess.run([current["PYTORCH_CUDA_DOCKER"], "image", "inspect", ref], env=env, capture_output=True).returncode == 0:
+        return
+    save = subprocess.Popen(["/usr/bin/docker", "save", ref], stdout=subprocess.PIPE)
+    load = subprocess.run([current["PYTORCH_CUDA_DOCKER"], "load"], stdin=save.stdout, env=env, capture_output=True, text=True)
+    save.stdout.close()
+    assert save.wait() == 0 and load.returncode == 0, load.stderr
+
+
+def replay(workspace: Path, runner_env: dict[str, str], registry: str, logs: Path) -> dict:
+    """Every replayed job's steps, in order, as the runner would run them; the matrix job's
+    outputs feed the build job's fan-out, as fromJSON(needs.matrix.outputs.rows) does."""
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    jobs = workflow["jobs"]
+    outputs: dict[str, dict[str, str]] = {}
+    row: dict = {}
+    for name in JOBS:
+        job = jobs[name]
+        if name == "build":
+            assert job["strategy"]["matrix"] == "${{ fromJSON(needs.matrix.outputs.rows) }}"
+            rows = json.loads(outputs["matrix"]["rows"])["include"]
+            row = next(r for r in rows if r["image"] == ROW.name)
+        table = expressions(registry, row)
+        assert condition(job, table), f"job {name} would not run on a push to main"
+        deadline = time.monotonic() + 60 * job.get("timeout-minutes", 360)
+        job_env = {**workflow.get("env", {}), **{k: substitute(str(v), table) for k, v in job.get("env", {}).items()}}
+        step_outputs: dict[str, dict[str, str]] = {}
+        for i, step in enumerate(job["steps"]):
+            if not condition(step, table):
+                continue
+            label = f"{name}[{i}] {step.get('name') or step.get('uses') or step.get('id')}"
+            if "uses" in step:
+                _action(step, workspace, runner_env, logs / f"{name}-{i}.log")
+                continue
+            temp = Path(runner_env["RUNNER_TEMP"])  # the runner's own: it reads the script, writes the outputs
+            script = temp / f"{name}-{i}.sh"
+            script.write_text(substitute(step["run"], table))
+            script.chmod(0o644)
+            output = temp / f"{name}-{i}.output"
+            summary = temp / f"{name}-{i}.summary"
+            for f in (output, summary):
+                f.write_text("")
+                shutil.chown(f, USER)
+            env = {**runner_env, **job_env, **{k: substitute(str(v), table) for k, v in step.get("env", {}).items()},
+                   "GITHUB_OUTPUT": str(output), "GITHUB_STEP_SUMMARY": str(summary)}
+            log = logs / f"{name}-{i}.log"
+            code = as_runner(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)], env, workspace, log,
+                             timeout=max(1.0, deadline - time.monotonic()))
+            if code != 0:
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+                pytest.fail(f"step {label} exited {code} as {USER}; last lines of {log}:\n{tail}")
+            if "id" in step:
+                step_outputs[step["id"]] = dict(ln.split("=", 1) for ln in output.read_text().splitlines() if "=" in ln)
+        outputs[name] = {k: substitute(v, {f"steps.{sid}.outputs.{key}": val for sid, o in step_outputs.items()
+                                           for key, val in o.items()})
+                         for k, v in job.get("outputs", {}).items()}
+    return row
+
+
+def _action(step: dict, workspace: Path, runner_env: dict[str, str], log: Path) -> None:
+    action = step["uses"].split("@")[0]
+    if action == "actions/checkout":
+        assert (workspace / ".git").is_dir()
+    elif action == "actions/setup-python":
+        want = str(step["with"]["python-version"])
+        code = as_runner(["python", "-c", f"import sys; sys.exit(sys.version.startswith('{want}.') is False)"],
+                         runner_env, workspace, log, timeout=60)
+        assert code == 0, f"`python` on the runner's PATH is not Python {want}"
+    elif action == "actions/upload-artifact":
+        assert (workspace / step["with"]["path"]).exists(), step["with"]["path"]
+    else:
+        pytest.fail(f"the replay does not know what {step['uses']} does")
+
+
+def test_the_workflow_runs_as_a_runner_user_through_publish_and_the_pushed_digest_pulls_back(
+        runner, current, docker_client, tmp_path):
+    if BINARY is None:
+        pytest.fail("no docker-registry binary: engine.sh --with-registry (build.py selftest) installs it")
+    workspace, runner_env = runner
+    logs = tmp_path / "logs"  # ours: the runner's output is written here by this process
+    logs.mkdir()
+    reg = LocalRegistry(tmp_path / "registry").start(users={REGISTRY_USER: REGISTRY_PASSWORD})
+    try:
+        row = replay(workspace, runner_env, reg.address("ml"), logs)
+        assert row["build_args"] == "--torch 2.7.1 --cuda 12.1 --flavor runtime"
+        results = workspace / "build-results" / ROW.name
+        summary = json.loads((results / "summary.json").read_text())
+        published = json.loads((results / "published.json").read_text())
+        # the containerd store's image ID is the manifest digest, and that is what the registry holds
+        assert published["digest"] == published["image_id"] == summary["image_id"], published
+        smoke = json.loads((results / "smoke-report.json").read_text())
+        assert smoke["summary"]["passed"] > 0 and not [r for r in smoke["results"] if r["status"] == "FAIL"]
+        ids = {_current(current, "image", "inspect", "--format", "{{.Id}}", ref).stdout.strip() for ref in ROW.refs()}
+        assert ids == {summary["image_id"]}, ids
+        _saved_as_an_oci_layout(current, summary["image_id"])
+        # the build cache went to the registry beside the images, for the next cold runner
+        assert {"ml/pytorch-cuda", "ml/pytorch-cuda-cache"} <= set(_catalog(reg)), _catalog(reg)
+        # the other engine, the other store: it pulls by that digest, with the password, and runs it
+        ref = f"{published['repository']}@{published['digest']}"
+        pulled = docker_client.images.pull(ref, auth_config={"username": REGISTRY_USER, "password": REGISTRY_PASSWORD})
+        try:
+            out = docker_client.containers.run(ref, ["python", "-c", "import torch, deepspeed; print('ok')"],
+                                               environment={"PYTORCH_CUDA_NO_BANNER": "1"}, remove=True)
+            assert out.strip() == b"ok"
+        finally:
+            docker_client.images.remove(pulled.id, force=True)
+    finally:
+        reg.stop()
+
+
+def _current(current: dict, *args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([current["PYTORCH_CUDA_DOCKER"], *args], env={**os.environ, **current}, capture_output=True,
+                          text=True, timeout=600, **kw)
+
+
+def _saved_as_an_oci_layout(current: dict, image_id: str) -> None:
+    saved = subprocess.Popen([current["PYTORCH_CUDA_DOCKER"], "save", ROW.refs()[0]], stdout=subprocess.PIPE,
+                             env={**os.environ, **current})
+    with tarfile.open(fileobj=saved.stdout, mode="r|") as tar:
+        names = [m.name for m in tar]
+    assert saved.wait() == 0 and "index.json" in names and f"blobs/sha256/{image_id.split(':')[1]}" in names
+
+
+def _catalog(reg: LocalRegistry) -> list[str]:
+    import base64
+    import urllib.request
+    token = base64.b64encode(f"{REGISTRY_USER}:{REGISTRY_PASSWORD}".encode()).decode()
+    req = urllib.request.Request(f"http://{reg.host}/v2/_catalog", headers={"Authorization": f"Basic {token}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())["repositories"]
+
+
+def test_the_runner_user_builds_a_base_rootfs_through_sudo(runner, current):
+    """What build.py does on a hosted runner that lacks the base: debootstrap through sudo, the
+    tree tarred by root, imported by the user's docker, the root-owned tree removed. A
+    throwaway name, so the row's own base (and every layer built on it) is left alone."""
+    workspace, runner_env = runner
+    ref = "pytorch-cuda-rootfs:replay-sudo"
+    script = ("import docker; from pathlib import Path; from pytorch_cuda_build import base, matrix\n"
+              "row = matrix.load(Path('matrix.yaml')).select('2.7', '12.1')\n"
+              f"print(base._debootstrap(docker.from_env(), row, {ref!r}, Path.home(), print, 'docker'))\n")
+    try:
+        proc = subprocess.run(["runuser", "-u", USER, "--", "env", "-i", *[f"{k}={v}" for k, v in runner_env.items()],
+                               ".venv/bin/python", "-c", script], cwd=workspace, capture_output=True, text=True, timeout=1800)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "(through sudo)" in proc.stdout and proc.stdout.strip().splitlines()[-1].startswith("sha256:")
+        shell = _current(current, "run", "--rm", ref, "sh", "-c", "test ! -e /var/lib/apt/lists/lock && ls /var/lib/apt/lists")
+        assert shell.returncode == 0 and shell.stdout.split() == ["partial"], shell.stdout + shell.stderr
+        assert not [p for p in Path("/tmp").glob("pytorch-cuda-rootfs-*") if p.owner() == USER]  # nothing left behind
+    finally:
+        _current(current, "image", "rm", "--force", ref)
