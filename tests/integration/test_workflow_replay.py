@@ -258,6 +258,7 @@ def test_the_workflow_runs_as_a_runner_user_through_publish_and_the_pushed_diges
             docker_client.images.remove(pulled.id, force=True)
     finally:
         reg.stop()
+        shutil.rmtree(reg.storage, ignore_errors=True)  # gigabytes of image and cache: CI's disk is shared
 
 
 def _current(current: dict, *args: str, **kw) -> subprocess.CompletedProcess:
