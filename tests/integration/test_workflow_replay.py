@@ -61,13 +61,13 @@ PASSED_THROUGH = re.compile(r"^(PIP_\w+|SSL_CERT_\w+|REQUESTS_CA_BUNDLE|CURL_CA_
 def expressions(registry: str, row: dict) -> dict[str, object]:
     """What each expression the replayed jobs use evaluates to on this run: a push to main on a
     hosted runner without a GPU, with vars.REGISTRY set."""
-    return {
+    table: dict[str, object] = {f"matrix.{k}": v for k, v in row.items()}  # the build job's row; none before it
+    return table | {
         "github.event_name != 'schedule'": True,
         "github.event_name == 'push' || github.event_name == 'workflow_dispatch'": True,
         "vars.GPU_RUNNER != 'true'": True,
         "vars.REGISTRY != ''": True,
         "always()": True,
-        "matrix.build_args": row["build_args"],
         "vars.GPU_RUNNER == 'true' && '--require-gpu' || ''": "",
         "vars.REGISTRY": registry,
         "secrets.REGISTRY_USER": REGISTRY_USER,
