@@ -86,7 +86,19 @@ def evaluate(expr: str, table: dict[str, object]) -> object:
 
 
 def substitute(text: str, table: dict[str, object]) -> str:
-    return re.sub(r"\$\{\{(.*?)\}\}", lambda m: str(evaluate(m.group(1), table)), text)
+    """Each ${{ ... }} in text replaced by its value. The end is the first }} outside a quoted
+    string: format('...{{image}}', ...) holds braces of its own."""
+    out, i = [], 0
+    while (start := text.find("${{", i)) >= 0:
+        j, quoted = start + 3, False
+        while not (not quoted and text.startswith("}}", j)):
+            if j >= len(text):
+                pytest.fail(f"unterminated expression in {text!r}")
+            quoted ^= text[j] == "'"  # '' inside a string toggles twice: still quoted
+            j += 1
+        out += [text[i:start], str(evaluate(text[start + 3:j], table))]
+        i = j + 2
+    return "".join(out) + text[i:]
 
 
 def condition(step_or_job: dict, table: dict[str, object]) -> bool:
@@ -114,7 +126,7 @@ def runner(current, docker_client, tmp_path_factory):
     for tool in ("sudo", "runuser", "jq", "git"):
         if not shutil.which(tool):
             pytest.fail(f"{tool} missing: engine.sh --with-registry (build.py selftest) installs it")
-    subprocess.run(["userdel", "--remove", USER], capture_output=True)
+    _remove_user()  # one a killed run left behind
     subprocess.run(["useradd", "--create-home", "--home-dir", str(HOME), "--shell", "/bin/bash",
                     "--groups", "docker", USER], check=True)
     sudoers = Path("/etc/sudoers.d") / USER
@@ -142,7 +154,15 @@ def runner(current, docker_client, tmp_path_factory):
         yield workspace, env
     finally:
         sudoers.unlink(missing_ok=True)
-        subprocess.run(["userdel", "--remove", USER], capture_output=True)
+        _remove_user()
+
+
+def _remove_user() -> None:
+    """The runner user, its home and anything it left running (a user with a process is not removed)."""
+    subprocess.run(["pkill", "-KILL", "-u", USER], capture_output=True)
+    subprocess.run(["userdel", "--remove", USER], capture_output=True)
+    if subprocess.run(["id", USER], capture_output=True).returncode == 0:
+        print(f"warning: could not remove user {USER}; remove it with `userdel --remove {USER}`")
 
 
 def _base_in_the_engine(current: dict, docker_client, tmp: Path) -> None:
