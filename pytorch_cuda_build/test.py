@@ -76,17 +76,24 @@ def smoke(c: docker.DockerClient, image: Image, image_id: str, results: Path, re
         args.append("--require-gpu")
     gpu_opts = {"device_requests": [gpu], "ipc_mode": "host"} if gpu else {"shm_size": "2g"}
     log_path = results / "smoke.log"
-    with tempfile.TemporaryDirectory(prefix="pytorch-cuda-smoke-") as out:
+    # A leftover the clean-up cannot remove must not hide why we are leaving.
+    with tempfile.TemporaryDirectory(prefix="pytorch-cuda-smoke-", ignore_cleanup_errors=True) as out:
         os.chmod(out, 0o777)  # the image's default user is not root
-        with throwaway_container(c, image_id, args, volumes={out: {"bind": "/results", "mode": "rw"}},
-                                 environment={"PYTORCH_CUDA_NO_BANNER": "1"}, kind="smoke", log=log, **gpu_opts) as container:
-            code = _wait(container, SMOKE_TIMEOUT_S)
-            log_path.write_bytes(container.logs())
-            report_file = Path(out) / "report.json"
-            report = json.loads(report_file.read_text()) if report_file.exists() else {}
-            if (Path(out) / "logs").is_dir():
-                shutil.rmtree(results / "smoke-logs", ignore_errors=True)
-                shutil.copytree(Path(out) / "logs", results / "smoke-logs")
+        try:
+            with throwaway_container(c, image_id, args, volumes={out: {"bind": "/results", "mode": "rw"}},
+                                     environment={"PYTORCH_CUDA_NO_BANNER": "1"}, kind="smoke", log=log, **gpu_opts) as container:
+                code = _wait(container, SMOKE_TIMEOUT_S)
+                log_path.write_bytes(container.logs())
+        except BaseException:
+            with contextlib.suppress(Exception):
+                hand_back(c, image_id, Path(out), log)
+            raise
+        hand_back(c, image_id, Path(out), log)
+        report_file = Path(out) / "report.json"
+        report = json.loads(report_file.read_text()) if report_file.exists() else {}
+        if (Path(out) / "logs").is_dir():
+            shutil.rmtree(results / "smoke-logs", ignore_errors=True)
+            shutil.copytree(Path(out) / "logs", results / "smoke-logs")
     (results / "smoke-report.json").write_text(json.dumps(report, indent=2) + "\n")
     if code != 0:
         raise TestFailure("smoke suite", _failures(report, code), str(log_path))
@@ -153,6 +160,20 @@ def gpus_used(report: dict) -> int:
     """How many GPUs the smoke report says ran it; 0 for a CPU run or a report without the field."""
     gpus = report.get("gpus") if isinstance(report, dict) else None
     return gpus if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0 else 0
+
+
+def hand_back(c: docker.DockerClient, image_id: str, out: Path, log=print) -> None:
+    """What a container wrote into out, given to the user running us. The smoke suite writes as
+    the image's default user (uid 1000): a caller that is not root (a CI runner's user) could
+    neither read all of it nor remove it. A root container chowns it; root needs nothing."""
+    if os.geteuid() == 0:
+        return
+    owner = f"{os.getuid()}:{os.getgid()}"
+    with throwaway_container(c, image_id, ["-R", owner, "/results"], kind="smoke", log=log, entrypoint="chown",
+                             user="0", network_disabled=True, volumes={str(out): {"bind": "/results", "mode": "rw"}}) as ct:
+        code = _wait(ct, 120)
+    if code != 0:
+        raise EnvironmentProblem(f"could not give the smoke suite's output in {out} to {owner} (chown exited {code})")
 
 
 def _wait(container, timeout: int) -> int:

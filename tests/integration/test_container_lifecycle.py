@@ -48,3 +48,23 @@ def test_timeout_kills_and_the_container_goes(docker_client, rootfs):
     with stage.throwaway_container(docker_client, rootfs, ["/bin/sh", "-c", "sleep 60"], kind="smoke", log=print) as c:
         assert stage._wait(c, 1) == 124
     assert not ours(docker_client)
+
+
+def test_what_the_image_user_wrote_is_handed_back_to_a_caller_that_is_not_root(docker_client, rootfs, tmp_path,
+                                                                              monkeypatch):
+    """The smoke suite writes its report as uid 1000; a CI runner's user (uid 1001 on GitHub's)
+    must be able to read it and remove it. hand_back chowns it in a root container."""
+    out = tmp_path / "results"
+    out.mkdir(mode=0o777)
+    out.chmod(0o777)
+    with stage.throwaway_container(docker_client, rootfs, ["/bin/sh", "-c", "mkdir /results/logs && echo x > /results/logs/a && chmod 600 /results/logs/a"],
+                                   kind="smoke", log=print, user="1000", volumes={str(out): {"bind": "/results", "mode": "rw"}}) as c:
+        assert c.wait(timeout=60)["StatusCode"] == 0
+    assert (out / "logs" / "a").stat().st_uid == 1000
+    monkeypatch.setattr(stage.os, "geteuid", lambda: 1001)
+    monkeypatch.setattr(stage.os, "getuid", lambda: 1001)
+    monkeypatch.setattr(stage.os, "getgid", lambda: 1002)
+    stage.hand_back(docker_client, rootfs, out, log=print)
+    owners = {(p.stat().st_uid, p.stat().st_gid) for p in (out / "logs", out / "logs" / "a")}
+    assert owners == {(1001, 1002)}
+    assert ours(docker_client) == []
