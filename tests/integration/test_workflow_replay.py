@@ -44,7 +44,7 @@ import yaml
 from helpers import ROOT, current_engine
 from registry import BINARY, LocalRegistry
 
-from pytorch_cuda_build import base, matrix, render
+from pytorch_cuda_build import base, build, matrix, render
 
 pytestmark = [pytest.mark.docker]
 
@@ -279,6 +279,9 @@ def test_the_workflow_runs_as_a_runner_user_through_publish_and_the_pushed_diges
     finally:
         reg.stop()
         shutil.rmtree(reg.storage, ignore_errors=True)  # gigabytes of image and cache: CI's disk is shared
+        # Each commit's image is new bytes (its files' times are the commit's), about 10 GB in
+        # that store; the build cache, which the next run needs, stays.
+        _current(current, "image", "rm", "--force", build.candidate_ref(ROW), *ROW.refs())
 
 
 def _current(current: dict, *args: str, **kw) -> subprocess.CompletedProcess:
