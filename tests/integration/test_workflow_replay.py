@@ -160,6 +160,8 @@ def runner(current, docker_client, tmp_path_factory):
 def _remove_user() -> None:
     """The runner user, its home and anything it left running (a user with a process is not removed)."""
     subprocess.run(["pkill", "-KILL", "-u", USER], capture_output=True)
+    # what it left in /tmp (pytest's base temp among them): a new user of that name would be refused it
+    subprocess.run(["find", "/tmp", "-maxdepth", "1", "-user", USER, "-exec", "rm", "-rf", "{}", "+"], capture_output=True)
     subprocess.run(["userdel", "--remove", USER], capture_output=True)
     if subprocess.run(["id", USER], capture_output=True).returncode == 0:
         print(f"warning: could not remove user {USER}; remove it with `userdel --remove {USER}`")
