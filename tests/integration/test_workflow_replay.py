@@ -25,8 +25,10 @@ The runner gets three things here that a hosted one would not need:
 - the base rootfs in the engine's store. Building it needs root (debootstrap); on a hosted
   runner, build.py runs debootstrap through sudo.
 
-This is also CI's full pipeline on the current engine with the containerd store: build, smoke,
-structure, tag, publish, and a pull back by digest.
+The `checks` and `matrix` jobs run in CI. The `build` job through publish is the full pipeline
+on the current engine with the containerd store (build, smoke, structure, tag, publish, a pull
+back by digest); about 21 min with the row's layers cached, so it runs on request:
+PYTORCH_CUDA_TEST_REPLAY=1.
 """
 from __future__ import annotations
 
@@ -51,24 +53,28 @@ pytestmark = [pytest.mark.docker]
 WORKFLOW = ROOT / ".github" / "workflows" / "images.yml"
 USER = "pcb-runner"
 HOME = Path("/home") / USER
-JOBS = ("checks", "matrix", "build")  # a push to main, up to publish
 ROW = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
 REGISTRY_USER, REGISTRY_PASSWORD = "ci", "ci-password-not-printed"
 # What the runner's machine lends every step: its CA bundle (the TLS proxy) and pip's settings.
 PASSED_THROUGH = re.compile(r"^(PIP_\w+|SSL_CERT_\w+|REQUESTS_CA_BUNDLE|CURL_CA_BUNDLE|GIT_SSL_CAINFO|\w*_proxy|\w*_PROXY)$")
 
 
-def expressions(registry: str, row: dict) -> dict[str, object]:
+def expressions(registry: str | None = None, row: dict | None = None) -> dict[str, object]:
     """What each expression the replayed jobs use evaluates to on this run: a push to main on a
-    hosted runner without a GPU, with vars.REGISTRY set."""
-    table: dict[str, object] = {f"matrix.{k}": v for k, v in row.items()}  # the build job's row; none before it
-    return table | {
+    hosted runner without a GPU, with vars.REGISTRY set. The registry and the row are the build
+    job's; a job before it that used them would fail here."""
+    table: dict[str, object] = {f"matrix.{k}": v for k, v in (row or {}).items()}
+    general = {
         "github.event_name != 'schedule'": True,
         "github.event_name == 'push' || github.event_name == 'workflow_dispatch'": True,
         "vars.GPU_RUNNER != 'true'": True,
-        "vars.REGISTRY != ''": True,
         "always()": True,
         "vars.GPU_RUNNER == 'true' && '--require-gpu' || ''": "",
+    }
+    if registry is None:
+        return table | general
+    return table | general | {
+        "vars.REGISTRY != ''": True,
         "vars.REGISTRY": registry,
         "secrets.REGISTRY_USER": REGISTRY_USER,
         "secrets.REGISTRY_PASSWORD": REGISTRY_PASSWORD,
@@ -120,7 +126,7 @@ def current():
 
 
 @pytest.fixture(scope="module")
-def runner(current, docker_client, tmp_path_factory):
+def runner(current):
     """A hosted runner's user on this machine: sudo, the docker group, the current engine as
     `docker`, a fresh checkout of HEAD. Removed afterwards, home and all."""
     for tool in ("sudo", "runuser", "jq", "git"):
@@ -143,7 +149,6 @@ def runner(current, docker_client, tmp_path_factory):
         workspace = HOME / "work" / "pytorch-cuda"
         subprocess.run(["git", "clone", "--quiet", str(ROOT), str(workspace)], check=True)
         subprocess.run(["chown", "-R", f"{USER}:{USER}", str(HOME)], check=True)
-        _base_in_the_engine(current, docker_client, tmp_path_factory.mktemp("base"))
         env = {"HOME": str(HOME), "USER": USER, "LANG": "C.UTF-8", "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",
                "CI": "true", "GITHUB_ACTIONS": "true", "GITHUB_EVENT_NAME": "push", "GITHUB_REF": "refs/heads/main",
                "GITHUB_WORKSPACE": str(workspace), "RUNNER_TEMP": str(HOME / "runner-temp"),
@@ -171,6 +176,7 @@ def _base_in_the_engine(current: dict, docker_client, tmp: Path) -> None:
     """The row's base rootfs, in the current engine's store: built by 20.10's debootstrap (root)
     if need be, then carried over with docker save | docker load."""
     ref = render.base_ref(ROW)
+    tmp.mkdir(exist_ok=True)
     base.ensure(docker_client, ROW, tmp, log=lambda m: None, docker_cli="/usr/bin/docker")
     env = {**os.environ, **current}
     if subprocess.run([current["PYTORCH_CUDA_DOCKER"], "image", "inspect", ref], env=env, capture_output=True).returncode == 0:
@@ -181,54 +187,56 @@ def _base_in_the_engine(current: dict, docker_client, tmp: Path) -> None:
     assert save.wait() == 0 and load.returncode == 0, load.stderr
 
 
-def replay(workspace: Path, runner_env: dict[str, str], registry: str, logs: Path) -> dict:
-    """Every replayed job's steps, in order, as the runner would run them; the matrix job's
-    outputs feed the build job's fan-out, as fromJSON(needs.matrix.outputs.rows) does."""
+def run_job(workflow: dict, name: str, table: dict[str, object], workspace: Path, runner_env: dict[str, str],
+            logs: Path) -> dict[str, str]:
+    """One job's steps, in order, as the runner would run them; the job's outputs."""
+    job = workflow["jobs"][name]
+    assert condition(job, table), f"job {name} would not run on a push to main"
+    deadline = time.monotonic() + 60 * job.get("timeout-minutes", 360)
+    job_env = {**workflow.get("env", {}), **{k: substitute(str(v), table) for k, v in job.get("env", {}).items()}}
+    step_outputs: dict[str, dict[str, str]] = {}
+    for i, step in enumerate(job["steps"]):
+        if not condition(step, table):
+            continue
+        label = f"{name}[{i}] {step.get('name') or step.get('uses') or step.get('id')}"
+        if "uses" in step:
+            _action(step, workspace, runner_env, logs / f"{name}-{i}.log")
+            continue
+        temp = Path(runner_env["RUNNER_TEMP"])  # the runner's own: it reads the script, writes the outputs
+        script = temp / f"{name}-{i}.sh"
+        script.write_text(substitute(step["run"], table))
+        script.chmod(0o644)
+        output = temp / f"{name}-{i}.output"
+        summary = temp / f"{name}-{i}.summary"
+        for f in (output, summary):
+            f.write_text("")
+            shutil.chown(f, USER)
+        env = {**runner_env, **job_env, **{k: substitute(str(v), table) for k, v in step.get("env", {}).items()},
+               "GITHUB_OUTPUT": str(output), "GITHUB_STEP_SUMMARY": str(summary)}
+        log = logs / f"{name}-{i}.log"
+        code = as_runner(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)], env, workspace, log,
+                         timeout=max(1.0, deadline - time.monotonic()))
+        if code != 0:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+            pytest.fail(f"step {label} exited {code} as {USER}; last lines of {log}:\n{tail}")
+        if "id" in step:
+            step_outputs[step["id"]] = dict(ln.split("=", 1) for ln in output.read_text().splitlines() if "=" in ln)
+    return {k: substitute(v, {f"steps.{sid}.outputs.{key}": val for sid, o in step_outputs.items() for key, val in o.items()})
+            for k, v in job.get("outputs", {}).items()}
+
+
+@pytest.fixture(scope="module")
+def checked(runner, tmp_path_factory) -> dict[str, dict[str, str]]:
+    """The jobs a push to main runs before the build fan-out: checks, then matrix. Each job's outputs."""
+    workspace, runner_env = runner
+    logs = tmp_path_factory.mktemp("logs")  # ours: the runner's output is written here by this process
     workflow = yaml.safe_load(WORKFLOW.read_text())
-    jobs = workflow["jobs"]
-    outputs: dict[str, dict[str, str]] = {}
-    row: dict = {}
-    for name in JOBS:
-        job = jobs[name]
-        if name == "build":
-            assert job["strategy"]["matrix"] == "${{ fromJSON(needs.matrix.outputs.rows) }}"
-            rows = json.loads(outputs["matrix"]["rows"])["include"]
-            row = next(r for r in rows if r["image"] == ROW.name)
-        table = expressions(registry, row)
-        assert condition(job, table), f"job {name} would not run on a push to main"
-        deadline = time.monotonic() + 60 * job.get("timeout-minutes", 360)
-        job_env = {**workflow.get("env", {}), **{k: substitute(str(v), table) for k, v in job.get("env", {}).items()}}
-        step_outputs: dict[str, dict[str, str]] = {}
-        for i, step in enumerate(job["steps"]):
-            if not condition(step, table):
-                continue
-            label = f"{name}[{i}] {step.get('name') or step.get('uses') or step.get('id')}"
-            if "uses" in step:
-                _action(step, workspace, runner_env, logs / f"{name}-{i}.log")
-                continue
-            temp = Path(runner_env["RUNNER_TEMP"])  # the runner's own: it reads the script, writes the outputs
-            script = temp / f"{name}-{i}.sh"
-            script.write_text(substitute(step["run"], table))
-            script.chmod(0o644)
-            output = temp / f"{name}-{i}.output"
-            summary = temp / f"{name}-{i}.summary"
-            for f in (output, summary):
-                f.write_text("")
-                shutil.chown(f, USER)
-            env = {**runner_env, **job_env, **{k: substitute(str(v), table) for k, v in step.get("env", {}).items()},
-                   "GITHUB_OUTPUT": str(output), "GITHUB_STEP_SUMMARY": str(summary)}
-            log = logs / f"{name}-{i}.log"
-            code = as_runner(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)], env, workspace, log,
-                             timeout=max(1.0, deadline - time.monotonic()))
-            if code != 0:
-                tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-                pytest.fail(f"step {label} exited {code} as {USER}; last lines of {log}:\n{tail}")
-            if "id" in step:
-                step_outputs[step["id"]] = dict(ln.split("=", 1) for ln in output.read_text().splitlines() if "=" in ln)
-        outputs[name] = {k: substitute(v, {f"steps.{sid}.outputs.{key}": val for sid, o in step_outputs.items()
-                                           for key, val in o.items()})
-                         for k, v in job.get("outputs", {}).items()}
-    return row
+    return {name: run_job(workflow, name, expressions(), workspace, runner_env, logs) for name in ("checks", "matrix")}
+
+
+def test_the_checks_and_matrix_jobs_run_as_a_runner_user(checked):
+    # what fromJSON(needs.matrix.outputs.rows) fans out: every row of the checkout's matrix.yaml
+    assert json.loads(checked["matrix"]["rows"]) == matrix.as_json(matrix.load(ROOT / "matrix.yaml"))
 
 
 def _action(step: dict, workspace: Path, runner_env: dict[str, str], log: Path) -> None:
@@ -246,16 +254,25 @@ def _action(step: dict, workspace: Path, runner_env: dict[str, str], log: Path) 
         pytest.fail(f"the replay does not know what {step['uses']} does")
 
 
-def test_the_workflow_runs_as_a_runner_user_through_publish_and_the_pushed_digest_pulls_back(
-        runner, current, docker_client, tmp_path):
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("PYTORCH_CUDA_TEST_REPLAY") != "1",
+                    reason="the build job through publish (about 21 min warm, 37 min more cold, on 2 cores): "
+                           "on request, PYTORCH_CUDA_TEST_REPLAY=1")
+def test_the_build_job_runs_as_a_runner_user_through_publish_and_the_pushed_digest_pulls_back(
+        runner, checked, current, docker_client, tmp_path):
     if BINARY is None:
         pytest.fail("no docker-registry binary: engine.sh --with-registry (build.py selftest) installs it")
     workspace, runner_env = runner
     logs = tmp_path / "logs"  # ours: the runner's output is written here by this process
     logs.mkdir()
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    # fromJSON(needs.matrix.outputs.rows): the fan-out, of which this runner gets the default row
+    assert workflow["jobs"]["build"]["strategy"]["matrix"] == "${{ fromJSON(needs.matrix.outputs.rows) }}"
+    row = next(r for r in json.loads(checked["matrix"]["rows"])["include"] if r["image"] == ROW.name)
+    _base_in_the_engine(current, docker_client, tmp_path / "base")
     reg = LocalRegistry(tmp_path / "registry").start(users={REGISTRY_USER: REGISTRY_PASSWORD})
     try:
-        row = replay(workspace, runner_env, reg.address("ml"), logs)
+        run_job(workflow, "build", expressions(reg.address("ml"), row), workspace, runner_env, logs)
         assert row["build_args"] == "--torch 2.7.1 --cuda 12.1 --flavor runtime"
         results = workspace / "build-results" / ROW.name
         summary = json.loads((results / "summary.json").read_text())
@@ -308,10 +325,11 @@ def _catalog(reg: LocalRegistry) -> list[str]:
         return json.loads(r.read())["repositories"]
 
 
-def test_the_runner_user_builds_a_base_rootfs_through_sudo(runner, current):
+def test_the_runner_user_builds_a_base_rootfs_through_sudo(runner, checked, current):
     """What build.py does on a hosted runner that lacks the base: debootstrap through sudo, the
     tree tarred by root, imported by the user's docker, the root-owned tree removed. A
-    throwaway name, so the row's own base (and every layer built on it) is left alone."""
+    throwaway name, so the row's own base (and every layer built on it) is left alone. It runs
+    in the .venv the checks job's build.py made."""
     workspace, runner_env = runner
     ref = "pytorch-cuda-rootfs:replay-sudo"
     script = ("import docker; from pathlib import Path; from pytorch_cuda_build import base, matrix\n"
