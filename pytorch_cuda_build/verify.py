@@ -155,29 +155,31 @@ def verdict(c: Comparison, buildkit_note: str, show: int = 200) -> str:
 def run(root: Path, image, results: Path, docker: str | None, ca: str | None, log) -> tuple[Comparison, str]:
     """Build the row twice without the layer cache (same base, same wheelhouse), compare,
     write verdict.txt beside the two build logs, and remove both builds; the comparison and
-    what the verdict must say about this BuildKit."""
+    what the verdict must say about this BuildKit. Each build is indexed (every file's hash)
+    and removed before the next starts, so verify needs the disk of one image, not two."""
     c = docker_env.ensure_engine(log)
     bc = docker_env.build_client(docker)
     build.check_disk(docker_env.root_dir(c))
     results.mkdir(parents=True, exist_ok=True)
     base_id = base.ensure(c, image, results, log, docker_cli=bc.argv[0])
-    refs = [f"{image.repository}-verify:{image.name}-{n}" for n in (1, 2)]
-    try:
-        ids = []
-        for n, ref in enumerate(refs, 1):
+    ids, diff_ids, indexes = [], [], []
+    for n in (1, 2):
+        # One build on disk at a time (about 10 GB each): build, read, remove, then the next.
+        ref = f"{image.repository}-verify:{image.name}-{n}"
+        try:
             log(f"verify: build {n} of 2 without the layer cache (log: {results / f'build{n}.log'})")
             ids.append(build.run(bc, root, image, results / f"build{n}.log", ca, no_cache=True, echo=False, tag=ref, base_id=base_id))
-        log("verify: comparing the two images layer by layer")
-        a, b = (layer_index(r, docker_cli=bc.argv[0]) for r in refs)
-        same = c.images.get(ids[0]).attrs["RootFS"]["Layers"] == c.images.get(ids[1]).attrs["RootFS"]["Layers"]
-        comparison = compare(a, b, same)
-        comparison.image_ids, comparison.byte_identical = (ids[0], ids[1]), bc.export == "oci"
-    finally:
-        for ref in refs:
+            log(f"verify: reading build {n}'s layers")
+            diff_ids.append(c.images.get(ids[-1]).attrs["RootFS"]["Layers"])
+            indexes.append(layer_index(ref, docker_cli=bc.argv[0]))
+        finally:
             try:
                 c.images.remove(ref)
             except Exception:
-                pass
+                pass  # never built, or already gone
+    log("verify: comparing the two images layer by layer")
+    comparison = compare(indexes[0], indexes[1], diff_ids[0] == diff_ids[1])
+    comparison.image_ids, comparison.byte_identical = (ids[0], ids[1]), bc.export == "oci"
     if bc.export == "oci":
         note = f"{bc.description}: with rewrite-timestamp, so a difference here is one in the build itself"
     else:

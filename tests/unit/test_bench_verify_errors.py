@@ -1,5 +1,6 @@
 """Issue 11, without a daemon: bench empties the build cache only with --yes, a failing
-command is one typed line, and verify reads both `docker save` layouts or says why not."""
+command is one typed line, and verify reads both `docker save` layouts or says why not, and
+holds one build on disk at a time."""
 from __future__ import annotations
 
 import io
@@ -10,7 +11,7 @@ import tarfile
 import pytest
 from helpers import ROOT
 
-from pytorch_cuda_build import bench, cli, docker_env, tag, verify
+from pytorch_cuda_build import bench, cli, docker_env, matrix, tag, verify
 from pytorch_cuda_build.errors import ArchiveLayoutError, CommandFailed, UsageError
 
 
@@ -136,3 +137,63 @@ def test_a_failed_save_names_the_command_and_exit_code(monkeypatch):
     with pytest.raises(CommandFailed) as e:
         verify.layer_index("img:1", docker_cli="docker")
     assert str(e.value) == "`docker save img:1` exited 1: Error response from daemon: reference does not exist"
+
+
+
+class _Images:
+    """The engine's image store as verify.run sees it: which verify refs exist, and the order of events."""
+
+    def __init__(self, events: list[str]):
+        self.events, self.present = events, set()
+
+    def get(self, image_id):
+        assert self.present, f"{image_id} read after its build was removed"
+        return type("I", (), {"attrs": {"RootFS": {"Layers": ["sha256:l1", "sha256:l2"]}}})()
+
+    def remove(self, ref):
+        self.events.append(f"remove {ref[-1]}")
+        self.present.discard(ref)
+
+
+def _verify_run(monkeypatch, tmp_path, fail_on: int | None = None):
+    events: list[str] = []
+    engine = type("E", (), {"images": _Images(events)})()
+    client = type("B", (), {"argv": ["docker"], "export": "oci", "description": "Docker 26"})()
+    monkeypatch.setattr(docker_env, "ensure_engine", lambda log=None: engine)
+    monkeypatch.setattr(docker_env, "build_client", lambda docker: client)
+    monkeypatch.setattr(docker_env, "root_dir", lambda c: str(tmp_path))
+    monkeypatch.setattr(verify.build, "check_disk", lambda root: None)
+    monkeypatch.setattr(verify.base, "ensure", lambda *a, **kw: "sha256:base")
+
+    def build_run(bc, root, image, log_path, ca, *, no_cache, echo, tag, base_id):
+        assert no_cache and base_id == "sha256:base"
+        events.append(f"build {tag[-1]}")
+        if fail_on == int(tag[-1]):
+            raise CommandFailed("docker buildx build", 1, "boom")
+        engine.images.present.add(tag)
+        return "sha256:same"
+
+    def layer_index(ref, *, docker_cli):
+        events.append(f"index {ref[-1]}")
+        return [{"etc/a": (("0", 0o644, 0, 0, 1, "h", ""), 0)}]
+
+    monkeypatch.setattr(verify.build, "run", build_run)
+    monkeypatch.setattr(verify, "layer_index", layer_index)
+    row = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
+    return events, lambda: verify.run(tmp_path, row, tmp_path / "verify", None, None, lambda m: None)
+
+
+def test_verify_holds_one_build_at_a_time_and_compares_the_digests(monkeypatch, tmp_path):
+    events, run = _verify_run(monkeypatch, tmp_path)
+    comparison, _ = run()
+    assert events == ["build 1", "index 1", "remove 1", "build 2", "index 2", "remove 2"]
+    assert comparison.reproducible and comparison.byte_identical and comparison.image_ids == ("sha256:same",) * 2
+    assert "image digests: identical, sha256:same" in (tmp_path / "verify" / "verdict.txt").read_text()
+
+
+def test_a_failed_second_build_leaves_neither_image_and_no_verdict(monkeypatch, tmp_path):
+    events, run = _verify_run(monkeypatch, tmp_path, fail_on=2)
+    with pytest.raises(CommandFailed):
+        run()
+    assert events == ["build 1", "index 1", "remove 1", "build 2", "remove 2"]
+    assert not (tmp_path / "verify" / "verdict.txt").exists()
