@@ -3,6 +3,7 @@ print. Typed errors are caught here, once, and printed as one line with their ex
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -201,3 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         err = docker_env.lost(f"`{command}`", e)
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
+    except BrokenPipeError:
+        # The reader stopped early (`build.py matrix --json | head`): quiet, as a shell tool is.
+        # stdout goes to /dev/null so that the interpreter's last flush cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what the shell reports for a tool the pipe ended

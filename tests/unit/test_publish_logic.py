@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from helpers import ROOT, run_build_py
@@ -68,6 +71,18 @@ def test_matrix_json_is_the_fan_out():
     for r in rows:  # every row's build_args select exactly that row
         t, c, f = r["build_args"].split()[1::2]
         assert MATRIX.select(t, c, f).name == r["image"]
+
+
+def test_a_reader_that_stops_early_gets_no_traceback():
+    """`build.py matrix --json | head -1`: a pipe whose reader is gone before the first write."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, str(ROOT / "build.py"), "matrix", "--json"], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=120, cwd=ROOT)
+    finally:
+        os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (141, "")
 
 
 def test_new_releases_are_newer_minors_and_newer_patches():
