@@ -139,7 +139,6 @@ def test_a_failed_save_names_the_command_and_exit_code(monkeypatch):
     assert str(e.value) == "`docker save img:1` exited 1: Error response from daemon: reference does not exist"
 
 
-
 class _Images:
     """The engine's image store as verify.run sees it: which verify refs exist, and the order of events."""
 
