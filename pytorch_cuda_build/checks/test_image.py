@@ -202,6 +202,20 @@ def test_cpu_accelerator_ops_are_built_for_the_cpu_baseline(root_host, row):
     assert "-march=native" not in root_host.file(f"{package}/ops/op_builder/builder.py").content_string
 
 
+def test_ninja_logs_of_the_baked_ops_are_in_their_reproducible_form(root_host):
+    """ninja's logs beside the baked ops hold no build times (ninjalogs.py), or two builds of
+    the image differ in them and `verify` finds different digests."""
+    from pytorch_cuda_build import render
+    from pytorch_cuda_runtime import ninjalogs
+
+    ext = root_host.environment()["PYTORCH_CUDA_CPU_OPS"]
+    for op in render.CPU_OPS.values():
+        log = root_host.file(f"{ext}/{op}/.ninja_log").content_string
+        assert ninjalogs.normalize_build_log(log) == log, f"{op}/.ninja_log:\n{log}"
+        deps = root_host.file(f"{ext}/{op}/.ninja_deps").content
+        assert ninjalogs.normalize_deps_log(deps) == deps, f"{op}/.ninja_deps is not in canonical form"
+
+
 CPU_OPS_UP_TO_DATE = """
 import os, time
 from deepspeed.accelerator import get_accelerator
