@@ -1,0 +1,75 @@
+"""publish's registry read-back through the Bearer-token flow (ghcr.io, Docker Hub, ECR), against
+a real registry in token-auth mode and a real token service (tests/registry.py's TokenIssuer).
+The Basic-auth flow is covered with htpasswd in test_publish.py. No Docker daemon is needed:
+the image read back is pushed over the distribution API with a token."""
+from __future__ import annotations
+
+import pytest
+from helpers import ROOT
+from registry import BINARY, LocalRegistry, TokenIssuer, push_small_image
+
+from conftest import IN_CI
+from pytorch_cuda_build import matrix, publish
+from pytorch_cuda_build.errors import UsageError
+
+DEFAULT = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
+SECRET = "t0ken-flow-Pa55word"
+
+
+@pytest.fixture(scope="module")
+def token_registry(tmp_path_factory):
+    if BINARY is None:
+        if IN_CI:
+            pytest.fail("CI needs docker-registry (build.py selftest installs it)")
+        pytest.skip("no docker-registry binary: run `python build.py selftest` or apt-get install docker-registry")
+    issuer = TokenIssuer(tmp_path_factory.mktemp("issuer"), {"ci": SECRET}).start()
+    reg = LocalRegistry(tmp_path_factory.mktemp("token-registry")).start(tokens=issuer)
+    repo = f"ml/{DEFAULT.repository}"
+    pushed = push_small_image(reg, repo, "v2.7", issuer.token("ci", [f"repository:{repo}:pull,push"]))
+    yield reg, issuer, pushed
+    reg.stop()
+    issuer.stop()
+
+
+def api(reg: LocalRegistry, password: str | None) -> publish.RegistryAPI:
+    creds = {"username": "ci", "password": password} if password else None
+    return publish.RegistryAPI(publish.Registry.parse(reg.address("ml")), creds, None, timeout=10)
+
+
+def test_read_back_gets_a_token_for_the_repository_and_the_digests_it_pushed(token_registry):
+    reg, issuer, (digest, config) = token_registry
+    client = api(reg, SECRET)
+    client.ping()
+    assert client.manifest(DEFAULT, "v2.7") == publish.Remote(digest, config)
+    assert client.manifest(DEFAULT, "never-pushed") is None
+    asked = [r for r in issuer.requests if r["user"] == "ci"]
+    assert {"user": "ci", "basic": True, "scope": [f"repository:ml/{DEFAULT.repository}:pull"],
+            "service": issuer.service} in asked
+
+
+def test_without_credentials_the_anonymous_token_is_refused_and_says_how_to_log_in(token_registry):
+    reg, issuer, _ = token_registry
+    with pytest.raises(UsageError, match=r"needs credentials: `docker login 127\.0\.0\.1:\d+`"):
+        api(reg, None).manifest(DEFAULT, "v2.7")
+    assert {"user": None, "basic": False} in [{k: r[k] for k in ("user", "basic")} for r in issuer.requests]
+
+
+def test_a_wrong_password_is_refused_by_the_token_service_and_never_shown(token_registry):
+    reg, _, _ = token_registry
+    with pytest.raises(UsageError, match=r"refused the credentials given \(token HTTP 401\)") as e:
+        api(reg, "wrong-" + SECRET).ping()
+    assert SECRET not in str(e.value)
+
+
+def test_a_token_service_that_is_down_is_a_transient_error(tmp_path):
+    if BINARY is None:
+        pytest.skip("no docker-registry binary")
+    (tmp_path / "issuer").mkdir()
+    issuer = TokenIssuer(tmp_path / "issuer", {"ci": SECRET})
+    issuer.server.server_close()  # never started: its port refuses connections
+    reg = LocalRegistry(tmp_path / "registry").start(tokens=issuer)
+    try:
+        with pytest.raises(publish.Transient, match="token service of 127.0.0.1"):
+            api(reg, SECRET).ping()
+    finally:
+        reg.stop()
