@@ -4,8 +4,9 @@
 # Our build hosts start with only a Docker client. As root on Debian we install
 # Debian's docker.io and start dockerd; anywhere else we stop with a message,
 # because installing an engine is the machine owner's decision, not ours.
-# Also installs debootstrap (local base images), and docker-registry (publish tests) and
-# sudo (the workflow replay) when asked with --with-registry.
+# Also installs debootstrap (local base images), and docker-registry and skopeo (publish
+# tests; publish reads the registry back with skopeo) and sudo (the workflow replay) when
+# asked with --with-registry.
 #
 # Sourcing this file defines its functions without running anything (the unit tests
 # run check_bridge against a fake `ip` and `docker` that way).
@@ -123,6 +124,7 @@ main() {
   if ! command -v debootstrap >/dev/null 2>&1; then need_pkgs+=(debootstrap); fi
   if ! command -v objdump >/dev/null 2>&1; then need_pkgs+=(binutils); fi
   if [ "$want_registry" = 1 ] && [ ! -x /usr/bin/docker-registry ]; then need_pkgs+=(docker-registry); fi
+  if [ "$want_registry" = 1 ] && ! command -v skopeo >/dev/null 2>&1; then need_pkgs+=(skopeo); fi
   # The workflow replay's runner user (tests/integration/test_workflow_replay.py) has sudo, as a hosted runner's does.
   if [ "$want_registry" = 1 ] && ! command -v sudo >/dev/null 2>&1; then need_pkgs+=(sudo); fi
 

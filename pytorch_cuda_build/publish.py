@@ -13,12 +13,16 @@ an image whose vulnerabilities.json (security.py) lists a critical advisory not 
 """
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import hashlib
 import ipaddress
 import json
 import os
 import re
+import shutil
+import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -39,12 +43,6 @@ from .render import LABEL_PREFIX
 _LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
 _PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"  # the distribution spec's path component
 _ADDRESS = re.compile(rf"^(?P<host>{_LABEL}(?:\.{_LABEL})*|\[[0-9a-fA-F:]+\])(?::(?P<port>[0-9]+))?/(?P<ns>{_PATH}(?:/{_PATH})*)$")
-_ACCEPT = ", ".join([
-    "application/vnd.docker.distribution.manifest.v2+json",
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-    "application/vnd.oci.image.index.v1+json",
-])
 _PUSHED_DIGEST = re.compile(r"\bdigest: (sha256:[0-9a-f]{64})\b")
 # Push errors worth retrying: the registry or the network hiccuped. Anything else
 # (unauthorized, denied, a malformed name) fails the same way every time.
@@ -90,12 +88,6 @@ class Registry:
         except ValueError:
             return False
 
-    @property
-    def api_base(self) -> str:
-        # Docker itself talks plain HTTP to loopback registries (127.0.0.0/8 is insecure by default).
-        host = "registry-1.docker.io" if self.host == "docker.io" else self.host
-        return f"{'http' if self.loopback else 'https'}://{host}/v2/"
-
 
 def credentials(reg: Registry) -> dict | None:
     """From the environment, else the Docker config (docker login). Never printed."""
@@ -118,77 +110,96 @@ class Remote:
 
 
 class RegistryAPI:
-    """The few calls of the distribution API we need, with Basic and Bearer auth."""
+    """Reads a tag's manifest with skopeo (containers/image: the client of podman and CRI-O),
+    which speaks the distribution API with Basic and Bearer-token auth, TLS and redirects.
+    Pushes go through the Docker daemon (push_one); this is only the read-back. Credentials
+    reach skopeo through a private auth file, never its command line."""
 
     def __init__(self, reg: Registry, creds: dict | None, ca_bundle: str | None, timeout: float = 30):
-        self.reg, self.creds, self.timeout = reg, creds, timeout
-        self.session = requests.Session()
-        self.session.verify = ca_bundle or True
-        self.session.trust_env = False  # 127.0.0.1 must not go through an HTTP proxy
-        self._auth: dict[str, str] = {}
-
-    def _get(self, path: str, scope: str = "", **headers: str) -> requests.Response:
-        url = self.reg.api_base + path
-        try:
-            r = self.session.get(url, headers={**headers, **self._headers(scope)}, timeout=self.timeout)
-            if r.status_code == 401:
-                self._login(r.headers.get("WWW-Authenticate", ""), scope)
-                r = self.session.get(url, headers={**headers, **self._headers(scope)}, timeout=self.timeout)
-        except (requests.ConnectionError, requests.Timeout) as e:
-            raise Transient(f"registry {self.reg.host} unreachable ({type(e).__name__})") from None
-        if r.status_code == 401:
-            raise self._missing() if not self.creds else UsageError(f"registry {self.reg.host} refused the credentials given (HTTP 401)")
-        if r.status_code >= 500 or r.status_code == 429:
-            raise Transient(f"registry {self.reg.host} answered HTTP {r.status_code}")
-        return r
-
-    def _headers(self, scope: str) -> dict:
-        return {"Authorization": self._auth[scope]} if scope in self._auth else {}
+        self.reg, self.creds, self.ca_bundle, self.timeout = reg, creds, ca_bundle, timeout
+        self.binary = shutil.which("skopeo")
 
     def _missing(self) -> UsageError:
         return UsageError(f"registry {self.reg.host} needs credentials: `docker login {self.reg.host}` or set {USER_ENV} and {PASSWORD_ENV}")
 
-    def _login(self, challenge: str, scope: str) -> None:
-        if not self.creds and not challenge.lower().startswith("bearer"):
-            raise self._missing()
-        basic = (self.creds["username"], self.creds["password"]) if self.creds else None
-        if challenge.lower().startswith("basic"):
-            self._auth[scope] = requests.auth._basic_auth_str(*basic)
-            return
-        params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
-        query = {"service": params.get("service", "")}
-        if scope:
-            query["scope"] = scope
-        try:
-            t = self.session.get(params.get("realm", ""), params=query, auth=basic, timeout=self.timeout)
-        except (requests.ConnectionError, requests.Timeout, requests.exceptions.MissingSchema) as e:
-            raise Transient(f"token service of {self.reg.host} unreachable ({type(e).__name__})") from None
-        if t.status_code in (401, 403) and not self.creds:
-            raise self._missing()
-        if t.status_code in (401, 403):
-            raise UsageError(f"registry {self.reg.host} refused the credentials given (token HTTP {t.status_code})")
-        token = (t.json() if t.ok else {}).get("token") or (t.json() if t.ok else {}).get("access_token")
-        if not token:
-            raise Transient(f"token service of {self.reg.host} answered HTTP {t.status_code}")
-        self._auth[scope] = f"Bearer {token}"
+    def _options(self, tmp: Path) -> list[str]:
+        opts = [f"--tls-verify={'false' if self.reg.loopback else 'true'}"]  # as Docker: loopback is plain HTTP
+        if self.creds:
+            auth = base64.b64encode(f"{self.creds['username']}:{self.creds['password']}".encode()).decode()
+            authfile = tmp / "auth.json"
+            authfile.write_text(json.dumps({"auths": {self.reg.host: {"auth": auth}}}))
+            opts.append(f"--authfile={authfile}")
+        else:
+            opts.append("--no-creds")
+        if self.ca_bundle:
+            (tmp / "certs").mkdir()
+            shutil.copyfile(self.ca_bundle, tmp / "certs" / "ca.crt")
+            opts.append(f"--cert-dir={tmp / 'certs'}")
+        return opts
+
+    def _skopeo(self, *args: str) -> bytes:
+        if not self.binary:
+            raise EnvironmentProblem("skopeo is not installed (the registry read-back uses it): apt-get install skopeo")
+        with tempfile.TemporaryDirectory(prefix="pytorch-cuda-skopeo-") as tmp:
+            cmd = [self.binary, f"--command-timeout={self.timeout:g}s", args[0], "--retry-times=0",
+                   *self._options(Path(tmp)), *args[1:]]
+            proc = subprocess.run(cmd, capture_output=True, stdin=subprocess.DEVNULL, env={**os.environ, "HOME": tmp})
+        if proc.returncode == 0:
+            return proc.stdout
+        raise self._failure(proc.stderr.decode(errors="replace"))
+
+    def _failure(self, stderr: str) -> Exception:
+        said, lines = re.findall(r'msg="((?:[^"\\]|\\.)*)"', stderr), stderr.strip().splitlines()
+        msg = said[-1].replace('\\"', '"') if said else (lines[-1] if lines else "no message")
+        msg = re.sub(r'^Error parsing image name "[^"]*": ', "", msg)
+        if _ABSENT.search(msg):
+            return _Absent(msg)
+        if _REFUSED.search(msg):
+            token = " (token)" if "auth token" in msg else ""
+            return UsageError(f"registry {self.reg.host} refused the credentials given{token}: {msg}") if self.creds else self._missing()
+        if _NOT_A_REGISTRY.search(msg):
+            return EnvironmentProblem(f"{self.reg.host} is not a container registry ({msg})")
+        asked = re.search(r'"https?://([^/"]+)', msg)  # the URL that failed: the registry's, or its token service's
+        if _TRANSIENT.search(msg) and ("auth token" in msg or (asked and asked.group(1) != self.reg.host)):
+            return Transient(f"token service of {self.reg.host} unreachable: {msg}")
+        if _TRANSIENT.search(msg):
+            return Transient(f"registry {self.reg.host} unreachable: {msg}")
+        return PublishError(f"skopeo could not read from {self.reg.host}: {msg}")
 
     def ping(self) -> None:
-        r = self._get("")
-        if r.status_code != 200:
-            raise EnvironmentProblem(f"{self.reg.api_base} is not a container registry (HTTP {r.status_code})")
+        """Reachable, a registry, and our credentials good for the namespace: reading a tag that
+        cannot exist answers "manifest unknown" (None) only when all three hold."""
+        self._read(f"{self.reg.namespace}/ping", "pytorch-cuda-ping")
+
+    def _read(self, name: str, tag: str) -> bytes | None:
+        try:
+            return self._skopeo("inspect", "--raw", f"docker://{self.reg.host}/{name}:{tag}")
+        except _Absent:
+            return None
 
     def manifest(self, image: Image, tag: str) -> Remote | None:
-        name = f"{self.reg.namespace}/{image.repository}"
-        r = self._get(f"{name}/manifests/{tag}", f"repository:{name}:pull", Accept=_ACCEPT)
-        if r.status_code == 404:
+        raw = self._read(f"{self.reg.namespace}/{image.repository}", tag)
+        if raw is None:
             return None
-        if r.status_code != 200:
-            raise Transient(f"reading {name}:{tag} answered HTTP {r.status_code}")
-        digest = "sha256:" + hashlib.sha256(r.content).hexdigest()
-        claimed = r.headers.get("Docker-Content-Digest", digest)
-        if claimed != digest:
-            raise PublishError(f"registry {self.reg.host} served {name}:{tag} with digest {claimed} but its bytes hash to {digest}")
-        return Remote(digest, (r.json().get("config") or {}).get("digest"))
+        try:
+            config = (json.loads(raw).get("config") or {}).get("digest")
+        except (ValueError, AttributeError):
+            raise PublishError(f"registry {self.reg.host} served {image.repository}:{tag} as something other than a manifest") from None
+        # The digest of the bytes served: what `docker pull REPO@DIGEST` and the push report.
+        return Remote("sha256:" + hashlib.sha256(raw).hexdigest(), config)
+
+
+class _Absent(Exception):
+    """The registry answered: no such tag (or no such repository yet)."""
+
+
+# skopeo's messages (containers/image errors and the registry's error codes), by what to do.
+_ABSENT = re.compile(r"manifest unknown|name unknown|repository name not known", re.I)
+_REFUSED = re.compile(r"unauthori[sz]ed|authentication required|invalid username/password|denied", re.I)
+_NOT_A_REGISTRY = re.compile(r"V1 container registry|invalid status code from registry 40[0-9]", re.I)
+_TRANSIENT = re.compile(r"connection refused|connection reset|i/o timeout|deadline exceeded|no route to host|EOF|"
+                        r"invalid status code from registry (5\d\d|429)|status(?: code)? (5\d\d|429)|toomanyrequests|"
+                        r"server misbehaving|TLS handshake timeout", re.I)
 
 
 @dataclass

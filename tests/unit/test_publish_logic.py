@@ -11,7 +11,7 @@ import pytest
 from helpers import ROOT, run_build_py
 
 from pytorch_cuda_build import matrix, propose, publish
-from pytorch_cuda_build.errors import UsageError
+from pytorch_cuda_build.errors import EnvironmentProblem, PublishError, UsageError
 
 MATRIX = matrix.load(ROOT / "matrix.yaml")
 
@@ -26,7 +26,7 @@ MATRIX = matrix.load(ROOT / "matrix.yaml")
 ])
 def test_registry_addresses(text, host, ns, api):
     reg = publish.Registry.parse(text)
-    assert (reg.host, reg.namespace, reg.api_base) == (host, ns, api)
+    assert (reg.host, reg.namespace, reg.loopback) == (host, ns, api.startswith("http:"))  # loopback: plain HTTP, as Docker
     assert reg.repository(MATRIX.images[0]) == f"{host}/{ns}/pytorch-cuda"
 
 
@@ -128,3 +128,60 @@ def test_a_frozen_index_proposes_only_what_was_uploaded_by_then():
         {"filename": "torch-2.15.1-cp311-cp311-manylinux_2_28_x86_64.whl", "upload-time": "2026-12-01T10:00:00Z"}]}
     assert propose.released_by(data, "2026-11-22T21:30:00Z") == ["2.15.0"]
     assert propose.released_by(data, None) == ["2.15.0", "2.15.1"]
+
+
+# ---- the read-back client (skopeo): what its messages mean, and where credentials go ----------
+
+REG = publish.Registry.parse("127.0.0.1:5000/ml")
+
+
+def skopeo_said(msg: str) -> str:
+    """stderr as skopeo 1.9 writes a fatal error (logrus), with Go's quoting inside msg."""
+    quoted = msg.replace('"', '\\"')
+    return f'time="2026-11-24T00:07:17Z" level=fatal msg="Error parsing image name \\"docker://127.0.0.1:5000/ml/x:y\\": {quoted}"\n'
+
+
+@pytest.mark.parametrize(("msg", "creds", "kind", "needle"), [
+    ("reading manifest nope in 127.0.0.1:5000/ml/pytorch-cuda: manifest unknown: manifest unknown", True, publish._Absent, "manifest unknown"),
+    ("reading manifest v2.7 in ghcr.io/acme/pytorch-cuda: name unknown: repository name not known to registry", True, publish._Absent, "name unknown"),
+    ("reading manifest v2.7 in 127.0.0.1:5000/ml/pytorch-cuda: unauthorized: authentication required", False, UsageError, "needs credentials: `docker login 127.0.0.1:5000`"),
+    ("reading manifest v2.7 in 127.0.0.1:5000/ml/pytorch-cuda: unauthorized: authentication required", True, UsageError, "refused the credentials given: reading"),
+    ("unable to retrieve auth token: invalid username/password: unauthorized: authentication required", True, UsageError, "refused the credentials given (token)"),
+    ('pinging container registry 127.0.0.1:5000: Get "http://127.0.0.1:5000/v2/": dial tcp 127.0.0.1:5000: connect: connection refused', True, publish.Transient, "registry 127.0.0.1:5000 unreachable"),
+    ('Get "http://127.0.0.1:6000/token?scope=repository%3Aml%3Apull": dial tcp 127.0.0.1:6000: connect: connection refused', True, publish.Transient, "token service of 127.0.0.1:5000 unreachable"),
+    ("pinging container registry 127.0.0.1:5000: invalid status code from registry 503 (Service Unavailable)", True, publish.Transient, "unreachable"),
+    ("reading manifest v2.7 in 127.0.0.1:5000/ml/pytorch-cuda: toomanyrequests: rate limit", True, publish.Transient, "unreachable"),
+    ("pinging container registry 127.0.0.1:5000: invalid status code from registry 404 (Not Found)", True, EnvironmentProblem, "is not a container registry"),
+    ("can't talk to a V1 container registry", True, EnvironmentProblem, "is not a container registry"),
+    ("reading manifest v2.7 in 127.0.0.1:5000/ml/pytorch-cuda: something new", True, PublishError, "skopeo could not read from 127.0.0.1:5000: reading manifest"),
+])
+def test_skopeo_messages_become_the_right_error(msg, creds, kind, needle):
+    client = publish.RegistryAPI(REG, {"username": "ci", "password": "pw"} if creds else None, None)
+    err = client._failure(skopeo_said(msg))
+    assert type(err) is kind and needle in str(err), err
+    assert "Error parsing image name" not in str(err)
+
+
+def test_credentials_reach_skopeo_in_a_private_file_never_on_its_command_line(monkeypatch, tmp_path):
+    seen = {}
+
+    def run(cmd, **kw):
+        authfile = next(a.split("=", 1)[1] for a in cmd if a.startswith("--authfile="))
+        seen.update(cmd=cmd, auth=json.loads(open(authfile).read()), path=authfile, home=kw["env"]["HOME"])
+        return subprocess.CompletedProcess(cmd, 0, stdout=b'{"schemaVersion": 2, "config": {"digest": "sha256:c0"}}', stderr=b"")
+
+    monkeypatch.setattr(publish.shutil, "which", lambda name: "/usr/bin/skopeo")
+    monkeypatch.setattr(publish.subprocess, "run", run)
+    client = publish.RegistryAPI(REG, {"username": "ci", "password": "s3cret"}, None)
+    remote = client.manifest(MATRIX.images[0], "v2.7")
+    assert remote.config == "sha256:c0" and remote.digest.startswith("sha256:")
+    assert not any("s3cret" in a for a in seen["cmd"])
+    assert seen["auth"] == {"auths": {"127.0.0.1:5000": {"auth": base64.b64encode(b"ci:s3cret").decode()}}}
+    assert not os.path.exists(seen["path"]) and seen["path"].startswith(seen["home"])
+    assert "--tls-verify=false" in seen["cmd"] and seen["cmd"][-1] == "docker://127.0.0.1:5000/ml/pytorch-cuda:v2.7"
+
+
+def test_without_skopeo_the_read_back_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(publish.shutil, "which", lambda name: None)
+    with pytest.raises(EnvironmentProblem, match="skopeo is not installed"):
+        publish.RegistryAPI(REG, None, None).manifest(MATRIX.images[0], "v2.7")
