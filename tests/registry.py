@@ -30,6 +30,17 @@ with warnings.catch_warnings():  # deprecated in 3.11, gone in 3.13: only the te
 BINARY = shutil.which("docker-registry")
 
 
+def require_binary() -> None:
+    """A test that needs docker-registry: a failure in CI (selftest installs it), a skip elsewhere."""
+    import pytest
+
+    from conftest import IN_CI
+    if BINARY is None:
+        if IN_CI:
+            pytest.fail("CI needs docker-registry (build.py selftest installs it)")
+        pytest.skip("no docker-registry binary: run `python build.py selftest` or apt-get install docker-registry")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -15,9 +15,8 @@ import sys
 
 import pytest
 from helpers import ROOT, run_build_py, shown
-from registry import BINARY, LocalRegistry
+from registry import LocalRegistry, require_binary
 
-from conftest import IN_CI
 from pytorch_cuda_build import matrix, publish as publishing, tag
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -29,10 +28,7 @@ FAST = {"PYTORCH_CUDA_RETRY_BACKOFF": "0.2"}
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
-    if BINARY is None:
-        if IN_CI:
-            pytest.fail("CI needs docker-registry (build.py selftest installs it)")
-        pytest.skip("no docker-registry binary: run `python build.py selftest` or apt-get install docker-registry")
+    require_binary()
     reg = LocalRegistry(tmp_path_factory.mktemp("registry")).start()
     yield reg
     reg.stop()

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 from helpers import ROOT
-from registry import BINARY, LocalRegistry, TokenIssuer, push_small_image
+from registry import LocalRegistry, TokenIssuer, push_small_image, require_binary
 
-from conftest import IN_CI
 from pytorch_cuda_build import matrix, publish
 from pytorch_cuda_build.errors import UsageError
 
@@ -18,10 +17,7 @@ SECRET = "t0ken-flow-Pa55word"
 
 @pytest.fixture(scope="module")
 def token_registry(tmp_path_factory):
-    if BINARY is None:
-        if IN_CI:
-            pytest.fail("CI needs docker-registry (build.py selftest installs it)")
-        pytest.skip("no docker-registry binary: run `python build.py selftest` or apt-get install docker-registry")
+    require_binary()
     issuer = TokenIssuer(tmp_path_factory.mktemp("issuer"), {"ci": SECRET}).start()
     reg = LocalRegistry(tmp_path_factory.mktemp("token-registry")).start(tokens=issuer)
     repo = f"ml/{DEFAULT.repository}"
@@ -62,8 +58,7 @@ def test_a_wrong_password_is_refused_by_the_token_service_and_never_shown(token_
 
 
 def test_a_token_service_that_is_down_is_a_transient_error(tmp_path):
-    if BINARY is None:
-        pytest.skip("no docker-registry binary")
+    require_binary()
     (tmp_path / "issuer").mkdir()
     issuer = TokenIssuer(tmp_path / "issuer", {"ci": SECRET})
     issuer.server.server_close()  # never started: its port refuses connections
