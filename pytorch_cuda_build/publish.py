@@ -143,6 +143,8 @@ class RegistryAPI:
         with tempfile.TemporaryDirectory(prefix="pytorch-cuda-skopeo-") as tmp:
             cmd = [self.binary, f"--command-timeout={self.timeout:g}s", args[0], "--retry-times=0",
                    *self._options(Path(tmp)), *args[1:]]
+            # HOME in the scratch directory: skopeo reads no auth or registries.conf of the user's
+            # but the auth file given (containers/image looks in ~/.config/containers, ~/.docker).
             proc = subprocess.run(cmd, capture_output=True, stdin=subprocess.DEVNULL, env={**os.environ, "HOME": tmp})
         if proc.returncode == 0:
             return proc.stdout
@@ -166,10 +168,12 @@ class RegistryAPI:
             return Transient(f"registry {self.reg.host} unreachable: {msg}")
         return PublishError(f"skopeo could not read from {self.reg.host}: {msg}")
 
-    def ping(self) -> None:
-        """Reachable, a registry, and our credentials good for the namespace: reading a tag that
-        cannot exist answers "manifest unknown" (None) only when all three hold."""
-        self._read(f"{self.reg.namespace}/ping", "pytorch-cuda-ping")
+    def ping(self, image: Image) -> None:
+        """Reachable, a registry, and our credentials good for the image's repository: reading a
+        tag that cannot exist answers "manifest unknown" (None) only when all three hold. The
+        repository is the one we publish to: registries such as Docker Hub deny a pull token for
+        a repository the account cannot see, so a made-up one would fail good credentials."""
+        self._read(f"{self.reg.namespace}/{image.repository}", "pytorch-cuda-ping")
 
     def _read(self, name: str, tag: str) -> bytes | None:
         try:
@@ -280,7 +284,8 @@ def plan(c: docker.DockerClient, api: RegistryAPI, images: list[Image], retry: C
     """
     ids = {i.name: tested_id(c, i) for i in images}
     dated = {i.name: dated_tag(i, c.images.get(ids[i.name]).labels, i.refs()[0]) for i in images}
-    retry(api.ping, "contacting the registry")
+    for first in {i.repository: i for i in images}.values():  # one read per repository published to
+        retry(lambda: api.ping(first), "contacting the registry")
     by_manifest = docker_env.image_store(c) == "containerd"
     moves = [Move(i, ids[i.name], dated[i.name], True, by_manifest=by_manifest) for i in images]
     moves += [Move(i, ids[i.name], t, False, by_manifest=by_manifest) for i in images for t in i.tags]

@@ -16,7 +16,6 @@ times on disk are (the build's own, or all clamped to SOURCE_DATE_EPOCH by Build
 rewrite-timestamp). Standard library only: it runs in the image's build before the
 runtime package is installed.
 """
-import os
 import struct
 import sys
 from pathlib import Path
@@ -129,7 +128,7 @@ def main(argv=None) -> int:
     if not done:
         print(f"ninjalogs: error: no ninja log under {', '.join(map(str, roots))}", file=sys.stderr)
         return 1
-    print(f"ninjalogs: {len(done)} ninja logs made reproducible under {', '.join(map(os.fspath, roots))}")
+    print(f"ninjalogs: {len(done)} ninja logs made reproducible under {', '.join(map(str, roots))}")
     return 0
 
 

@@ -35,7 +35,7 @@ def api(reg: LocalRegistry, password: str | None) -> publish.RegistryAPI:
 def test_read_back_gets_a_token_for_the_repository_and_the_digests_it_pushed(token_registry):
     reg, issuer, (digest, config) = token_registry
     client = api(reg, SECRET)
-    client.ping()
+    client.ping(DEFAULT)
     assert client.manifest(DEFAULT, "v2.7") == publish.Remote(digest, config)
     assert client.manifest(DEFAULT, "never-pushed") is None
     asked = [r for r in issuer.requests if r["user"] == "ci"]
@@ -53,7 +53,7 @@ def test_without_credentials_the_anonymous_token_is_refused_and_says_how_to_log_
 def test_a_wrong_password_is_refused_by_the_token_service_and_never_shown(token_registry):
     reg, _, _ = token_registry
     with pytest.raises(UsageError, match=r"refused the credentials given \(token\): unable to retrieve auth token") as e:
-        api(reg, "wrong-" + SECRET).ping()
+        api(reg, "wrong-" + SECRET).ping(DEFAULT)
     assert SECRET not in str(e.value)
 
 
@@ -65,6 +65,6 @@ def test_a_token_service_that_is_down_is_a_transient_error(tmp_path):
     reg = LocalRegistry(tmp_path / "registry").start(tokens=issuer)
     try:
         with pytest.raises(publish.Transient, match="token service of 127.0.0.1"):
-            api(reg, SECRET).ping()
+            api(reg, SECRET).ping(DEFAULT)
     finally:
         reg.stop()

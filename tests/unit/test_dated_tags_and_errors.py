@@ -67,7 +67,7 @@ class FakeAPI:
         self.reg = publish.Registry.parse("127.0.0.1:5000/ml")
         self.remote = remote
 
-    def ping(self):
+    def ping(self, image):
         pass
 
     def manifest(self, image, tag):

@@ -185,3 +185,12 @@ def test_without_skopeo_the_read_back_says_what_to_install(monkeypatch):
     monkeypatch.setattr(publish.shutil, "which", lambda name: None)
     with pytest.raises(EnvironmentProblem, match="skopeo is not installed"):
         publish.RegistryAPI(REG, None, None).manifest(MATRIX.images[0], "v2.7")
+
+
+def test_ping_reads_the_repository_published_to_not_a_made_up_one(monkeypatch):
+    """A registry like Docker Hub denies a token for a repository the account cannot see."""
+    asked = []
+    client = publish.RegistryAPI(REG, None, None)
+    monkeypatch.setattr(client, "_read", lambda name, tag: asked.append((name, tag)))
+    client.ping(MATRIX.images[0])
+    assert asked == [("ml/pytorch-cuda", "pytorch-cuda-ping")]
