@@ -48,7 +48,7 @@ _PUSHED_DIGEST = re.compile(r"\bdigest: (sha256:[0-9a-f]{64})\b")
 # (unauthorized, denied, a malformed name) fails the same way every time.
 _PERMANENT = re.compile(r"unauthori[sz]ed|denied|authentication required|invalid reference|name unknown", re.I)
 USER_ENV, PASSWORD_ENV = "PYTORCH_CUDA_REGISTRY_USER", "PYTORCH_CUDA_REGISTRY_PASSWORD"
-CREATED_LABEL = "org.opencontainers.image.created"  # the source commit's time (SOURCE_DATE_EPOCH)
+CREATED_LABEL = "org.opencontainers.image.created"  # the source commit's time (not SOURCE_DATE_EPOCH: build.REPRODUCIBLE_EPOCH)
 LOCK_LABEL = f"{LABEL_PREFIX}.lock-sha256"
 _LOCK_HASH = re.compile(r"^[0-9a-f]{64}$")
 

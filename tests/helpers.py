@@ -271,3 +271,21 @@ def current_engine(store: str = "containerd"):
         if started:
             down = run_build_py(ROOT, "engine", "--store", store, "--down", timeout=300)
             assert down.returncode == 0, down.stderr
+
+
+def base_in_current_engine(current: dict[str, str], docker_client, row, tmp: Path) -> str:
+    """The row's base rootfs in the current engine's store: built by 20.10's debootstrap (root)
+    if need be, then carried over with docker save | docker load. Its reference."""
+    from pytorch_cuda_build import base, render
+
+    ref = render.base_ref(row)
+    tmp.mkdir(exist_ok=True)
+    base.ensure(docker_client, row, tmp, log=lambda m: None, docker_cli="/usr/bin/docker")
+    env = {**os.environ, **current}
+    if subprocess.run([current["PYTORCH_CUDA_DOCKER"], "image", "inspect", ref], env=env, capture_output=True).returncode == 0:
+        return ref
+    save = subprocess.Popen(["/usr/bin/docker", "save", ref], stdout=subprocess.PIPE)
+    load = subprocess.run([current["PYTORCH_CUDA_DOCKER"], "load"], stdin=save.stdout, env=env, capture_output=True, text=True)
+    save.stdout.close()
+    assert save.wait() == 0 and load.returncode == 0, load.stderr
+    return ref

@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tarfile
+import time
+import uuid
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, current_engine, run_build_py
+from helpers import ROOT, base_in_current_engine, current_engine, run_build_py
 
-from pytorch_cuda_build import base, engine_current, matrix, render
+from pytorch_cuda_build import build, docker_env, engine_current, matrix
 
 pytestmark = [pytest.mark.docker]
 
@@ -47,18 +50,47 @@ def test_asking_again_finds_it_up_and_prints_the_same(current):
 
 
 def test_containers_start_on_both_engines_each_on_its_own_bridge(current, docker_client, tmp_path):
-    ref = render.base_ref(ROW)
-    base.ensure(docker_client, ROW, tmp_path, log=lambda m: None, docker_cli="/usr/bin/docker")
-    if cli(current, "image", "inspect", ref).returncode != 0:
-        save = subprocess.Popen(["/usr/bin/docker", "save", ref], stdout=subprocess.PIPE)
-        load = cli(current, "load", stdin=save.stdout)
-        save.stdout.close()
-        assert save.wait() == 0 and load.returncode == 0, load.stderr
+    ref = base_in_current_engine(current, docker_client, ROW, tmp_path)
     new = cli(current, "run", "--rm", ref, "hostname", "-I")
     assert new.returncode == 0, new.stderr
     assert new.stdout.split()[0].startswith("172.30.213."), new.stdout  # pcb-ctrd0's subnet
     old = docker_client.containers.run(ref, ["hostname", "-I"], remove=True).decode()
     assert old.split()[0].startswith("172.17."), old  # docker0, untouched
+
+
+def test_a_layer_cached_before_a_commit_exports_as_a_cold_build_of_it_does(current, docker_client, tmp_path, monkeypatch):
+    """build.py's SOURCE_DATE_EPOCH is one fixed time, so a warm cache (CI's) and a cold rebuild
+    give one digest. With a commit's time instead, a layer cached before the commit keeps its
+    build-time file times (rewrite-timestamp clamps only later ones) while a cold build clamps
+    them: the second half shows that this engine does so."""
+    ref = base_in_current_engine(current, docker_client, ROW, tmp_path / "base")
+    for key, value in current.items():
+        monkeypatch.setenv(key, value)
+    bc = docker_env.build_client()
+    assert bc.export == "oci", bc
+    context = tmp_path / "context"
+    context.mkdir()
+    # a step no earlier run cached: every build below starts from this test's own cache
+    (context / "Dockerfile").write_text(f"FROM {ref}\nRUN echo {uuid.uuid4().hex} > /made && mkdir /made.d\n")
+
+    def digest(name: str, epoch: int, *flags: str) -> str:
+        out = tmp_path / f"{name}.oci.tar"
+        cmd = [*bc.argv, *flags, *(["--network", bc.network] if bc.network else []), "--provenance=false",
+               "--output", f"type=oci,dest={out},rewrite-timestamp=true", str(context)]
+        proc = subprocess.run(cmd, env={**build.build_env(bc), "SOURCE_DATE_EPOCH": str(epoch)},
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        with tarfile.open(out) as tar:
+            return json.load(tar.extractfile("index.json"))["manifests"][0]["digest"]
+
+    ours = int(build.build_env(bc)["SOURCE_DATE_EPOCH"])
+    assert ours == build.REPRODUCIBLE_EPOCH
+    cached = digest("cache", ours)
+    time.sleep(2)  # a later commit: the cache above is older than it
+    assert digest("warm", ours) == digest("cold", ours, "--no-cache") == cached
+    time.sleep(2)
+    commit_time = int(time.time()) - 1  # after every build above, before the next
+    assert digest("warm-commit", commit_time) != digest("cold-commit", commit_time, "--no-cache")
 
 
 # The whole pipeline on Docker 26 with the containerd store (build, smoke, structure, tag,

@@ -43,10 +43,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import ROOT, current_engine
+from helpers import ROOT, base_in_current_engine, current_engine
 from registry import BINARY, LocalRegistry
 
-from pytorch_cuda_build import base, build, matrix, render
+from pytorch_cuda_build import build, matrix
 
 pytestmark = [pytest.mark.docker]
 
@@ -172,21 +172,6 @@ def _remove_user() -> None:
         print(f"warning: could not remove user {USER}; remove it with `userdel --remove {USER}`")
 
 
-def _base_in_the_engine(current: dict, docker_client, tmp: Path) -> None:
-    """The row's base rootfs, in the current engine's store: built by 20.10's debootstrap (root)
-    if need be, then carried over with docker save | docker load."""
-    ref = render.base_ref(ROW)
-    tmp.mkdir(exist_ok=True)
-    base.ensure(docker_client, ROW, tmp, log=lambda m: None, docker_cli="/usr/bin/docker")
-    env = {**os.environ, **current}
-    if subprocess.run([current["PYTORCH_CUDA_DOCKER"], "image", "inspect", ref], env=env, capture_output=True).returncode == 0:
-        return
-    save = subprocess.Popen(["/usr/bin/docker", "save", ref], stdout=subprocess.PIPE)
-    load = subprocess.run([current["PYTORCH_CUDA_DOCKER"], "load"], stdin=save.stdout, env=env, capture_output=True, text=True)
-    save.stdout.close()
-    assert save.wait() == 0 and load.returncode == 0, load.stderr
-
-
 def run_job(workflow: dict, name: str, table: dict[str, object], workspace: Path, runner_env: dict[str, str],
             logs: Path) -> dict[str, str]:
     """One job's steps, in order, as the runner would run them; the job's outputs."""
@@ -269,7 +254,7 @@ def test_the_build_job_runs_as_a_runner_user_through_publish_and_the_pushed_dige
     # fromJSON(needs.matrix.outputs.rows): the fan-out, of which this runner gets the default row
     assert workflow["jobs"]["build"]["strategy"]["matrix"] == "${{ fromJSON(needs.matrix.outputs.rows) }}"
     row = next(r for r in json.loads(checked["matrix"]["rows"])["include"] if r["image"] == ROW.name)
-    _base_in_the_engine(current, docker_client, tmp_path / "base")
+    base_in_current_engine(current, docker_client, ROW, tmp_path / "base")
     reg = LocalRegistry(tmp_path / "registry").start(users={REGISTRY_USER: REGISTRY_PASSWORD})
     try:
         run_job(workflow, "build", expressions(reg.address("ml"), row), workspace, runner_env, logs)

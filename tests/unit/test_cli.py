@@ -171,6 +171,18 @@ def test_buildx_on_the_containerd_store_exports_a_time_rewritten_oci_tarball(tmp
     assert "--output" not in build.command(classic, ROOT, image, tmp_path, tmp_path / "iid", src, None, False)
 
 
+def test_source_date_epoch_is_one_fixed_time_and_the_created_label_is_the_commits(tmp_path, monkeypatch):
+    """A commit's time as SOURCE_DATE_EPOCH made a warm-cache build and a cold one of the same
+    commit differ on Docker 26 (tests/integration/test_engines.py shows why)."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "42")  # the caller's own is not taken either
+    bc = docker_env.build_client(fake_docker(tmp_path, "26.1.5", buildx=True, store=CONTAINERD_STORE))
+    assert build.build_env(bc)["SOURCE_DATE_EPOCH"] == str(build.REPRODUCIBLE_EPOCH) == "1767225600"
+    image = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
+    src = build.Source("abc", 1763942400)  # 2025-11-24
+    cmd = build.command(bc, ROOT, image, tmp_path, tmp_path / "iid", src, None, False)
+    assert "org.opencontainers.image.created=2025-11-24T00:00:00Z" in cmd
+
+
 def test_the_build_network_comes_from_the_environment_and_only_host_is_taken(tmp_path, monkeypatch):
     client = fake_docker(tmp_path, "20.10.24", buildx=False)
     monkeypatch.setenv("PYTORCH_CUDA_BUILD_NETWORK", "host")
