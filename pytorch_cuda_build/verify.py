@@ -10,11 +10,15 @@ wheelhouse are reused (both are pinned: the base by its recipe, every wheel by i
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import shutil
 import subprocess
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import docker.errors
 
 from . import base, build, docker_env, files
 from .errors import ArchiveLayoutError, CommandFailed
@@ -27,6 +31,8 @@ class Comparison:
     layers: tuple[int, int]
     same_layer_ids: bool
     content: list[str] = field(default_factory=list)  # differing path: what differs
+    differing_files: list[str] = field(default_factory=list)  # regular files in both builds, other bytes
+    kept: str = ""  # where copies of the differing files went, or why there are none
     mtime_only: int = 0
     files: int = 0
     image_ids: tuple[str, str] = ("", "")  # equal: the two builds are one image, digest and all
@@ -120,6 +126,9 @@ def compare(a: list[dict], b: list[dict], same_layer_ids: bool) -> Comparison:
                 result.content.append(f"layer {i}: {path}: only in build {'2' if path not in la else '1'}")
             elif la[path][0] != lb[path][0]:
                 result.content.append(f"layer {i}: {path}: {_what(la[path][0], lb[path][0])}")
+                da, db = la[path][0][5], lb[path][0][5]  # content hashes; "" where not a regular file
+                if da and db and da != db and path not in result.differing_files:
+                    result.differing_files.append(path)
             elif la[path][1] != lb[path][1]:
                 result.mtime_only += 1
     return result
@@ -145,6 +154,8 @@ def verdict(c: Comparison, buildkit_note: str, show: int = 200) -> str:
         lines += [f"  {d}" for d in c.content[:show]]
         if len(c.content) > show:
             lines.append(f"  ... {len(c.content) - show} more in verdict.txt")
+    if c.kept:
+        lines.append(c.kept)
     if c.reproducible:
         lines.append("verdict: REPRODUCIBLE: " + ("byte-identical images" if c.byte_identical else "same content in every layer"))
     else:
@@ -152,38 +163,105 @@ def verdict(c: Comparison, buildkit_note: str, show: int = 200) -> str:
     return "\n".join(lines)
 
 
+# What `verify` keeps of files whose bytes differ, so the two versions can be compared
+# (diffoscope, objdump): the first few, each up to a size; a build's own record, not a backup.
+KEEP_FILES, KEEP_FILE_BYTES = 50, 256 * 1024**2
+
+
+def keep_differing(c, refs: tuple[str, str], paths: list[str], dest: Path) -> int:
+    """Copy each differing file out of both images, as the finished images have them, to
+    dest/build1/<path> and dest/build2/<path>; how many files were kept from both."""
+    shutil.rmtree(dest, ignore_errors=True)
+    kept = 0
+    for path in paths[:KEEP_FILES]:
+        got = [_copy_out(c, ref, path, dest / f"build{n}") for n, ref in enumerate(refs, 1)]
+        kept += all(got)
+    return kept
+
+
+def _copy_out(c, ref: str, path: str, dest: Path) -> bool:
+    container = c.containers.create(ref, command=["true"], entrypoint=[])
+    try:
+        stream, stat = container.get_archive("/" + path)
+        if stat.get("size", 0) > KEEP_FILE_BYTES:
+            return False
+        target = dest / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        raw = b"".join(stream)
+        with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+            member = tar.next()
+            fh = tar.extractfile(member) if member is not None else None
+            if fh is None:
+                return False  # not a regular file in the finished image (a later layer replaced it)
+            target.write_bytes(fh.read())
+        return True
+    finally:
+        container.remove(force=True)
+
+
 def run(root: Path, image, results: Path, docker: str | None, ca: str | None, log) -> tuple[Comparison, str]:
     """Build the row twice without the layer cache (same base, same wheelhouse), compare,
     write verdict.txt beside the two build logs, and remove both builds; the comparison and
-    what the verdict must say about this BuildKit. Each build is indexed (every file's hash)
-    and removed before the next starts, so verify needs the disk of one image, not two."""
+    what the verdict must say about this BuildKit. Each build is indexed (every file's hash);
+    the first stays while the second is built only where the disk has room for both, so that
+    files whose bytes differ can be copied out of each (differing/); otherwise it is removed
+    first and verify needs the disk of one image, not two."""
     c = docker_env.ensure_engine(log)
     bc = docker_env.build_client(docker)
     build.check_disk(docker_env.root_dir(c))
     results.mkdir(parents=True, exist_ok=True)
     base_id = base.ensure(c, image, results, log, docker_cli=bc.argv[0])
-    ids, diff_ids, indexes = [], [], []
-    for n in (1, 2):
-        # One build on disk at a time (about 10 GB each): build, read, remove, then the next.
-        ref = f"{image.repository}-verify:{image.name}-{n}"
-        try:
+    ids, diff_ids, indexes, kept_refs = [], [], [], []
+    refs = tuple(f"{image.repository}-verify:{image.name}-{n}" for n in (1, 2))
+    try:
+        for n, ref in enumerate(refs, 1):
             log(f"verify: build {n} of 2 without the layer cache (log: {results / f'build{n}.log'})")
+            kept_refs.append(ref)  # removed below whatever happens
             ids.append(build.run(bc, root, image, results / f"build{n}.log", ca, no_cache=True, echo=False, tag=ref, base_id=base_id))
             log(f"verify: reading build {n}'s layers")
             diff_ids.append(c.images.get(ids[-1]).attrs["RootFS"]["Layers"])
             indexes.append(layer_index(ref, docker_cli=bc.argv[0]))
-        finally:
-            try:
-                c.images.remove(ref)
-            except Exception:
-                pass  # never built, or already gone
-    log("verify: comparing the two images layer by layer")
-    comparison = compare(indexes[0], indexes[1], diff_ids[0] == diff_ids[1])
-    comparison.image_ids, comparison.byte_identical = (ids[0], ids[1]), bc.export == "oci"
-    if bc.export == "oci":
-        note = f"{bc.description}: with rewrite-timestamp, so a difference here is one in the build itself"
-    else:
-        note = f"{bc.description}: this engine cannot rewrite file times to SOURCE_DATE_EPOCH (its BuildKit predates " \
-               "rewrite-timestamp, or its classic image store ignores it), so layer tars carry build-time mtimes"
-    files.write_atomic(results / "verdict.txt", verdict(comparison, note, show=len(comparison.content)) + "\n")
-    return comparison, note
+            if n == 1 and not _room_for_two(docker_env.root_dir(c)):
+                _remove(c, kept_refs.pop())
+        log("verify: comparing the two images layer by layer")
+        comparison = compare(indexes[0], indexes[1], diff_ids[0] == diff_ids[1])
+        comparison.image_ids, comparison.byte_identical = (ids[0], ids[1]), bc.export == "oci"
+        if bc.export == "oci":
+            note = f"{bc.description}: with rewrite-timestamp, so a difference here is one in the build itself"
+        else:
+            note = f"{bc.description}: this engine cannot rewrite file times to SOURCE_DATE_EPOCH (its BuildKit predates " \
+                   "rewrite-timestamp, or its classic image store ignores it), so layer tars carry build-time mtimes"
+        if comparison.differing_files:
+            comparison.kept = _keep(c, refs, comparison.differing_files, results / "differing", log)
+        files.write_atomic(results / "verdict.txt", verdict(comparison, note, show=len(comparison.content)) + "\n")
+        return comparison, note
+    finally:
+        for ref in kept_refs:
+            _remove(c, ref)
+
+
+def _room_for_two(docker_root: str) -> bool:
+    probe = Path(docker_root) if Path(docker_root).exists() else Path("/")
+    return shutil.disk_usage(probe).free >= 2 * build.MIN_FREE_BYTES
+
+
+def _keep(c, refs: tuple[str, str], paths: list[str], dest: Path, log) -> str:
+    """Copy the differing files out of both builds where both are still there; what was done, for the verdict."""
+    try:
+        for ref in refs:
+            c.images.get(ref)
+    except docker.errors.ImageNotFound:
+        return "differing files not kept (no disk for both builds at once)"
+    try:
+        kept = keep_differing(c, refs, paths, dest)
+    except (docker.errors.DockerException, OSError, tarfile.TarError) as e:
+        log(f"verify: could not copy the differing files out: {e}")
+        return "differing files not kept (copying them out failed, see above)"
+    return f"{kept} differing file(s) kept from both builds under {dest}"
+
+
+def _remove(c, ref: str) -> None:
+    try:
+        c.images.remove(ref, force=True)
+    except Exception:
+        pass  # never built, or already gone

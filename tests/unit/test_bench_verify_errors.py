@@ -149,13 +149,14 @@ class _Images:
         assert self.present, f"{image_id} read after its build was removed"
         return type("I", (), {"attrs": {"RootFS": {"Layers": ["sha256:l1", "sha256:l2"]}}})()
 
-    def remove(self, ref):
+    def remove(self, ref, force=False):
         self.events.append(f"remove {ref[-1]}")
         self.present.discard(ref)
 
 
-def _verify_run(monkeypatch, tmp_path, fail_on: int | None = None):
+def _verify_run(monkeypatch, tmp_path, fail_on: int | None = None, room_for_two: bool = False):
     events: list[str] = []
+    monkeypatch.setattr(verify, "_room_for_two", lambda root: room_for_two)
     engine = type("E", (), {"images": _Images(events)})()
     client = type("B", (), {"argv": ["docker"], "export": "oci", "description": "Docker 26"})()
     monkeypatch.setattr(docker_env, "ensure_engine", lambda log=None: engine)
@@ -182,17 +183,26 @@ def _verify_run(monkeypatch, tmp_path, fail_on: int | None = None):
     return events, lambda: verify.run(tmp_path, row, tmp_path / "verify", None, None, lambda m: None)
 
 
-def test_verify_holds_one_build_at_a_time_and_compares_the_digests(monkeypatch, tmp_path):
-    events, run = _verify_run(monkeypatch, tmp_path)
+@pytest.mark.parametrize("room_for_two,order", [
+    (False, ["build 1", "index 1", "remove 1", "build 2", "index 2", "remove 2"]),
+    (True, ["build 1", "index 1", "build 2", "index 2", "remove 1", "remove 2"]),  # both kept to copy files out
+])
+def test_verify_holds_one_build_at_a_time_unless_the_disk_has_room_and_compares_the_digests(
+        monkeypatch, tmp_path, room_for_two, order):
+    events, run = _verify_run(monkeypatch, tmp_path, room_for_two=room_for_two)
     comparison, _ = run()
-    assert events == ["build 1", "index 1", "remove 1", "build 2", "index 2", "remove 2"]
+    assert events == order
     assert comparison.reproducible and comparison.byte_identical and comparison.image_ids == ("sha256:same",) * 2
     assert "image digests: identical, sha256:same" in (tmp_path / "verify" / "verdict.txt").read_text()
 
 
-def test_a_failed_second_build_leaves_neither_image_and_no_verdict(monkeypatch, tmp_path):
-    events, run = _verify_run(monkeypatch, tmp_path, fail_on=2)
+@pytest.mark.parametrize("room_for_two,order", [
+    (False, ["build 1", "index 1", "remove 1", "build 2", "remove 2"]),
+    (True, ["build 1", "index 1", "build 2", "remove 1", "remove 2"]),
+])
+def test_a_failed_second_build_leaves_neither_image_and_no_verdict(monkeypatch, tmp_path, room_for_two, order):
+    events, run = _verify_run(monkeypatch, tmp_path, fail_on=2, room_for_two=room_for_two)
     with pytest.raises(CommandFailed):
         run()
-    assert events == ["build 1", "index 1", "remove 1", "build 2", "remove 2"]
+    assert events == order
     assert not (tmp_path / "verify" / "verdict.txt").exists()
