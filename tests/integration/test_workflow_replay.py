@@ -27,7 +27,7 @@ The runner gets three things here that a hosted one would not need:
 
 All three jobs run in CI. The `build` job through publish is the full pipeline on the current
 engine with the containerd store (build, smoke, structure, tag, publish, a pull back by digest):
-about 13 min with the row's layers in that engine's build cache, about 40 min cold on 2 cores.
+about 12 min with the row's layers in that engine's build cache, about 40 min cold on 2 cores.
 `-k "not build_job"` leaves it out.
 """
 from __future__ import annotations
