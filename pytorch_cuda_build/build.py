@@ -80,9 +80,14 @@ def stage_context(root: Path, image: Image, dest: Path) -> None:
     (dest / opsseed.CONTEXT_DIR).mkdir()  # empty unless a --no-cache build fills it (opsseed.stage)
 
 
-def check_disk(docker_root: str) -> None:
+def free_bytes(docker_root: str) -> tuple[int, Path]:
+    """Free space where the engine keeps its data (the root filesystem if that is not visible here)."""
     probe = Path(docker_root) if Path(docker_root).exists() else Path("/")
-    free = shutil.disk_usage(probe).free
+    return shutil.disk_usage(probe).free, probe
+
+
+def check_disk(docker_root: str) -> None:
+    free, probe = free_bytes(docker_root)
     if free < MIN_FREE_BYTES:
         raise EnvironmentProblem(
             f"no disk space for a build: {free / 1024**3:.1f} GiB free under {probe}, need {MIN_FREE_BYTES // 1024**3} GiB; "

@@ -242,8 +242,7 @@ def run(root: Path, image, results: Path, docker: str | None, ca: str | None, lo
 
 def _room_for_two(docker_root: str) -> bool:
     """With the first build on disk, still the room any build is asked for (build.check_disk)."""
-    probe = Path(docker_root) if Path(docker_root).exists() else Path("/")
-    return shutil.disk_usage(probe).free >= build.MIN_FREE_BYTES
+    return build.free_bytes(docker_root)[0] >= build.MIN_FREE_BYTES
 
 
 def _keep(c, refs: tuple[str, str], paths: list[str], dest: Path, log) -> str:
