@@ -62,6 +62,22 @@ def tmpfs(mnt: Path, size: str):
         subprocess.run(["umount", str(mnt)], check=False)
 
 
+def fill(path: Path) -> None:
+    """Write path until its filesystem has no free block left.
+
+    Unbuffered on purpose: a buffered file keeps the tail that ENOSPC refused and raises again
+    when it is closed, depending only on how the free space divides by the chunk size.
+    """
+    with open(path, "wb", buffering=0) as f:
+        for chunk in (1 << 20, 4096, 1):
+            try:
+                while f.write(b"\0" * chunk):
+                    pass
+            except OSError:
+                pass
+    assert os.statvfs(path).f_bavail == 0, f"{path}: the filesystem still has free blocks"
+
+
 def run_build_py(root: Path, *args: str, env: dict | None = None, timeout: int = 3600) -> subprocess.CompletedProcess:
     """Run a project's build.py with our virtualenv, as a user would."""
     import os

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import IN_CI
-from helpers import ROOT, insert_before_user, project_copy, run_build_py, shown, tmpfs, tree_snapshot
+from helpers import ROOT, fill, insert_before_user, project_copy, run_build_py, shown, tmpfs, tree_snapshot
 
 from pytorch_cuda_build import docker_env, matrix, render, tag
 
@@ -233,13 +233,7 @@ def test_full_disk_during_render_changes_no_file(tmp_path):
         tpl = root / "templates" / "header.j2"
         tpl.write_text(tpl.read_text() + "\n# a change that makes every Dockerfile longer\n" + "# padding\n" * 50)
         before = tree_snapshot(root / "images")
-        with open(mnt / "filler", "wb") as f:  # take every free block
-            try:
-                while True:
-                    f.write(b"\0" * 65536)
-                    f.flush()
-            except OSError:
-                pass
+        fill(mnt / "filler")
         proc = run_build_py(root, "render")
         assert proc.returncode == 2, shown(proc)
         lines = error_lines(proc.stderr)
