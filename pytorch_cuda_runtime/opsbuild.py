@@ -10,6 +10,8 @@ machine without Docker (`python -m pytorch_cuda_runtime.opsbuild`), with torch a
 CUDA toolkit (CUDA_HOME) already installed. Standard library only, apart from torch.
 """
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -61,8 +63,12 @@ def patch(src, cpu_arch):
         seen.add(builder.resolve())
         text = builder.read_text()
         new = text.replace("-march=native", f"-march={cpu_arch}")
-        new = re.sub(r"return '-D__AVX(512|256)__'", f"return '{simd_define(cpu_arch)}'", new)
-        if "-march=native" in new or f"-march={cpu_arch}" not in new or f"return '{simd_define(cpu_arch)}'" not in new:
+        # simd_width's body reads the build host's CPU flags (py-cpuinfo, else lscpu) before it
+        # returns a define; any answer but AVX2/AVX-512 gives __SCALAR__. Replaced whole, the ops
+        # no longer depend on what the build host reports.
+        body = f"    def simd_width(self):\n        return '{simd_define(cpu_arch)}'  # pytorch-cuda: the matrix's CPU baseline\n"
+        new = re.sub(r"    def simd_width\(self\):\n.*?(?=\n+    def |\Z)", lambda m: body.rstrip("\n"), new, count=1, flags=re.S)
+        if "-march=native" in new or f"-march={cpu_arch}" not in new or body not in new + "\n":
             fail(f"{builder}: the CPU-baseline patch did not apply (DeepSpeed changed its builder)")
         builder.write_text(new)
         done.append(f"{rel}: -march={cpu_arch}, {simd_define(cpu_arch)}")
@@ -212,8 +218,39 @@ def sha256_file(path):
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+# Objects record the directory they were compiled in (debug info; nvcc's _INTERNAL_<hash> names
+# hash the source's path), so a random temporary directory gives other op bytes on every build
+# and another image digest. One fixed directory, held under a lock, keeps a rebuild identical.
+BUILD_DIR = Path("/tmp/pytorch-cuda-opsbuild")
+
+
+@contextlib.contextmanager
+def build_dir(path=BUILD_DIR):
+    """path, empty, for this build alone; removed afterwards. A second build waits for the first."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        shutil.rmtree(path, ignore_errors=True)  # left by a build that was killed
+        path.mkdir()
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def nvcc_flags():
+    """nvcc names its intermediate files tmpxft_<pid>_..., and those names land in the objects;
+    --objdir-as-tempdir (CUDA 12.3 on) names them after the object instead."""
+    flags = [f"--threads {os.cpu_count() or 1}"]  # each .cu once per arch, in parallel only when asked
+    if "--objdir-as-tempdir" in subprocess.run([nvcc(), "--help"], capture_output=True, text=True).stdout:
+        flags.append("--objdir-as-tempdir")
+    else:
+        print("opsbuild: warning: this nvcc has no --objdir-as-tempdir; two compiles give other op bytes", flush=True)
+    return " ".join(filter(None, [os.environ.get("NVCC_APPEND_FLAGS"), *flags]))
+
+
 def build(a, ops):
-    with tempfile.TemporaryDirectory() as tmp:
+    with build_dir() as tmp:
         with tarfile.open(a.sdist) as t:
             t.extractall(tmp, filter="data") if hasattr(tarfile, "data_filter") else t.extractall(tmp)
         src = next(Path(tmp).iterdir())
@@ -221,8 +258,7 @@ def build(a, ops):
         archs, dropped = arch_list()
         env = dict(os.environ, DS_ACCELERATOR="cuda", DS_BUILD_OPS="0", DS_ENABLE_NINJA="1", TORCH_CUDA_ARCH_LIST=archs,
                    MAX_JOBS=str(os.cpu_count() or 1), PYTHONHASHSEED="0", **build_vars(src, ops), **no_driver_link(tmp))
-        # Each .cu is compiled once per architecture; nvcc runs those passes in parallel only when asked.
-        env["NVCC_APPEND_FLAGS"] = " ".join(filter(None, [os.environ.get("NVCC_APPEND_FLAGS"), f"--threads {os.cpu_count() or 1}"]))
+        env["NVCC_APPEND_FLAGS"] = nvcc_flags()
         print(f"opsbuild: {', '.join(ops)} for TORCH_CUDA_ARCH_LIST={archs} with {nvcc()} ({a.toolkit}); "
               f"{'not compiled by this nvcc: ' + ', '.join(dropped) if dropped else 'every torch arch'}", flush=True)
         t0 = time.monotonic()

@@ -194,12 +194,17 @@ def test_cpu_accelerator_ops_are_built_for_the_cpu_baseline(root_host, row):
     for op in ("cpu_adam", "fused_adam"):
         cflags = root_host.check_output(f"grep '^cflags' {ext}/{op}/build.ninja")
         assert "-march=native" not in cflags and f"-march={row.cpu_arch}" in cflags, cflags
+        simd = "-D__AVX512__" if row.cpu_arch == "x86-64-v4" else "-D__AVX256__"
+        assert simd in cflags and "-D__SCALAR__" not in cflags, cflags
         if row.cpu_arch == "x86-64-v3":
             dis = root_host.check_output(f"objdump -d {ext}/{op}/{op}.so")
             assert dis and "%zmm" not in dis, f"{op} has AVX-512 instructions beyond {row.cpu_arch}"
     # Located without importing deepspeed, whose import logs to stdout.
     package = root_host.check_output("python -c 'import importlib.util as u; print(u.find_spec(\"deepspeed\").submodule_search_locations[0])'")
-    assert "-march=native" not in root_host.file(f"{package}/ops/op_builder/builder.py").content_string
+    builder = root_host.file(f"{package}/ops/op_builder/builder.py").content_string
+    assert "-march=native" not in builder
+    # the SIMD define is the baseline's, not what the host's CPU flags said (opsbuild.patch)
+    assert f"def simd_width(self):\n        return '{simd}'" in builder
 
 
 def test_ninja_logs_of_the_baked_ops_are_in_their_reproducible_form(root_host):

@@ -8,13 +8,16 @@ import pytest
 from pytorch_cuda_runtime import opsbuild
 
 BUILDER = """\
+    def simd_width(self):
+        cpu_info = get_cpu_info()
+        if 'avx512' in cpu_info['flags']:
+            return '-D__AVX512__'
+        elif 'avx2' in cpu_info['flags']:
+            return '-D__AVX256__'
+        return '-D__SCALAR__'
+
     def cpu_arch(self):
         return '-march=native'
-
-    def simd_width(self):
-        if avx512:
-            return '-D__AVX512__'
-        return '-D__AVX256__'
 """
 RACY = "    def _allgather_params_coalesced(self):\n        launch_handles[-1].wait()\n        return\n"
 FIXED = "    def _allgather_params_coalesced(self):\n        for handle in launch_handles:\n            handle.wait()\n"
@@ -42,6 +45,9 @@ def test_both_patches_apply_to_an_old_deepspeed(tmp_path):
         builder = (src / rel).read_text()
         assert "-march=native" not in builder and "-march=x86-64-v3" in builder, rel
         assert "-D__AVX512__" not in builder, rel
+        # the host's CPU flags are no longer read: one define, whatever py-cpuinfo reports
+        assert "def simd_width(self):\n        return '-D__AVX256__'" in builder and "avx512" not in builder, rel
+        assert "def cpu_arch(self):" in builder, "the methods after simd_width stay"
     pp = (src / "deepspeed" / "runtime" / "zero" / "partition_parameters.py").read_text()
     assert "launch_handles[-1].wait()" not in pp and "for handle in launch_handles:" in pp
     assert len(done) == 3
@@ -127,3 +133,38 @@ def test_the_cache_mount_comes_before_the_seed(tmp_path, no_compile, capsys):
     dist = main(tmp_path, "--seed", str(tmp_path / "seed"))
     assert (dist / "deepspeed-0.17.6-cp311-cp311-linux_x86_64.whl").read_bytes() == b"cache mount"
     assert "taken from the ops cache, nothing compiled" in capsys.readouterr().out and no_compile == []
+
+
+# ---- what makes two compiles of the same inputs give the same bytes --------------------------
+
+def test_the_build_directory_is_one_path_emptied_first_removed_after_and_held_by_one_build(tmp_path):
+    """Objects record the directory they were compiled in, so every build uses the same one;
+    a second build on the host waits for the first rather than sharing it."""
+    import subprocess
+    import sys
+
+    d = tmp_path / "build"
+    d.mkdir()
+    (d / "left-by-a-killed-build").write_text("x")
+    with opsbuild.build_dir(d) as got:
+        assert got == d and list(d.iterdir()) == []
+        (d / "a.o").write_text("x")
+        waiter = subprocess.run(
+            [sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1], 'w'); "
+             "fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)", f"{d}.lock"], capture_output=True, text=True)
+        assert waiter.returncode != 0 and "BlockingIOError" in waiter.stderr, "the lock is not held"
+    assert not d.exists()
+
+
+@pytest.mark.parametrize("has_flag", [True, False])
+def test_nvcc_names_its_temporary_files_after_the_object_where_it_can(tmp_path, monkeypatch, capsys, has_flag):
+    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text("#!/bin/sh\necho '--threads <number>'\n" + ("echo '--objdir-as-tempdir  (-objtemp)'\n" if has_flag else ""))
+    nvcc.chmod(0o755)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    monkeypatch.setenv("NVCC_APPEND_FLAGS", "-lineinfo")
+    flags = opsbuild.nvcc_flags().split()
+    assert flags[0] == "-lineinfo" and "--threads" in flags
+    assert ("--objdir-as-tempdir" in flags) is has_flag
+    assert ("no --objdir-as-tempdir" in capsys.readouterr().out) is not has_flag
