@@ -125,7 +125,8 @@ def cmd_prune(m: matrix.Matrix, args) -> int:
 def cmd_verify(m: matrix.Matrix, args) -> int:
     image = m.select(args.torch, args.cuda, args.flavor)
     pipeline.check_inputs(ROOT, m, [image])
-    comparison, note = verify.run(ROOT, image, pipeline.results_dir(ROOT, image) / "verify", args.docker, pipeline.ca_bundle(args.ca_bundle), log)
+    comparison, note = verify.run(ROOT, image, pipeline.results_dir(ROOT, image) / "verify", args.docker, pipeline.ca_bundle(args.ca_bundle), log,
+                                  compile_ops=args.compile_ops)
     print(verify.verdict(comparison, note))
     return 0 if comparison.reproducible else 1
 

@@ -33,6 +33,7 @@ class Comparison:
     content: list[str] = field(default_factory=list)  # differing path: what differs
     differing_files: list[str] = field(default_factory=list)  # regular files in both builds, other bytes
     kept: str = ""  # where copies of the differing files went, or why there are none
+    ops: str = ""  # where both builds took the compiled DeepSpeed ops from
     mtime_only: int = 0
     files: int = 0
     image_ids: tuple[str, str] = ("", "")  # equal: the two builds are one image, digest and all
@@ -140,7 +141,7 @@ def _what(x: Entry, y: Entry) -> str:
 
 
 def verdict(c: Comparison, buildkit_note: str, show: int = 200) -> str:
-    lines = [f"layers: {c.layers[0]} vs {c.layers[1]}; files compared: {c.files}"]
+    lines = [f"layers: {c.layers[0]} vs {c.layers[1]}; files compared: {c.files}"] + ([c.ops] if c.ops else [])
     if c.image_ids[0]:
         same = c.image_ids[0] == c.image_ids[1]
         lines.append(f"image digests: {'identical, ' + c.image_ids[0] if same else 'differ, ' + ' vs '.join(c.image_ids)}")
@@ -199,13 +200,16 @@ def _copy_out(c, ref: str, path: str, dest: Path) -> bool:
         container.remove(force=True)
 
 
-def run(root: Path, image, results: Path, docker: str | None, ca: str | None, log) -> tuple[Comparison, str]:
+def run(root: Path, image, results: Path, docker: str | None, ca: str | None, log,
+        compile_ops: bool = False) -> tuple[Comparison, str]:
     """Build the row twice without the layer cache (same base, same wheelhouse), compare,
     write verdict.txt beside the two build logs, and remove both builds; the comparison and
     what the verdict must say about this BuildKit. Each build is indexed (every file's hash);
     the first stays while the second is built only where the disk has room for both, so that
     files whose bytes differ can be copied out of each (differing/); otherwise it is removed
-    first and verify needs the disk of one image, not two."""
+    first and verify needs the disk of one image, not two. Both builds take the DeepSpeed ops
+    wheel from the host's ops seed where it has one, unless compile_ops: then each compiles them,
+    as a rebuild on a machine without this one's state does."""
     c = docker_env.ensure_engine(log)
     bc = docker_env.build_client(docker)
     build.check_disk(docker_env.root_dir(c))
@@ -217,7 +221,8 @@ def run(root: Path, image, results: Path, docker: str | None, ca: str | None, lo
         for n, ref in enumerate(refs, 1):
             log(f"verify: build {n} of 2 without the layer cache (log: {results / f'build{n}.log'})")
             kept_refs.append(ref)  # removed below whatever happens
-            ids.append(build.run(bc, root, image, results / f"build{n}.log", ca, no_cache=True, echo=False, tag=ref, base_id=base_id))
+            ids.append(build.run(bc, root, image, results / f"build{n}.log", ca, no_cache=True, echo=False, tag=ref, base_id=base_id,
+                                 ops_seed=not compile_ops))
             log(f"verify: reading build {n}'s layers")
             diff_ids.append(c.images.get(ids[-1]).attrs["RootFS"]["Layers"])
             indexes.append(layer_index(ref, docker_cli=bc.argv[0]))
@@ -231,6 +236,8 @@ def run(root: Path, image, results: Path, docker: str | None, ca: str | None, lo
         else:
             note = f"{bc.description}: this engine cannot rewrite file times to SOURCE_DATE_EPOCH (its BuildKit predates " \
                    "rewrite-timestamp, or its classic image store ignores it), so layer tars carry build-time mtimes"
+        comparison.ops = "DeepSpeed ops compiled in each build" if compile_ops else \
+            "DeepSpeed ops from the host's ops seed where it had this image's (--compile-ops compiles them in each build)"
         if comparison.differing_files:
             comparison.kept = _keep(c, refs, comparison.differing_files, results / "differing", log)
         files.write_atomic(results / "verdict.txt", verdict(comparison, note, show=len(comparison.content)) + "\n")

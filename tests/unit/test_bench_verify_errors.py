@@ -154,7 +154,7 @@ class _Images:
         self.present.discard(ref)
 
 
-def _verify_run(monkeypatch, tmp_path, fail_on: int | None = None, room_for_two: bool = False):
+def _verify_run(monkeypatch, tmp_path, fail_on: int | None = None, room_for_two: bool = False, compile_ops: bool = False):
     events: list[str] = []
     monkeypatch.setattr(verify, "_room_for_two", lambda root: room_for_two)
     engine = type("E", (), {"images": _Images(events)})()
@@ -165,8 +165,9 @@ def _verify_run(monkeypatch, tmp_path, fail_on: int | None = None, room_for_two:
     monkeypatch.setattr(verify.build, "check_disk", lambda root: None)
     monkeypatch.setattr(verify.base, "ensure", lambda *a, **kw: "sha256:base")
 
-    def build_run(bc, root, image, log_path, ca, *, no_cache, echo, tag, base_id):
+    def build_run(bc, root, image, log_path, ca, *, no_cache, echo, tag, base_id, ops_seed):
         assert no_cache and base_id == "sha256:base"
+        assert ops_seed is not compile_ops, "--compile-ops must keep the host's ops seed out of both builds"
         events.append(f"build {tag[-1]}")
         if fail_on == int(tag[-1]):
             raise CommandFailed("docker buildx build", 1, "boom")
@@ -180,7 +181,8 @@ def _verify_run(monkeypatch, tmp_path, fail_on: int | None = None, room_for_two:
     monkeypatch.setattr(verify.build, "run", build_run)
     monkeypatch.setattr(verify, "layer_index", layer_index)
     row = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
-    return events, lambda: verify.run(tmp_path, row, tmp_path / "verify", None, None, lambda m: None)
+    return events, lambda: verify.run(tmp_path, row, tmp_path / "verify", None, None, lambda m: None,
+                                      compile_ops=compile_ops)
 
 
 @pytest.mark.parametrize("room_for_two,order", [
@@ -206,3 +208,18 @@ def test_a_failed_second_build_leaves_neither_image_and_no_verdict(monkeypatch, 
         run()
     assert events == order
     assert not (tmp_path / "verify" / "verdict.txt").exists()
+
+
+@pytest.mark.parametrize("compile_ops", [False, True])
+def test_the_verdict_says_where_both_builds_took_the_compiled_ops_from(monkeypatch, tmp_path, compile_ops):
+    _, run = _verify_run(monkeypatch, tmp_path, compile_ops=compile_ops)
+    comparison, _ = run()
+    verdict = (tmp_path / "verify" / "verdict.txt").read_text()
+    said = "DeepSpeed ops compiled in each build" if compile_ops else "DeepSpeed ops from the host's ops seed"
+    assert comparison.ops.startswith(said) and said in verdict.splitlines()[1]
+
+
+def test_verify_takes_compile_ops_on_its_command_line():
+    from pytorch_cuda_build import arguments
+    assert arguments.parser().parse_args(["verify", "--torch", "2.7", "--cuda", "12.1", "--compile-ops"]).compile_ops
+    assert not arguments.parser().parse_args(["verify", "--torch", "2.7", "--cuda", "12.1"]).compile_ops
