@@ -143,13 +143,15 @@ def _env(root: Path) -> jinja2.Environment:
 
 
 def render_image(root: Path, image: Image) -> dict[str, str]:
+    from .build import REPRODUCIBLE_EPOCH  # here: build imports base, which imports this module
+
     meta = lock.read(root, image)
     try:
         dockerfile = _env(root).get_template("Dockerfile.j2").render(
             image=image, base_stage=base_stage(root, image, meta), labels=labels(image, meta), cache_id=WHEELHOUSE_CACHE_ID,
             build_packages=apt_list(image.os.build_packages, meta.get("apt", {})), deb_cache_id=DEB_CACHE_ID, ops_cache_id=OPS_CACHE_ID,
             cpu_builders=list(CPU_OPS), cpu_ops=list(CPU_OPS.values()), torch_ext_folder=torch_ext_folder(image),
-            toolkit_version=meta.get("cuda_toolkit") or "unknown",
+            toolkit_version=meta.get("cuda_toolkit") or "unknown", reproducible_epoch=REPRODUCIBLE_EPOCH,
         )
     except jinja2.TemplateError as e:
         raise RenderError(f"templates/: {e}") from None

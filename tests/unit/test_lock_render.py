@@ -7,7 +7,7 @@ import shutil
 import pytest
 from helpers import ROOT, project_copy, tree_snapshot
 
-from pytorch_cuda_build import lock, matrix, render, resolve
+from pytorch_cuda_build import build, lock, matrix, render, resolve
 from pytorch_cuda_build.errors import LockError, RenderError
 
 MATRIX = matrix.load(ROOT / "matrix.yaml")
@@ -93,6 +93,10 @@ def test_rendered_dockerfile_shape():
     # The ops are built with the toolkit of the lock, for the ops matrix.yaml lists.
     assert "COPY --from=cuda-toolkit /usr/local/cuda /usr/local/cuda" in text
     assert f"--ops {','.join(DEFAULT.prebuilt_ops)} " in text and "--toolkit 12.4.131" in text
+    # nvcc records the mtime of each header it reads: pip-installed headers take one fixed time
+    # before the compile, so two builds' ops are the same bytes
+    touch = f"-path '*/site-packages/*/include/*' -type f -exec touch -d @{build.REPRODUCIBLE_EPOCH} {{}} +"
+    assert touch in text and text.index(touch) < text.index("python /opt/pytorch-cuda/opsbuild.py")
     # Platform settings come after the heavy layers so rows sharing a lock share them.
     assert text.index("pip install --quiet --no-index --find-links") < text.index("NVIDIA_REQUIRE_CUDA")
     assert 'NVIDIA_REQUIRE_CUDA="cuda>=12.1"' in text
