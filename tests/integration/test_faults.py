@@ -10,7 +10,6 @@ count of the scenarios that ran and passed (marker `fault`, see conftest.py).
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import pytest
 from conftest import IN_CI
 from helpers import ROOT, fill, insert_before_user, project_copy, run_build_py, shown, tmpfs, tree_snapshot
 
-from pytorch_cuda_build import docker_env, matrix, render, tag
+from pytorch_cuda_build import docker_env, engine_current, matrix, progress, render, tag
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.fault]
 
@@ -84,6 +83,18 @@ def wait_for(path: Path, needle: str, proc: subprocess.Popen, timeout: float = 9
     pytest.fail(f"{needle!r} did not show up in {path} within {timeout:.0f}s")
 
 
+def our_daemon() -> tuple[Path, list[str]] | None:
+    """The pid file of the daemon the tests talk to, and the command that starts it again;
+    None for a daemon neither engine.sh nor `build.py engine` started."""
+    host = os.environ.get("DOCKER_HOST")
+    if not host:
+        return Path("/var/run/docker.pid"), ["bash", str(docker_env.ENGINE_SCRIPT)]
+    for name, store in engine_current.STORES.items():
+        if store.docker_host == host:
+            return store.run / "dockerd.pid", [sys.executable, str(ROOT / "build.py"), "engine", "--store", name]
+    return None
+
+
 def error_lines(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if ln.startswith("error: ")]
 
@@ -114,9 +125,10 @@ def test_sigint_during_a_build_step_then_the_rerun_reuses_the_cache(built, docke
     render.write(root, m, list(m.images), log=lambda s: None)
     again = run_build_py(root, "--torch", "2.7", "--cuda", "12.1", "--quiet", "--no-test", timeout=1800)
     assert again.returncode == 0, shown(again)
-    text = log.read_text()
-    step = re.search(rf"^(#\d+) \[runtime [^\]]*\] RUN echo \"fault: layer before the interrupt {token}\"", text, re.M)
-    assert step and f"{step.group(1)} CACHED" in text, text[-3000:]
+    # Read through progress.replay: 20.10 logs plain progress, buildx on a current engine rawjson.
+    echo = [r for r in progress.replay(log.read_text())
+            if r.step.stage == "runtime" and f"fault: layer before the interrupt {token}" in r.step.name]
+    assert len(echo) == 1 and echo[0].cached, progress.readable(log.read_text())[-3000:]
 
 
 def test_daemon_killed_mid_build_is_named_and_moves_no_tag(built, docker_client, tmp_path):
@@ -125,9 +137,10 @@ def test_daemon_killed_mid_build_is_named_and_moves_no_tag(built, docker_client,
     before = public_tags(docker_client)
     proc = start(root, "--torch", "2.7", "--cuda", "12.1", "--quiet", "--no-test")
     wait_for(root / "build-results" / DEFAULT.name / "build.log", f"RUN sleep 120 # {token}", proc)
-    pidfile = Path("/var/run/docker.pid")
-    if os.environ.get("DOCKER_HOST") or not pidfile.exists():
-        pytest.skip("the daemon is not the local one engine.sh starts: not ours to kill")
+    ours = our_daemon()
+    if ours is None or not ours[0].exists():
+        pytest.skip("the daemon is not one that engine.sh or `build.py engine` starts: not ours to kill")
+    pidfile, restart = ours
     if not (IN_CI or os.environ.get("PYTORCH_CUDA_FAULT_KILL_DAEMON") == "1"):
         pytest.skip("kills this machine's dockerd: runs in CI, or set PYTORCH_CUDA_FAULT_KILL_DAEMON=1")
     pid = int(pidfile.read_text())
@@ -139,7 +152,7 @@ def test_daemon_killed_mid_build_is_named_and_moves_no_tag(built, docker_client,
         assert len(lines) == 1 and f"the Docker daemon at {docker_env.daemon_address()} stopped answering during the build" in lines[0], err
         assert "Traceback" not in err
     finally:
-        up = subprocess.run(["bash", str(docker_env.ENGINE_SCRIPT)], capture_output=True, text=True, timeout=600)
+        up = subprocess.run(restart, capture_output=True, text=True, timeout=600)
         assert up.returncode == 0, up.stdout + up.stderr
     assert public_tags(docker_client) == before and fault_tags(docker_client) == []
 
