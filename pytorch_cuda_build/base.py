@@ -1,8 +1,13 @@
 """The base of every image: a digest-pinned registry image, or a rootfs built locally.
 
 Our build hosts reach no container registry, so the default matrix builds its Debian
-root filesystem with debootstrap from the Debian mirror and imports it into Docker
-once, named after the recipe's hash so a changed recipe never reuses an old base.
+root filesystem from the Debian mirror and loads it into Docker once, named after the
+recipe's hash so a changed recipe never reuses an old base. Two ways, by what the user may:
+
+- root, or password-less sudo (a hosted runner's user): debootstrap, then `docker import`;
+- neither: mmdebstrap in a user namespace (the user's /etc/subuid range) writes the tree as a
+  tarball, the same bytes on every run from the same mirror state (SOURCE_DATE_EPOCH), and
+  BuildKit makes it an image (`FROM scratch`, `ADD`), so no root and no `docker import`.
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ import docker
 import docker.errors
 from filelock import FileLock
 
-from . import build, render
+from . import build, docker_env, render
 from .errors import BuildError, EnvironmentProblem
 from .matrix import Image
 
@@ -45,22 +50,32 @@ def ensure(c: docker.DockerClient, image: Image, log_dir: Path, log=print, *, do
         raise EnvironmentProblem(f"base {ref} is not present locally; pull it first (docker pull {ref})")
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     with FileLock(str(STATE_DIR / "rootfs.lock")):  # two builds never debootstrap at once
-        return image_id(c, ref) or _debootstrap(c, image, ref, log_dir, log, docker_cli)
+        return image_id(c, ref) or _rootfs(c, image, ref, log_dir, log, docker_cli)
 
 
-def as_root(ref: str) -> list[str]:
+def _rootfs(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, log, docker_cli: str) -> str:
+    root = as_root()
+    if root is not None:
+        return _debootstrap(c, image, ref, log_dir, log, docker_cli, root)
+    if not shutil.which("mmdebstrap"):
+        raise EnvironmentProblem(f"building base {ref} needs root or password-less sudo (debootstrap), or mmdebstrap "
+                                 "for a user with neither (Debian: apt-get install mmdebstrap uidmap); "
+                                 "or pin a registry base")
+    return _mmdebstrap(c, image, ref, log_dir, log, docker_cli)
+
+
+def as_root() -> list[str] | None:
     """The prefix that runs a command as root: none for root; `sudo -n` for a user with
-    password-less sudo, as on GitHub's hosted runners (their user is not root)."""
+    password-less sudo, as on GitHub's hosted runners (their user is not root); None for anyone else."""
     if os.geteuid() == 0:
         return []
     if shutil.which("sudo") and subprocess.run(["sudo", "-n", "true"], capture_output=True).returncode == 0:
         return ["sudo", "-n"]
-    raise EnvironmentProblem(f"building base {ref} with debootstrap needs root or password-less sudo; "
-                             "run as root, or pin a registry base")
+    return None
 
 
-def _debootstrap(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, log, docker_cli: str) -> str:
-    root = as_root(ref)
+def _debootstrap(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, log, docker_cli: str,
+                 root: list[str]) -> str:
     # /usr/sbin is not on a normal user's PATH, and debootstrap lives there
     debootstrap = shutil.which("debootstrap", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
     if not debootstrap:
@@ -87,5 +102,38 @@ def _debootstrap(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, 
         finally:
             if root:  # the tree is root's: the temporary directory's own clean-up cannot remove it
                 subprocess.run([*root, "rm", "-rf", str(target)], check=False)
+    log(f"base {ref} ready")
+    return c.images.get(ref).id
+
+
+def _mmdebstrap(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, log, docker_cli: str) -> str:
+    """The rootfs as an unprivileged user: mmdebstrap in a user namespace, loaded by BuildKit."""
+    bc = docker_env.probe(docker_cli)
+    if bc is None:
+        raise EnvironmentProblem(f"{docker_cli} has no BuildKit (buildx) to load the base rootfs with")
+    os_ = image.os
+    log_path = log_dir / "rootfs.log"
+    log(f"building base {ref}: mmdebstrap --mode=unshare --variant={os_.variant} {os_.suite} {os_.mirror} "
+        f"(no root; log: {log_path})")
+    with tempfile.TemporaryDirectory(prefix="pytorch-cuda-rootfs-") as tmp, open(log_path, "w") as out:
+        ctx = Path(tmp)
+        # Like the debootstrap path: no apt lists, caches or their lock files in the base.
+        # mmdebstrap's own clean-up runs after this hook and leaves the lock files: skipped.
+        clean = 'rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/archives/* "$1"/var/cache/apt/*.bin; ' \
+                'mkdir -p "$1"/var/lib/apt/lists/partial "$1"/var/cache/apt/archives/partial'
+        cmd = ["mmdebstrap", "--mode=unshare", f"--variant={os_.variant}", "--skip=cleanup/apt/lists",
+               "--skip=cleanup/apt/cache", f"--customize-hook={clean}", os_.suite, str(ctx / "rootfs.tar"), os_.mirror]
+        # File times and the tar's order fixed: the same tarball from the same mirror state.
+        env = {**os.environ, "SOURCE_DATE_EPOCH": str(build.REPRODUCIBLE_EPOCH)}
+        if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode != 0:
+            raise BuildError("mmdebstrap of the base rootfs (as a user: it needs user namespaces and a "
+                             "/etc/subuid range)", str(log_path), build.tail(log_path))
+        (ctx / "Dockerfile").write_text("FROM scratch\nADD rootfs.tar /\n")  # ADD unpacks it, owners and modes kept
+        argv = [*bc.argv, "--progress=plain", "--tag", ref]
+        if "buildx" in bc.argv:
+            argv.append("--provenance=false")  # a plain image, as `docker import` gives
+        out.flush()
+        if subprocess.run([*argv, str(ctx)], stdout=out, stderr=subprocess.STDOUT, env=build.build_env(bc)).returncode != 0:
+            raise BuildError("loading the base rootfs into Docker (BuildKit)", str(log_path), build.tail(log_path))
     log(f"base {ref} ready")
     return c.images.get(ref).id

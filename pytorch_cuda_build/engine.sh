@@ -5,8 +5,8 @@
 # Debian's docker.io and start dockerd; anywhere else we stop with a message,
 # because installing an engine is the machine owner's decision, not ours.
 # Also installs debootstrap (local base images), and docker-registry and skopeo (publish
-# tests; publish reads the registry back with skopeo) and sudo (the workflow replay) when
-# asked with --with-registry.
+# tests; publish reads the registry back with skopeo), sudo, mmdebstrap and uidmap (the workflow
+# replay) when asked with --with-registry.
 #
 # Sourcing this file defines its functions without running anything (the unit tests
 # run check_bridge against a fake `ip` and `docker` that way).
@@ -127,6 +127,9 @@ main() {
   if [ "$want_registry" = 1 ] && ! command -v skopeo >/dev/null 2>&1; then need_pkgs+=(skopeo); fi
   # The workflow replay's runner user (tests/integration/test_workflow_replay.py) has sudo, as a hosted runner's does.
   if [ "$want_registry" = 1 ] && ! command -v sudo >/dev/null 2>&1; then need_pkgs+=(sudo); fi
+  # ... and, without sudo, builds the base with mmdebstrap in a user namespace (newuidmap is uidmap's).
+  if [ "$want_registry" = 1 ] && ! command -v mmdebstrap >/dev/null 2>&1; then need_pkgs+=(mmdebstrap); fi
+  if [ "$want_registry" = 1 ] && ! command -v newuidmap >/dev/null 2>&1; then need_pkgs+=(uidmap); fi
 
   if answers && [ ${#need_pkgs[@]} -eq 0 ]; then check_bridge; return; fi
 

@@ -316,7 +316,7 @@ def test_the_runner_user_builds_a_base_rootfs_through_sudo(runner, checked, curr
     ref = "pytorch-cuda-rootfs:replay-sudo"
     script = ("import docker; from pathlib import Path; from pytorch_cuda_build import base, matrix\n"
               "row = matrix.load(Path('matrix.yaml')).select('2.7', '12.1')\n"
-              f"print(base._debootstrap(docker.from_env(), row, {ref!r}, Path.home(), print, 'docker'))\n")
+              f"print(base._rootfs(docker.from_env(), row, {ref!r}, Path.home(), print, 'docker'))\n")
     try:
         proc = subprocess.run(["runuser", "-u", USER, "--", "env", "-i", *[f"{k}={v}" for k, v in runner_env.items()],
                                ".venv/bin/python", "-c", script], cwd=workspace, capture_output=True, text=True, timeout=1800)
@@ -327,3 +327,42 @@ def test_the_runner_user_builds_a_base_rootfs_through_sudo(runner, checked, curr
         assert not [p for p in Path("/tmp").glob("pytorch-cuda-rootfs-*") if p.owner() == USER]  # nothing left behind
     finally:
         _current(current, "image", "rm", "--force", ref)
+
+
+def test_a_runner_user_without_sudo_builds_a_base_rootfs_with_mmdebstrap(runner, checked, current):
+    """Where the runner forbids root: no sudo, so mmdebstrap builds the tree in a user namespace
+    (the user's /etc/subuid range) and BuildKit loads it, with no `docker import`. Built twice
+    under two names: one image ID, because the tarball is the same bytes from the same mirror."""
+    workspace, runner_env = runner
+    if USER not in Path("/etc/subuid").read_text():
+        pytest.fail(f"{USER} has no /etc/subuid range: useradd gives one where /etc/login.defs sets SUB_UID_COUNT")
+    refs = ["pytorch-cuda-rootfs:replay-unshare-1", "pytorch-cuda-rootfs:replay-unshare-2"]
+    sudoers = Path("/etc/sudoers.d") / USER
+    grant = sudoers.read_text()
+    sudoers.unlink()
+    try:
+        ids = []
+        for ref in refs:
+            script = ("import docker; from pathlib import Path; from pytorch_cuda_build import base, matrix\n"
+                      "row = matrix.load(Path('matrix.yaml')).select('2.7', '12.1')\n"
+                      f"print(base._rootfs(docker.from_env(), row, {ref!r}, Path.home(), print, 'docker'))\n")
+            proc = subprocess.run(["runuser", "-u", USER, "--", "env", "-i", *[f"{k}={v}" for k, v in runner_env.items()],
+                                   ".venv/bin/python", "-c", script], cwd=workspace, capture_output=True, text=True,
+                                  timeout=1800)
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + (HOME / "rootfs.log").read_text()[-3000:]
+            assert "mmdebstrap --mode=unshare" in proc.stdout and "(no root;" in proc.stdout, proc.stdout
+            ids.append(proc.stdout.strip().splitlines()[-1])
+        assert ids[0].startswith("sha256:") and ids[0] == ids[1], ids
+        # The tree as debootstrap's: no apt lists or caches, owners, groups and set-uid bits kept by ADD.
+        shell = _current(current, "run", "--rm", refs[0], "sh", "-c",
+                         "ls -A /var/lib/apt/lists /var/cache/apt; stat -c '%U:%G:%a' /etc/shadow /usr/bin/su /var/mail; "
+                         "apt-get --version | head -1")
+        assert shell.returncode == 0, shell.stdout + shell.stderr
+        assert shell.stdout.split()[:8] == ["/var/cache/apt:", "archives", "/var/lib/apt/lists:", "partial",
+                                            "root:shadow:640", "root:root:4755", "root:mail:2775", "apt"], shell.stdout
+        assert not [p for p in Path("/tmp").glob("pytorch-cuda-rootfs-*") if p.owner() == USER]
+    finally:
+        sudoers.write_text(grant)
+        sudoers.chmod(0o440)
+        for ref in refs:
+            _current(current, "image", "rm", "--force", ref)

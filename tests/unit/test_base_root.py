@@ -1,5 +1,6 @@
 """Who builds the local base rootfs: root itself, or a user with password-less sudo (a hosted
-CI runner's user), and one clear line for anyone else. A real debootstrap through sudo is
+CI runner's user) with debootstrap; anyone else with mmdebstrap, or one clear line without it.
+The real builds, through sudo and with neither root nor sudo, are
 tests/integration/test_workflow_replay.py's, as the runner user."""
 from __future__ import annotations
 
@@ -19,20 +20,41 @@ def fake_sudo(tmp_path, code: int):
 
 def test_root_runs_debootstrap_itself(monkeypatch):
     monkeypatch.setattr(base.os, "geteuid", lambda: 0)
-    assert base.as_root("r") == []
+    assert base.as_root() == []
 
 
 def test_a_user_with_password_less_sudo_goes_through_it(monkeypatch, tmp_path):
     monkeypatch.setattr(base.os, "geteuid", lambda: 1001)
     monkeypatch.setenv("PATH", str(fake_sudo(tmp_path, 0)))
-    assert base.as_root("r") == ["sudo", "-n"]
+    assert base.as_root() == ["sudo", "-n"]
 
 
 @pytest.mark.parametrize("sudo", ["asks for a password", "absent"])
-def test_anyone_else_gets_one_line_that_says_what_would_do(monkeypatch, tmp_path, sudo):
+def test_anyone_else_has_no_root(monkeypatch, tmp_path, sudo):
     monkeypatch.setattr(base.os, "geteuid", lambda: 1001)
     monkeypatch.setenv("PATH", str(fake_sudo(tmp_path, 1)) if sudo != "absent" else str(tmp_path))
+    assert base.as_root() is None
+
+
+def test_without_root_and_without_mmdebstrap_one_line_says_what_would_do(monkeypatch, tmp_path):
+    monkeypatch.setattr(base.os, "geteuid", lambda: 1001)
+    monkeypatch.setenv("PATH", str(fake_sudo(tmp_path, 1)))
+    called = []
+    monkeypatch.setattr(base, "_mmdebstrap", lambda *a: called.append(a))
     with pytest.raises(EnvironmentProblem) as e:
-        base.as_root("pytorch-cuda-rootfs:bookworm-x")
-    assert str(e.value) == ("building base pytorch-cuda-rootfs:bookworm-x with debootstrap needs root or "
-                            "password-less sudo; run as root, or pin a registry base")
+        base._rootfs(None, None, "pytorch-cuda-rootfs:bookworm-x", tmp_path, print, "docker")
+    assert str(e.value) == ("building base pytorch-cuda-rootfs:bookworm-x needs root or password-less sudo "
+                            "(debootstrap), or mmdebstrap for a user with neither (Debian: apt-get install "
+                            "mmdebstrap uidmap); or pin a registry base")
+    assert called == []
+
+
+def test_without_root_mmdebstrap_builds_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(base.os, "geteuid", lambda: 1001)
+    bin_dir = fake_sudo(tmp_path, 1)
+    (bin_dir / "mmdebstrap").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "mmdebstrap").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setattr(base, "_debootstrap", lambda *a: pytest.fail("debootstrap without root"))
+    monkeypatch.setattr(base, "_mmdebstrap", lambda c, image, ref, *a: f"built {ref}")
+    assert base._rootfs(None, None, "r", tmp_path, print, "docker") == "built r"
