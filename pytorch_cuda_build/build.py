@@ -249,8 +249,7 @@ def failed_step(log_path: Path) -> str:
 
 
 def tail(log_path: Path, n: int = 25) -> str:
-    lines = progress.readable(log_path.read_text(errors="replace")).splitlines()
-    return "\n".join(lines[-n:])
+    return progress.failure_tail(log_path.read_text(errors="replace"), n)
 
 
 def prune(bc: BuildClient, c, repository: str, keep_storage: str) -> int:

@@ -213,11 +213,28 @@ def steps(text: str) -> list[dict]:
             for r in replay(text) if r.step.position and r.step.stage]
 
 
+def _failed(text: str) -> StepRecord | None:
+    """The first Dockerfile step that failed (an internal vertex if none did); steps BuildKit
+    cancelled because another failed ("canceled" in plain, "context canceled" in rawjson) are not it."""
+    bad = [r for r in replay(text) if r.error and not r.error.endswith("canceled")]
+    mine = [r for r in bad if r.step.position] or bad
+    return mine[0] if mine else None
+
+
 def failed_step(text: str) -> str | None:
     """The first Dockerfile step that failed, e.g. `[python-env 2/2] RUN ...`, or None."""
-    bad = [r for r in replay(text) if r.error and r.error != "canceled"]
-    mine = [r for r in bad if r.step.position] or bad
-    return str(mine[0].step)[:120] if mine else None
+    r = _failed(text)
+    return str(r.step)[:120] if r else None
+
+
+def failure_tail(text: str, n: int = 25) -> str:
+    """The last n lines a user needs after a build: the failed step's own output and its error
+    where one failed, the log's last lines otherwise. rawjson groups output by step, so the last
+    lines of its readable form are whichever step started last, rarely the one that failed."""
+    r = _failed(text)
+    if r is None:
+        return "\n".join(readable(text).splitlines()[-n:])
+    return "\n".join([str(r.step), *r.output[-(n - 2):], f"ERROR: {r.error}"])
 
 
 def readable(text: str) -> str:

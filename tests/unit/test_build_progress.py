@@ -102,6 +102,35 @@ def test_rawjson_gives_the_same_events():
     assert "[python-env 2/2] RUN pip install" in progress.readable(text)
 
 
+def test_the_tail_shown_after_a_failure_is_the_failed_steps_own_output(tmp_path):
+    """rawjson: the failed step started first, others after it; their lines must not hide its own."""
+    bad, later = "sha256:" + "c" * 64, "sha256:" + "d" * 64
+    text = ("$ docker buildx build --load --progress=rawjson --file Dockerfile .\n"
+            + _status(vertexes=[{"digest": "sha256:" + "e" * 64, "name": "[base 2/3] RUN apt-get update",
+                                 "started": "2025-12-31T23:59:59Z", "completed": "2026-01-01T00:00:09Z",
+                                 "error": "context canceled"}])
+            + _status(vertexes=[{"digest": bad, "name": "[python-env 2/2] RUN pip download", "started": "2026-01-01T00:00:00Z"}])
+            + _status(vertexes=[{"digest": later, "name": "[cuda-toolkit 3/3] RUN toolkit.py debs", "started": "2026-01-01T00:00:01Z"}])
+            + _status(logs=[{"vertex": bad, "stream": 2, "data": base64.b64encode(
+                b"WARNING: Retrying after SSLError(CERTIFICATE_VERIFY_FAILED)\n").decode()}])
+            + "".join(_status(logs=[{"vertex": later, "stream": 1, "data": base64.b64encode(f"unpacked deb {i}\n".encode()).decode()}])
+                      for i in range(40))
+            + _status(vertexes=[{"digest": bad, "name": "[python-env 2/2] RUN pip download", "started": "2026-01-01T00:00:00Z",
+                                 "completed": "2026-01-01T00:00:09Z", "error": "process did not complete successfully: exit code: 1"},
+                                {"digest": later, "name": "[cuda-toolkit 3/3] RUN toolkit.py debs", "started": "2026-01-01T00:00:01Z",
+                                 "completed": "2026-01-01T00:00:09Z", "error": "context canceled"}]))
+    log = tmp_path / "build.log"
+    log.write_text(text)
+    assert "unpacked deb 39" in progress.readable(text).splitlines()[-2]  # what the plain tail would have shown
+    assert build.tail(log).splitlines() == ["[python-env 2/2] RUN pip download",
+                                            "WARNING: Retrying after SSLError(CERTIFICATE_VERIFY_FAILED)",
+                                            "ERROR: process did not complete successfully: exit code: 1"]
+    plain = tmp_path / "plain.log"
+    plain.write_text(PLAIN + FAILED)
+    assert build.tail(plain).splitlines()[0] == "[ops-builder 5/5] RUN python /opt/pytorch-cuda/opsbuild.py /wheelhouse/deepspeed-0.17.6.tar.gz"
+    assert build.tail(plain).splitlines()[-1].startswith("ERROR: ")
+
+
 def test_ci_console_prints_one_line_per_finished_step():
     err = io.StringIO()
     sink = console.CI(err=err, out=io.StringIO()).build_sink()
