@@ -266,17 +266,27 @@ def test_verify_refuses_a_row_without_lock_and_an_unreadable_ca(tmp_path):
 
 @pytest.mark.network
 def test_lock_upgrade_prints_what_moved(tmp_path):
-    """Real re-resolution: a lock whose recorded tqdm pin is old reports the move to the committed one.
+    """Real re-resolution: a lock whose recorded tqdm pin is old reports the move, and the files
+    come back byte for byte as the index answers now.
 
-    The index is frozen at the committed locks' time (PYTORCH_CUDA_EXCLUDE_NEWER, tests/conftest.py),
-    so a tqdm released since never moves the answer, and the files come back byte for byte.
+    The index is frozen (PYTORCH_CUDA_EXCLUDE_NEWER, tests/conftest.py), but a frozen index can
+    still gain a file dated before the freeze (seen: certifi 2026.10.19.post1, dated 2026-10-22,
+    appeared after the committed locks chose 2026.10.18). So the reference is not the committed
+    lock but a first `--upgrade` of an untouched copy, seconds before.
     """
     import json
 
+    def copy_upgraded(name: str) -> Path:
+        root = project_copy(tmp_path / name)
+        proc = run_build_py(root, "lock", "--upgrade", "--torch", "2.7", "--cuda", "12.6", env=NO_DOCKER, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        return root / "images" / "2.7.1-cuda12.6-runtime"
+
+    reference = copy_upgraded("reference")
+    current = json.loads((reference / "lock.json").read_text())["pins"]["tqdm"]
     root = project_copy(tmp_path / "p")
     meta_path = root / "images" / "2.7.1-cuda12.6-runtime" / "lock.json"
     meta = json.loads(meta_path.read_text())
-    current = meta["pins"]["tqdm"]
     meta["pins"]["tqdm"] = "4.0.0"
     meta_path.write_text(json.dumps(meta))
     proc = run_build_py(root, "lock", "--upgrade", "--torch", "2.7", "--cuda", "12.6", env=NO_DOCKER, timeout=600)
@@ -284,7 +294,7 @@ def test_lock_upgrade_prints_what_moved(tmp_path):
     assert f"2.7.1-cuda12.6-runtime: tqdm 4.0.0 -> {current}" in proc.stdout
     assert json.loads(meta_path.read_text())["pins"]["tqdm"] == current
     for name in ("requirements.lock", "deepspeed.lock", "toolkit.lock"):
-        assert (meta_path.parent / name).read_bytes() == (ROOT / "images" / "2.7.1-cuda12.6-runtime" / name).read_bytes(), name
+        assert (meta_path.parent / name).read_bytes() == (reference / name).read_bytes(), name
 
 
 def test_quiet_and_verbose_together_is_one_line_before_anything_runs():
