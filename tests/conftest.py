@@ -13,8 +13,9 @@ Hermetic by construction, for the whole session and every build.py it starts:
                               ~/.cache/pytorch-cuda (pass records, locks held by their builds)
                               nor depends on an earlier run's records.
   PYTORCH_CUDA_EXCLUDE_NEWER  the package index frozen at a point in time (uv --exclude-newer),
-                              so resolving reproduces the committed locks whatever the index
-                              has published since. A value already in the environment wins
+                              so resolving ignores what the index has published since (but not
+                              a file it gains dated before the freeze: seen once, certifi
+                              2026.10.19.post1). A value already in the environment wins
                               (CI may freeze at another date); bump LOCKS_RESOLVED_AT when the
                               committed locks are re-resolved.
   PYTORCH_CUDA_RUN_ID         the label value of every container the session's runs make
