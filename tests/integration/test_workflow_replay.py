@@ -307,6 +307,17 @@ def _catalog(reg: LocalRegistry) -> list[str]:
         return json.loads(r.read())["repositories"]
 
 
+def _base_as_runner(workspace: Path, runner_env: dict[str, str], ref: str) -> subprocess.CompletedProcess:
+    """The row's base rootfs built under a throwaway name as the runner user, the way build.py
+    chooses (debootstrap through sudo, or mmdebstrap without it), in the checks job's .venv.
+    The last line of its stdout is the image ID."""
+    script = ("import docker; from pathlib import Path; from pytorch_cuda_build import base, matrix\n"
+              "row = matrix.load(Path('matrix.yaml')).select('2.7', '12.1')\n"
+              f"print(base._rootfs(docker.from_env(), row, {ref!r}, Path.home(), print, 'docker'))\n")
+    return subprocess.run(["runuser", "-u", USER, "--", "env", "-i", *[f"{k}={v}" for k, v in runner_env.items()],
+                           ".venv/bin/python", "-c", script], cwd=workspace, capture_output=True, text=True, timeout=1800)
+
+
 def test_the_runner_user_builds_a_base_rootfs_through_sudo(runner, checked, current):
     """What build.py does on a hosted runner that lacks the base: debootstrap through sudo, the
     tree tarred by root, imported by the user's docker, the root-owned tree removed. A
@@ -314,12 +325,8 @@ def test_the_runner_user_builds_a_base_rootfs_through_sudo(runner, checked, curr
     in the .venv the checks job's build.py made."""
     workspace, runner_env = runner
     ref = "pytorch-cuda-rootfs:replay-sudo"
-    script = ("import docker; from pathlib import Path; from pytorch_cuda_build import base, matrix\n"
-              "row = matrix.load(Path('matrix.yaml')).select('2.7', '12.1')\n"
-              f"print(base._rootfs(docker.from_env(), row, {ref!r}, Path.home(), print, 'docker'))\n")
     try:
-        proc = subprocess.run(["runuser", "-u", USER, "--", "env", "-i", *[f"{k}={v}" for k, v in runner_env.items()],
-                               ".venv/bin/python", "-c", script], cwd=workspace, capture_output=True, text=True, timeout=1800)
+        proc = _base_as_runner(workspace, runner_env, ref)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         assert "(through sudo)" in proc.stdout and proc.stdout.strip().splitlines()[-1].startswith("sha256:")
         shell = _current(current, "run", "--rm", ref, "sh", "-c", "test ! -e /var/lib/apt/lists/lock && ls /var/lib/apt/lists")
@@ -343,12 +350,7 @@ def test_a_runner_user_without_sudo_builds_a_base_rootfs_with_mmdebstrap(runner,
     try:
         ids = []
         for ref in refs:
-            script = ("import docker; from pathlib import Path; from pytorch_cuda_build import base, matrix\n"
-                      "row = matrix.load(Path('matrix.yaml')).select('2.7', '12.1')\n"
-                      f"print(base._rootfs(docker.from_env(), row, {ref!r}, Path.home(), print, 'docker'))\n")
-            proc = subprocess.run(["runuser", "-u", USER, "--", "env", "-i", *[f"{k}={v}" for k, v in runner_env.items()],
-                                   ".venv/bin/python", "-c", script], cwd=workspace, capture_output=True, text=True,
-                                  timeout=1800)
+            proc = _base_as_runner(workspace, runner_env, ref)
             assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + (HOME / "rootfs.log").read_text()[-3000:]
             assert "mmdebstrap --mode=unshare" in proc.stdout and "(no root;" in proc.stdout, proc.stdout
             ids.append(proc.stdout.strip().splitlines()[-1])
