@@ -58,3 +58,34 @@ def test_without_root_mmdebstrap_builds_it(monkeypatch, tmp_path):
     monkeypatch.setattr(base, "_debootstrap", lambda *a: pytest.fail("debootstrap without root"))
     monkeypatch.setattr(base, "_mmdebstrap", lambda c, image, ref, *a: f"built {ref}")
     assert base._rootfs(None, None, "r", tmp_path, print, "docker") == "built r"
+
+
+def test_a_failing_mmdebstrap_is_one_error_naming_its_log_and_loads_nothing(monkeypatch, tmp_path):
+    """mmdebstrap refused (no user namespaces, no /etc/subuid range): a BuildError with the log's
+    tail, and BuildKit never asked to load a half-written tarball."""
+    from pytorch_cuda_build import docker_env, matrix
+    from pytorch_cuda_build.errors import BuildError
+    from helpers import ROOT
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "mmdebstrap").write_text("#!/bin/sh\necho 'E: unshare: no subuid range for this user'\nexit 1\n")
+    (bin_dir / "mmdebstrap").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    loads = []
+    monkeypatch.setattr(base.docker_env, "probe", lambda cli: docker_env.BuildClient(("docker", "buildx", "build", "--load"), {}, "x"))
+    monkeypatch.setattr(base.subprocess, "run", _only_mmdebstrap(base.subprocess.run, loads))
+    row = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
+    with pytest.raises(BuildError) as e:
+        base._mmdebstrap(None, row, "pytorch-cuda-rootfs:x", tmp_path, lambda m: None, "docker")
+    assert "mmdebstrap of the base rootfs" in str(e.value) and "no subuid range" in e.value.tail, e.value
+    assert str(tmp_path / "rootfs.log") in str(e.value)
+    assert loads == []  # no BuildKit load after the failure
+
+
+def _only_mmdebstrap(run, loads):
+    def fake(cmd, *a, **kw):
+        if cmd[0] != "mmdebstrap":
+            loads.append(cmd)
+        return run(cmd, *a, **kw)
+    return fake
