@@ -1,8 +1,12 @@
 """A current Docker Engine beside 20.10 (`build.py engine`): trixie's Docker 26 with buildx and
 the containerd image store comes up from Debian's signed packages, starts containers on a
-bridge of its own, and leaves the 20.10 engine and its docker0 working."""
+bridge of its own, and leaves the 20.10 engine and its docker0 working. The same engine with
+the classic image store builds with `--load`, saves in its OCI layout and publishes under the
+config digest."""
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import subprocess
@@ -13,8 +17,9 @@ from pathlib import Path
 
 import pytest
 from helpers import ROOT, base_in_current_engine, current_engine, run_build_py
+from registry import LocalRegistry, require_binary
 
-from pytorch_cuda_build import build, docker_env, engine_current, matrix
+from pytorch_cuda_build import build, docker_env, engine_current, matrix, publish, verify
 
 pytestmark = [pytest.mark.docker]
 
@@ -24,6 +29,12 @@ ROW = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
 @pytest.fixture(scope="module")
 def current():
     with current_engine() as env:
+        yield env
+
+
+@pytest.fixture(scope="module")
+def classic():
+    with current_engine("classic") as env:
         yield env
 
 
@@ -91,6 +102,47 @@ def test_a_layer_cached_before_a_commit_exports_as_a_cold_build_of_it_does(curre
     time.sleep(2)
     commit_time = int(time.time()) - 1  # after every build above, before the next
     assert digest("warm-commit", commit_time) != digest("cold-commit", commit_time, "--no-cache")
+
+
+def test_on_the_classic_store_the_image_id_is_the_config_digest_from_build_to_save_to_push(
+        classic, docker_client, tmp_path, monkeypatch):
+    """Docker 26 with the classic store, the third column of the README's engine table: buildx
+    loads the image (no OCI export there), `docker save` writes the OCI layout with plain tar
+    layers, and publish's read-back matches the image ID with the registry's config digest,
+    where the containerd store's rule (the manifest digest) would call it another image."""
+    require_binary()
+    ref = base_in_current_engine(classic, docker_client, ROW, tmp_path / "base")
+    for key, value in classic.items():
+        monkeypatch.setenv(key, value)
+    bc = docker_env.build_client()
+    assert bc.export == "load" and "--load" in bc.argv, bc
+    c = docker_env.client()
+    assert docker_env.image_store(c) == "classic"
+    context, made = tmp_path / "context", uuid.uuid4().hex
+    context.mkdir()
+    (context / "Dockerfile").write_text(f"FROM {ref}\nRUN echo {made} > /made\n")
+    name, iid = f"pcb-classic-test:{made[:12]}", tmp_path / "iid"
+    proc = subprocess.run([*bc.argv, *(["--network", bc.network] if bc.network else []), "--iidfile", str(iid),
+                           "-t", name, str(context)], env=build.build_env(bc), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    image_id = iid.read_text().strip()
+    reg = LocalRegistry(tmp_path / "registry").start()
+    try:
+        assert c.images.get(name).id == image_id
+        layers = verify.layer_index(name, docker_cli=classic["PYTORCH_CUDA_DOCKER"])
+        assert len(layers) == len(c.images.get(name).attrs["RootFS"]["Layers"]) >= 2
+        assert layers[-1]["made"][0][5] == hashlib.sha256(f"{made}\n".encode()).hexdigest()
+        target = publish.Registry.parse(reg.address("classic"))
+        mv = publish.Move(ROW, image_id, f"classic-{made[:8]}", immutable=False, by_manifest=False)
+        pushed = publish.push_one(c, mv, target, None)
+        remote = publish.RegistryAPI(target, None, None).manifest(ROW, mv.tag)
+        assert remote is not None and remote.digest == pushed, (remote, pushed)
+        assert remote.config == image_id and mv.holds(remote)
+        assert remote.digest != image_id and not dataclasses.replace(mv, by_manifest=True).holds(remote)
+    finally:
+        reg.stop()
+        c.images.remove(name, noprune=False)
+        c.close()
 
 
 # The whole pipeline on Docker 26 with the containerd store (build, smoke, structure, tag,
