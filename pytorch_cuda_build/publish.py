@@ -10,6 +10,10 @@ aliases) moves, so a failure part-way leaves them where they were. A tag already
 holding this image is skipped. Pushing happens only with push=True: the default is a
 dry run that prints what would move. Before the registry is contacted, `screen` refuses
 an image whose vulnerabilities.json (security.py) lists a critical advisory not allowed.
+
+A locally built base rootfs goes first, under an immutable tag that names its image ID
+(`pytorch-cuda-rootfs:bookworm-<recipe>-<id12>`): debootstrap gives every machine another
+base, and a rebuild from the commit has one digest with the publisher's only on the same base.
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ import docker.errors
 import requests
 import tenacity
 
-from . import docker_env, security
+from . import docker_env, render, security
 from . import tag as tags
 from .errors import EnvironmentProblem, ImmutableTagTaken, PublishError, TagTaken, UsageError
 from .files import write_atomic
@@ -48,6 +52,7 @@ _PUSHED_DIGEST = re.compile(r"\bdigest: (sha256:[0-9a-f]{64})\b")
 # (unauthorized, denied, a malformed name) fails the same way every time.
 _PERMANENT = re.compile(r"unauthori[sz]ed|denied|authentication required|invalid reference|name unknown", re.I)
 USER_ENV, PASSWORD_ENV = "PYTORCH_CUDA_REGISTRY_USER", "PYTORCH_CUDA_REGISTRY_PASSWORD"
+BASE_LABEL = "org.opencontainers.image.base.digest"  # the local image ID of the base the row was built on
 CREATED_LABEL = "org.opencontainers.image.created"  # the source commit's time (not SOURCE_DATE_EPOCH: build.REPRODUCIBLE_EPOCH)
 LOCK_LABEL = f"{LABEL_PREFIX}.lock-sha256"
 _LOCK_HASH = re.compile(r"^[0-9a-f]{64}$")
@@ -181,14 +186,16 @@ class RegistryAPI:
         except _Absent:
             return None
 
-    def manifest(self, image: Image, tag: str) -> Remote | None:
-        raw = self._read(f"{self.reg.namespace}/{image.repository}", tag)
+    def manifest(self, image: Image, tag: str, repository: str | None = None) -> Remote | None:
+        """The tag in the row's repository, or in `repository` (the base's) under the same namespace."""
+        name = repository or image.repository
+        raw = self._read(f"{self.reg.namespace}/{name}", tag)
         if raw is None:
             return None
         try:
             config = (json.loads(raw).get("config") or {}).get("digest")
         except (ValueError, AttributeError):
-            raise PublishError(f"registry {self.reg.host} served {image.repository}:{tag} as something other than a manifest") from None
+            raise PublishError(f"registry {self.reg.host} served {name}:{tag} as something other than a manifest") from None
         # The digest of the bytes served: what `docker pull REPO@DIGEST` and the push report.
         return Remote("sha256:" + hashlib.sha256(raw).hexdigest(), config)
 
@@ -218,9 +225,16 @@ class Move:
     # digest; the containerd store's is the digest of the manifest (or index) that a push
     # sends unchanged.
     by_manifest: bool = False
+    base: str = ""  # the base rootfs's repository (e.g. pytorch-cuda-rootfs) when this moves the row's base
+
+    def repository(self, reg: Registry) -> str:
+        return f"{reg.host}/{reg.namespace}/{self.base}" if self.base else reg.repository(self.image)
 
     def target(self, reg: Registry) -> str:
-        return f"{reg.repository(self.image)}:{self.tag}"
+        return f"{self.repository(reg)}:{self.tag}"
+
+    def read(self, api: "RegistryAPI") -> Remote | None:
+        return api.manifest(self.image, self.tag, self.base or None)
 
     def holds(self, remote: Remote | None) -> bool:
         """Whether the registry's image there is this one."""
@@ -275,8 +289,28 @@ def dated_tag(image: Image, labels: dict[str, str] | None, ref: str) -> str:
     return f"{image.name}-{when:%Y%m%d}-{lock[:8]}"
 
 
+def base_move(c: docker.DockerClient, image: Image, image_id: str, by_manifest: bool) -> Move | None:
+    """The move that publishes the base a row was built on, None for a registry base (pinned by
+    digest already). Its tag is the local rootfs tag and the first 12 hex of the base's ID,
+    which the row's BASE_LABEL holds, so one published image names the base to pull."""
+    if image.os.kind == "registry":
+        return None
+    base_id = (c.images.get(image_id).labels or {}).get(BASE_LABEL, "")
+    ref = image.refs()[0]
+    if not re.fullmatch(r"sha256:[0-9a-f]{64}", base_id):
+        raise UsageError(f"{ref} has no valid label {BASE_LABEL} ({base_id!r}), so its base cannot be published; "
+                         f"rebuild it (python build.py --torch {image.torch} --cuda {image.cuda})")
+    try:
+        c.images.get(base_id)
+    except docker.errors.ImageNotFound:
+        raise UsageError(f"the base {ref} was built on ({base_id[:19]}) is no longer in this engine's store, and a "
+                         f"rebuild elsewhere needs it; rebuild the row (python build.py --torch {image.torch} --cuda {image.cuda})") from None
+    repository, tag = render.base_ref(image).split(":", 1)
+    return Move(image, base_id, f"{tag}-{base_id.removeprefix('sha256:')[:12]}", True, by_manifest=by_manifest, base=repository)
+
+
 def plan(c: docker.DockerClient, api: RegistryAPI, images: list[Image], retry: Callable) -> list[Move]:
-    """Immutable tags of every row first, then the moving ones; each with where it is now.
+    """The bases first, then immutable tags of every row, then the moving ones; each with where it is now.
 
     An immutable tag that the registry holds at another image is refused here, for every
     row at once, before anything is pushed. (A registry has no compare-and-set: a push
@@ -287,10 +321,12 @@ def plan(c: docker.DockerClient, api: RegistryAPI, images: list[Image], retry: C
     for first in {i.repository: i for i in images}.values():  # one read per repository published to
         retry(lambda: api.ping(first), "contacting the registry")
     by_manifest = docker_env.image_store(c) == "containerd"
-    moves = [Move(i, ids[i.name], dated[i.name], True, by_manifest=by_manifest) for i in images]
+    bases = {mv.target(api.reg): mv for i in images if (mv := base_move(c, i, ids[i.name], by_manifest))}
+    moves = list(bases.values())  # rows that share a base push it once
+    moves += [Move(i, ids[i.name], dated[i.name], True, by_manifest=by_manifest) for i in images]
     moves += [Move(i, ids[i.name], t, False, by_manifest=by_manifest) for i in images for t in i.tags]
     for mv in moves:
-        mv.before = retry(lambda: api.manifest(mv.image, mv.tag), f"reading {mv.target(api.reg)}")
+        mv.before = retry(lambda: mv.read(api), f"reading {mv.target(api.reg)}")
     taken = [TagTaken(mv.target(api.reg), mv.before.digest, mv.before.config, mv.image_id)
              for mv in moves if mv.immutable and mv.before is not None and not mv.in_place]
     if taken:
@@ -315,7 +351,7 @@ def where(api: RegistryAPI, moves: list[Move]) -> list[str]:
     out = []
     for mv in moves:
         try:
-            out.append(describe(mv, api.reg, api.manifest(mv.image, mv.tag)))
+            out.append(describe(mv, api.reg, mv.read(api)))
         except (Transient, UsageError, PublishError) as e:
             out.append(describe(mv, api.reg, None, unknown=str(e)))
     return out
@@ -323,7 +359,7 @@ def where(api: RegistryAPI, moves: list[Move]) -> list[str]:
 
 def push_one(c: docker.DockerClient, mv: Move, reg: Registry, creds: dict | None) -> str:
     """Tag locally under the registry's name, push, untag; return the pushed digest."""
-    repo = reg.repository(mv.image)
+    repo = mv.repository(reg)
     c.images.get(mv.image_id).tag(repo, mv.tag)
     try:
         digest = None
@@ -360,7 +396,7 @@ def execute(c: docker.DockerClient, api: RegistryAPI, moves: list[Move], creds: 
         log(f"pushing {mv.target(reg)} ({mv.image_id[:19]})")
         try:
             pushed = retry(lambda: push_one(c, mv, reg, creds), f"pushing {mv.target(reg)}")
-            mv.after = retry(lambda: api.manifest(mv.image, mv.tag), f"reading back {mv.target(reg)}")
+            mv.after = retry(lambda: mv.read(api), f"reading back {mv.target(reg)}")
         except (Transient, PublishError) as e:
             raise PublishError(f"{mv.target(reg)}: {e}") from None
         if mv.after is None or mv.after.digest != pushed or not mv.holds(mv.after):
@@ -416,20 +452,29 @@ def table(moves: list[Move], reg: Registry, push: bool) -> list[str]:
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
     if not push:
         return lines + ["dry run: nothing pushed; add --push to publish"]
-    return lines + [f"pull by digest: {reg.repository(image)}@{digest}" for image, digest in pushed(moves)]
+    bases = [f"base for rebuilds: {mv.repository(reg)}@{mv.after.digest}" for mv in moves if mv.base and mv.after]
+    return lines + [f"pull by digest: {reg.repository(image)}@{digest}" for image, digest in pushed(moves)] + bases
 
 
 def pushed(moves: list[Move]) -> list[tuple[Image, str]]:
-    """Each published image with the digest to pull it by, in the order of the moves."""
+    """Each published row with the digest to pull it by, in the order of the moves."""
     out: dict[str, tuple[Image, str]] = {}
     for mv in moves:
-        out.setdefault(mv.image.name, (mv.image, mv.after.digest if mv.after else ""))
+        if not mv.base:
+            out.setdefault(mv.image.name, (mv.image, mv.after.digest if mv.after else ""))
     return list(out.values())
 
 
 def write_record(results: Path, reg: Registry, image: Image, moves: list[Move]) -> None:
-    """build-results/<image>/published.json: where the row went and the digest to pull it by."""
-    mine = [mv for mv in moves if mv.image is image]
+    """build-results/<image>/published.json: where the row went and the digest to pull it by,
+    and where the base it was built on went (no "base" for a registry base)."""
+    mine = [mv for mv in moves if mv.image is image and not mv.base]
     record = {"registry": str(reg), "repository": reg.repository(image), "image_id": mine[0].image_id,
               "digest": mine[0].after.digest, "tags": [mv.tag for mv in mine]}
+    # rows that share a base share one move, made for the first of them
+    repository, tag = render.base_ref(image).split(":", 1)
+    base = next((mv for mv in moves if mv.base == repository and mv.tag.startswith(f"{tag}-") and mv.after), None)
+    if base is not None:
+        record["base"] = {"image_id": base.image_id, "repository": base.repository(reg), "tag": base.tag,
+                          "digest": base.after.digest}
     write_atomic(results / "published.json", json.dumps(record, indent=2) + "\n")

@@ -46,7 +46,7 @@ import yaml
 from helpers import ROOT, base_in_current_engine, current_engine
 from registry import BINARY, LocalRegistry
 
-from pytorch_cuda_build import build, matrix
+from pytorch_cuda_build import build, matrix, publish
 
 pytestmark = [pytest.mark.docker]
 
@@ -261,13 +261,16 @@ def test_the_build_job_runs_as_a_runner_user_through_publish_and_the_pushed_dige
         published = json.loads((results / "published.json").read_text())
         # the containerd store's image ID is the manifest digest, and that is what the registry holds
         assert published["digest"] == published["image_id"] == summary["image_id"], published
+        # and the base it names is in the registry under that same digest, for a rebuild elsewhere
+        labels = json.loads(_current(current, "image", "inspect", "--format", "{{json .Config.Labels}}", summary["image_id"]).stdout)
+        assert published["base"]["digest"] == published["base"]["image_id"] == labels[publish.BASE_LABEL], published
         smoke = json.loads((results / "smoke-report.json").read_text())
         assert smoke["summary"]["PASS"] > 0 and smoke["summary"]["FAIL"] == 0, smoke["summary"]
         ids = {_current(current, "image", "inspect", "--format", "{{.Id}}", ref).stdout.strip() for ref in ROW.refs()}
         assert ids == {summary["image_id"]}, ids
         _saved_as_an_oci_layout(current, summary["image_id"])
         # the build cache went to the registry beside the images, for the next cold runner
-        assert {"ml/pytorch-cuda", "ml/pytorch-cuda-cache"} <= set(_catalog(reg)), _catalog(reg)
+        assert {"ml/pytorch-cuda", "ml/pytorch-cuda-cache", "ml/pytorch-cuda-rootfs"} <= set(_catalog(reg)), _catalog(reg)
         # the other engine, the other store: it pulls by that digest, with the password, and runs it
         ref = f"{published['repository']}@{published['digest']}"
         pulled = docker_client.images.pull(ref, auth_config={"username": REGISTRY_USER, "password": REGISTRY_PASSWORD})

@@ -2,17 +2,21 @@
 immutable tag is never moved, and a Docker API error reads apart from a daemon gone."""
 from __future__ import annotations
 
+import json
+
 import docker.errors
 import pytest
 import requests
 from helpers import ROOT
 
-from pytorch_cuda_build import docker_env, matrix, publish
+from pytorch_cuda_build import docker_env, matrix, publish, render
 from pytorch_cuda_build.errors import DockerRefused, EnvironmentProblem, ImmutableTagTaken, UsageError
 
 ROW = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
 LOCK = "7904bf67" + "0" * 56
-LABELS = {publish.CREATED_LABEL: "2026-11-22T23:59:59Z", publish.LOCK_LABEL: LOCK}
+BASE_ID = "sha256:" + "b" * 64
+LABELS = {publish.CREATED_LABEL: "2026-11-22T23:59:59Z", publish.LOCK_LABEL: LOCK, publish.BASE_LABEL: BASE_ID}
+BASE_TAG = render.base_ref(ROW).split(":")[1] + "-" + "b" * 12
 
 
 # ---- the dated tag ---------------------------------------------------------------------
@@ -49,11 +53,15 @@ class FakeImage:
 
 
 class FakeClient:
-    def __init__(self, image: FakeImage, store: str = "classic"):
-        self.image, self.store = image, store
+    def __init__(self, image: FakeImage, store: str = "classic", base: bool = True):
+        self.image, self.store, self.base = image, store, base
         self.images = self
 
     def get(self, ref):
+        if ref == BASE_ID:
+            if not self.base:
+                raise docker.errors.ImageNotFound("gone")
+            return FakeImage(BASE_ID, {})
         return self.image
 
     def info(self):  # what Docker 26 says of its containerd image store, or 20.10 of overlay2
@@ -70,8 +78,8 @@ class FakeAPI:
     def ping(self, image):
         pass
 
-    def manifest(self, image, tag):
-        return self.remote.get(tag)
+    def manifest(self, image, tag, repository=None):
+        return self.remote.get(f"{repository}:{tag}" if repository else tag)
 
 
 @pytest.fixture
@@ -79,16 +87,53 @@ def tested(monkeypatch):
     monkeypatch.setattr(publish.tags, "passed", lambda image_id, *a: {"mode": "cpu"})
 
 
-def _plan(remote: dict, store: str = "classic") -> list[publish.Move]:
-    c = FakeClient(FakeImage("sha256:" + "a" * 64, LABELS), store)
+def _plan(remote: dict, store: str = "classic", labels: dict = LABELS, base: bool = True) -> list[publish.Move]:
+    c = FakeClient(FakeImage("sha256:" + "a" * 64, labels), store, base)
     return publish.plan(c, FakeAPI(remote), [ROW], retry=lambda fn, what: fn())
 
 
-def test_plan_pushes_the_dated_tag_first_then_the_moving_tags(tested):
+def test_plan_pushes_the_base_and_the_dated_tag_first_then_the_moving_tags(tested):
     moves = _plan({})
-    assert [(m.tag, m.immutable) for m in moves] == [
-        ("2.7.1-cuda12.1-runtime-20261122-7904bf67", True), ("2.7.1-cuda12.1-runtime", False),
-        ("v2.7-cuda12.1", False), ("v2.7", False)]
+    assert [(m.base, m.tag, m.immutable) for m in moves] == [
+        ("pytorch-cuda-rootfs", BASE_TAG, True),
+        ("", "2.7.1-cuda12.1-runtime-20261122-7904bf67", True), ("", "2.7.1-cuda12.1-runtime", False),
+        ("", "v2.7-cuda12.1", False), ("", "v2.7", False)]
+    assert moves[0].image_id == BASE_ID
+    assert moves[0].target(publish.Registry.parse("127.0.0.1:5000/ml")) == f"127.0.0.1:5000/ml/pytorch-cuda-rootfs:{BASE_TAG}"
+
+
+def test_a_base_tag_holding_another_base_is_refused_like_a_dated_tag(tested):
+    other = publish.Remote("sha256:" + "d" * 64, "sha256:" + "c" * 64)
+    with pytest.raises(ImmutableTagTaken) as e:
+        _plan({f"pytorch-cuda-rootfs:{BASE_TAG}": other})
+    line, = e.value.lines()
+    assert f"pytorch-cuda-rootfs:{BASE_TAG}" in line and BASE_ID in line
+
+
+def test_the_record_and_the_table_name_the_base_apart_from_the_row(tested, tmp_path):
+    reg = publish.Registry.parse("127.0.0.1:5000/ml")
+    moves = _plan({})
+    for i, mv in enumerate(moves):
+        mv.after = publish.Remote(f"sha256:{i}" + "0" * 63, None)
+    publish.write_record(tmp_path, reg, ROW, moves)
+    record = json.loads((tmp_path / "published.json").read_text())
+    assert record["digest"] == moves[1].after.digest and record["image_id"] == "sha256:" + "a" * 64
+    assert record["tags"] == [m.tag for m in moves[1:]]
+    assert record["base"] == {"image_id": BASE_ID, "repository": "127.0.0.1:5000/ml/pytorch-cuda-rootfs",
+                              "tag": BASE_TAG, "digest": moves[0].after.digest}
+    lines = publish.table(moves, reg, push=True)
+    assert f"pull by digest: 127.0.0.1:5000/ml/pytorch-cuda@{moves[1].after.digest}" in lines
+    assert f"base for rebuilds: 127.0.0.1:5000/ml/pytorch-cuda-rootfs@{moves[0].after.digest}" in lines
+
+
+@pytest.mark.parametrize(("labels", "base", "needle"), [
+    ({k: v for k, v in LABELS.items() if k != publish.BASE_LABEL}, True, "no valid label org.opencontainers.image.base.digest"),
+    (LABELS, False, "no longer in this engine's store"),
+])
+def test_a_row_whose_base_cannot_be_published_is_refused_before_any_push(tested, labels, base, needle):
+    with pytest.raises(UsageError, match=needle) as e:
+        _plan({}, labels=labels, base=base)
+    assert "rebuild" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_plan_refuses_a_dated_tag_held_by_another_image(tested):
@@ -104,16 +149,16 @@ def test_plan_refuses_a_dated_tag_held_by_another_image(tested):
 def test_plan_lets_moving_tags_move_and_skips_a_dated_tag_already_in_place(tested):
     here = publish.Remote("sha256:" + "d" * 64, "sha256:" + "a" * 64)
     elsewhere = publish.Remote("sha256:" + "e" * 64, "sha256:" + "b" * 64)
-    moves = _plan({"2.7.1-cuda12.1-runtime-20261122-7904bf67": here, "2.7.1-cuda12.1-runtime": elsewhere})
-    assert moves[0].in_place and not moves[1].in_place
+    base, *moves = _plan({"2.7.1-cuda12.1-runtime-20261122-7904bf67": here, "2.7.1-cuda12.1-runtime": elsewhere})
+    assert moves[0].in_place and not moves[1].in_place and not base.in_place
 
 
 def test_on_the_containerd_store_the_local_id_is_compared_with_the_manifest_digest(tested):
     """There the image ID is the manifest's digest, and a registry's config digest never equals it."""
     here = publish.Remote("sha256:" + "a" * 64, "sha256:" + "c" * 64)  # manifest digest = local ID
     config_only = publish.Remote("sha256:" + "e" * 64, "sha256:" + "a" * 64)  # a classic-store match, not this one
-    moves = _plan({"2.7.1-cuda12.1-runtime-20261122-7904bf67": here, "2.7.1-cuda12.1-runtime": config_only}, "containerd")
-    assert moves[0].by_manifest and moves[0].in_place and not moves[1].in_place
+    base, *moves = _plan({"2.7.1-cuda12.1-runtime-20261122-7904bf67": here, "2.7.1-cuda12.1-runtime": config_only}, "containerd")
+    assert base.by_manifest and moves[0].by_manifest and moves[0].in_place and not moves[1].in_place
     with pytest.raises(ImmutableTagTaken):
         _plan({"2.7.1-cuda12.1-runtime-20261122-7904bf67": config_only}, "containerd")
 
