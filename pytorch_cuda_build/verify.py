@@ -226,7 +226,7 @@ def run(root: Path, image, results: Path, docker: str | None, ca: str | None, lo
             log(f"verify: reading build {n}'s layers")
             diff_ids.append(c.images.get(ids[-1]).attrs["RootFS"]["Layers"])
             indexes.append(layer_index(ref, docker_cli=bc.argv[0]))
-            if n == 1 and not _room_for_two(docker_env.root_dir(c)):
+            if n == 1 and not _room_for_two(docker_env.root_dir(c), c.images.get(ids[-1]).attrs.get("Size") or 0):
                 _remove(c, kept_refs.pop())
         log("verify: comparing the two images layer by layer")
         comparison = compare(indexes[0], indexes[1], diff_ids[0] == diff_ids[1])
@@ -247,9 +247,16 @@ def run(root: Path, image, results: Path, docker: str | None, ca: str | None, lo
             _remove(c, ref)
 
 
-def _room_for_two(docker_root: str) -> bool:
-    """With the first build on disk, still the room any build is asked for (build.check_disk)."""
-    return build.free_bytes(docker_root)[0] >= build.MIN_FREE_BYTES
+SECOND_BUILD_MARGIN = 4 * 1024**3
+
+
+def _room_for_two(docker_root: str, image_size: int) -> bool:
+    """With the first build on disk, room for a second: its layers and the stages' layers beside
+    them (about the image's size twice; on the containerd store the compressed blobs and the
+    OCI tarball take that), and a margin. Not build.check_disk's 25 GiB, which a cold build
+    needs for caches a --no-cache build never fills: with that, a host with 35 GiB free kept
+    nothing to compare when the two builds differed."""
+    return build.free_bytes(docker_root)[0] >= 2 * image_size + SECOND_BUILD_MARGIN
 
 
 def _keep(c, refs: tuple[str, str], paths: list[str], dest: Path, log) -> str:

@@ -156,7 +156,7 @@ class _Images:
 
 def _verify_run(monkeypatch, tmp_path, fail_on: int | None = None, room_for_two: bool = False, compile_ops: bool = False):
     events: list[str] = []
-    monkeypatch.setattr(verify, "_room_for_two", lambda root: room_for_two)
+    monkeypatch.setattr(verify, "_room_for_two", lambda root, size: room_for_two)
     engine = type("E", (), {"images": _Images(events)})()
     client = type("B", (), {"argv": ["docker"], "export": "oci", "description": "Docker 26"})()
     monkeypatch.setattr(docker_env, "ensure_engine", lambda log=None: engine)
@@ -223,3 +223,10 @@ def test_verify_takes_compile_ops_on_its_command_line():
     from pytorch_cuda_build import arguments
     assert arguments.parser().parse_args(["verify", "--torch", "2.7", "--cuda", "12.1", "--compile-ops"]).compile_ops
     assert not arguments.parser().parse_args(["verify", "--torch", "2.7", "--cuda", "12.1"]).compile_ops
+
+
+@pytest.mark.parametrize("free_gib,keeps", [(16.9, False), (17.1, True), (35, True)])
+def test_verify_keeps_the_first_build_where_a_second_of_its_size_fits(monkeypatch, free_gib, keeps):
+    """A 6.5 GB image: twice its size and 4 GiB of margin, about 17 GiB, not a cold build's 25 GiB."""
+    monkeypatch.setattr(verify.build, "free_bytes", lambda root: (int(free_gib * 1024**3), root))
+    assert verify._room_for_two("/var/lib/docker", int(6.5 * 1024**3)) is keeps
