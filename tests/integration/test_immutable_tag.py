@@ -1,7 +1,8 @@
 """A dated immutable tag never moves, against a real registry on 127.0.0.1.
 
 Two tiny imported images (one small file each) carry the labels the dated tag is made
-of, the same commit day and lock, so both claim the same tag; each has a pass record in
+of, the same commit day and lock, so both claim the same tag, and name a third tiny image as
+the base they were built on (publish pushes it first); each has a pass record in
 a throwaway state directory, and the matrix is a copy whose repository is unique to the
 test, so nothing public moves and no real image is needed.
 """
@@ -18,7 +19,7 @@ from helpers import project_copy, run_build_py, shown
 from registry import BINARY, LocalRegistry
 
 from conftest import IN_CI
-from pytorch_cuda_build import matrix
+from pytorch_cuda_build import matrix, render
 
 pytestmark = [pytest.mark.docker]
 
@@ -26,14 +27,14 @@ LOCK = "7904bf67" + "1" * 56
 LABELS = {"org.opencontainers.image.created": "2026-11-22T10:00:00Z", "io.pytorch-cuda.lock-sha256": LOCK}
 
 
-def _import(tmp_path, ref: str, content: bytes) -> str:
-    """A one-file image under ref, with the dated tag's labels; returns its ID."""
+def _import(tmp_path, ref: str, content: bytes, labels: dict[str, str]) -> str:
+    """A one-file image under ref, with these labels; returns its ID."""
     tarball = tmp_path / f"{uuid.uuid4().hex}.tar"
     with tarfile.open(tarball, "w") as t:
         info = tarfile.TarInfo("hello.txt")
         info.size, info.mtime = len(content), 0
         t.addfile(info, io.BytesIO(content))
-    cmd = ["docker", "import"] + [a for k, v in LABELS.items() for a in ("--change", f"LABEL {k}={v}")] + [str(tarball), ref]
+    cmd = ["docker", "import"] + [a for k, v in labels.items() for a in ("--change", f"LABEL {k}={v}")] + [str(tarball), ref]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, shown(proc)
     return proc.stdout.strip()
@@ -86,18 +87,22 @@ def test_a_dated_tag_held_by_another_image_is_refused_and_nothing_moves(tmp_path
         return out
 
     try:
-        first = _import(tmp_path, local, b"first image\n")
+        base = _import(tmp_path, f"{repo}-base:1", b"the base\n", {})
+        made.append(base)
+        labels = {**LABELS, "org.opencontainers.image.base.digest": base}
+        first = _import(tmp_path, local, b"first image\n", labels)
         made.append(first)
         _tested(state, [first], row.name)
         proc = publish()
         assert proc.returncode == 0, shown(proc)
-        assert proc.stdout.count("pushed, verified") == 4, shown(proc)
+        assert proc.stdout.count("pushed, verified") == 5, shown(proc)  # the base, then the row's four
+        assert reg.manifest(f"ns/{repo}-rootfs", render.rootfs_ref(row).split(":")[1] + "-" + base[7:19])[1]["config"]["digest"] == base
         assert proc.stderr.index(f"pushing {reg.address('ns')}/{repo}:{dated} ") < proc.stderr.index(f":{row.name} ("), proc.stderr
         before = remote()
         digest = before[dated][0]
         assert all(v == (digest, first) for v in before.values()), before
 
-        second = _import(tmp_path, local, b"second image, same day, same lock\n")  # the local tag moves to it
+        second = _import(tmp_path, local, b"second image, same day, same lock\n", labels)  # the local tag moves to it
         made.append(second)
         assert second != first
         _tested(state, [first, second], row.name)
@@ -113,7 +118,7 @@ def test_a_dated_tag_held_by_another_image_is_refused_and_nothing_moves(tmp_path
         docker_client.images.get(first).tag(repo, row.name)  # the same image again: nothing to do
         proc = publish()
         assert proc.returncode == 0, shown(proc)
-        assert proc.stdout.count("already there") == 4 and "pushing" not in proc.stderr, shown(proc)
+        assert proc.stdout.count("already there") == 5 and "pushing" not in proc.stderr, shown(proc)
         assert remote() == before
     finally:
         reg.stop()
