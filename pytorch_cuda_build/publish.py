@@ -227,8 +227,13 @@ class Move:
     by_manifest: bool = False
     base: str = ""  # the base rootfs's repository (e.g. pytorch-cuda-rootfs) when this moves the row's base
 
+    @property
+    def name(self) -> str:
+        """The repository under the registry's namespace: the base's, or the row's."""
+        return self.base or self.image.repository
+
     def repository(self, reg: Registry) -> str:
-        return f"{reg.host}/{reg.namespace}/{self.base}" if self.base else reg.repository(self.image)
+        return f"{reg}/{self.name}"
 
     def target(self, reg: Registry) -> str:
         return f"{self.repository(reg)}:{self.tag}"
@@ -472,8 +477,7 @@ def write_record(results: Path, reg: Registry, image: Image, moves: list[Move]) 
     record = {"registry": str(reg), "repository": reg.repository(image), "image_id": mine[0].image_id,
               "digest": mine[0].after.digest, "tags": [mv.tag for mv in mine]}
     # rows that share a base share one move, made for the first of them
-    repository, tag = render.base_ref(image).split(":", 1)
-    base = next((mv for mv in moves if mv.base == repository and mv.tag.startswith(f"{tag}-") and mv.after), None)
+    base = next((mv for mv in moves if mv.base and mv.after and render.base_ref(mv.image) == render.base_ref(image)), None)
     if base is not None:
         record["base"] = {"image_id": base.image_id, "repository": base.repository(reg), "tag": base.tag,
                           "digest": base.after.digest}

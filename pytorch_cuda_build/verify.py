@@ -224,9 +224,10 @@ def run(root: Path, image, results: Path, docker: str | None, ca: str | None, lo
             ids.append(build.run(bc, root, image, results / f"build{n}.log", ca, no_cache=True, echo=False, tag=ref, base_id=base_id,
                                  ops_seed=not compile_ops))
             log(f"verify: reading build {n}'s layers")
-            diff_ids.append(c.images.get(ids[-1]).attrs["RootFS"]["Layers"])
+            attrs = c.images.get(ids[-1]).attrs
+            diff_ids.append(attrs["RootFS"]["Layers"])
             indexes.append(layer_index(ref, docker_cli=bc.argv[0]))
-            if n == 1 and not _room_for_two(docker_env.root_dir(c), c.images.get(ids[-1]).attrs.get("Size") or 0):
+            if n == 1 and not _room_for_two(docker_env.root_dir(c), attrs.get("Size") or 0):
                 _remove(c, kept_refs.pop())
         log("verify: comparing the two images layer by layer")
         comparison = compare(indexes[0], indexes[1], diff_ids[0] == diff_ids[1])
