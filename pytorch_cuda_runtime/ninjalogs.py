@@ -75,6 +75,17 @@ def _read_deps(data: bytes):
             next_id += 1
 
 
+def deps_inputs(data: bytes) -> set:
+    """Every file a `.ninja_deps` records as read by some output's compile (headers included)."""
+    paths, inputs = {}, set()
+    for kind, *rest in _read_deps(data):
+        if kind == "path":
+            paths[rest[0]] = rest[1]
+        else:
+            inputs.update(paths[i] for i in rest[2])
+    return inputs
+
+
 def normalize_deps_log(data: bytes) -> bytes:
     """`.ninja_deps`: path records give ids in the order first seen, which follows the order
     in which parallel jobs finished. Rewritten with one deps record per output (the last, as

@@ -221,6 +221,32 @@ def test_ninja_logs_of_the_baked_ops_are_in_their_reproducible_form(root_host):
         assert ninjalogs.normalize_deps_log(deps) == deps, f"{op}/.ninja_deps is not in canonical form"
 
 
+def test_files_the_baked_ops_compiled_from_carry_the_reproducible_epoch(root_host):
+    """Every header under a site-packages include/ directory (torch's, read through -isystem,
+    which .ninja_deps leaves out) and every DeepSpeed csrc file the CPU ops' compiles read (their
+    .ninja_deps) has build.REPRODUCIBLE_EPOCH as its mtime. pip
+    gives installed files the time of the install; GCC's #pragma once takes two headers of equal
+    size, mtime (seconds) and contents for one, and torch ships such twins, so with install
+    times the ops' objects depended on whether pip wrote a pair within one second."""
+    from pytorch_cuda_build import render
+    from pytorch_cuda_build.build import REPRODUCIBLE_EPOCH
+    from pytorch_cuda_runtime import ninjalogs
+
+    ext = root_host.environment()["PYTORCH_CUDA_CPU_OPS"]
+    read = set()
+    for op in render.CPU_OPS.values():
+        read |= ninjalogs.deps_inputs(root_host.file(f"{ext}/{op}/.ninja_deps").content)
+    read = sorted(p for p in read if "/site-packages/" in p)
+    assert any("/site-packages/deepspeed/ops/csrc/includes/" in p for p in read), read[:20]
+    package = read[0].split("/site-packages/")[0] + "/site-packages"
+    listing = root_host.check_output(
+        f"find {package} \\( -path '*/site-packages/*/include/*' -o -path '*/deepspeed/ops/csrc/*' \\) -type f -printf '%T@ %p\\n'")
+    mtimes = {p: float(t) for t, p in (line.split(" ", 1) for line in listing.splitlines())}
+    assert len(mtimes) > 1000 and not set(read) - set(mtimes), sorted(set(read) - set(mtimes))[:5]
+    others = sorted((p, t) for p, t in mtimes.items() if t != REPRODUCIBLE_EPOCH)
+    assert not others, f"{len(others)} file(s) not at {REPRODUCIBLE_EPOCH}: {others[:5]}"
+
+
 CPU_OPS_UP_TO_DATE = """
 import os, time
 from deepspeed.accelerator import get_accelerator
@@ -309,7 +335,7 @@ def test_banner_can_be_silenced(image_ref):
 
 
 # dpkg also knows packages it has only heard of (an alternative never installed): installed ones only.
-BEHIND = """while read -r name fixed; do
+BEHIND = r"""while read -r name fixed; do
     state=$(dpkg-query -W -f='${db:Status-Status}|${Version}' "$name" 2>/dev/null) || continue
     case "$state" in installed\|*) installed=${state#installed|} ;; *) continue ;; esac
     if dpkg --compare-versions "$installed" lt "$fixed"; then echo "$name $installed < $fixed"; fi

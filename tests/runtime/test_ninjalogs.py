@@ -78,6 +78,15 @@ def test_deps_logs_from_either_completion_order_become_the_same_bytes():
     assert [r[2] for r in records if r[0] == "path"] == ["a.o", "a.c", "common.h", "b.o", "b.c"]
 
 
+def test_deps_inputs_are_what_each_output_read_not_the_outputs():
+    data = deps_log([("path", "a.o"), ("path", "a.c"), ("path", "common.h"), ("deps", 0, 111, [1, 2]),
+                     ("path", "b.o"), ("path", "b.c"), ("deps", 3, 222, [4, 2])])
+    assert ninjalogs.deps_inputs(data) == {"a.c", "b.c", "common.h"}
+    assert ninjalogs.deps_inputs(ninjalogs.normalize_deps_log(data)) == {"a.c", "b.c", "common.h"}
+    with pytest.raises(ninjalogs.NinjaLogError):
+        ninjalogs.deps_inputs(b"not a deps log")
+
+
 def test_deps_log_keeps_the_last_record_of_an_output_as_ninja_does():
     data = deps_log([("path", "a.o"), ("path", "old.h"), ("deps", 0, 1, [1]),
                      ("path", "new.h"), ("deps", 0, 2, [2])])

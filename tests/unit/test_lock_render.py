@@ -93,10 +93,15 @@ def test_rendered_dockerfile_shape():
     # The ops are built with the toolkit of the lock, for the ops matrix.yaml lists.
     assert "COPY --from=cuda-toolkit /usr/local/cuda /usr/local/cuda" in text
     assert f"--ops {','.join(DEFAULT.prebuilt_ops)} " in text and "--toolkit 12.4.131" in text
-    # nvcc records the mtime of each header it reads: pip-installed headers take one fixed time
-    # before the compile, so two builds' ops are the same bytes
+    # nvcc records the mtime of each header it reads, and GCC's #pragma once compares them: the
+    # headers pip installs take one fixed time where they are installed, before any compile, so
+    # two builds' ops are the same bytes
     touch = f"-path '*/site-packages/*/include/*' -type f -exec touch -d @{build.REPRODUCIBLE_EPOCH} {{}} +"
-    assert touch in text and text.index(touch) < text.index("python /opt/pytorch-cuda/opsbuild.py")
+    assert text.count(touch) == 1
+    assert text.index("AS python-env") < text.index(touch) < text.index("AS cuda-toolkit")
+    deepspeed = text.index("pip install --quiet --no-index --no-deps --no-compile /dist/deepspeed-")
+    ds_touch = text.index(f"-type f -exec touch -d @{build.REPRODUCIBLE_EPOCH} {{}} +", deepspeed)
+    assert ds_touch < text.index("python -m compileall", deepspeed) < text.index("DS_ACCELERATOR=cpu")
     # Platform settings come after the heavy layers so rows sharing a lock share them.
     assert text.index("pip install --quiet --no-index --find-links") < text.index("NVIDIA_REQUIRE_CUDA")
     assert 'NVIDIA_REQUIRE_CUDA="cuda>=12.1"' in text
