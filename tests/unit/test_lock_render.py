@@ -118,6 +118,11 @@ def test_pypi_toolkit_rows_install_nvcc_wheels_and_devel_keeps_them():
     cu13 = MATRIX.select("2.11", "13.0")
     text = (lock.image_dir(ROOT, cu13) / "Dockerfile").read_text()
     assert "AS cuda-toolkit" not in text and "toolkit.py wheels --prefix /usr/local/cuda" in text
+    # nvcc records header mtimes: the nvcc wheels' headers, installed after python-env, take the
+    # epoch too, and only they (-newermt), so no header of python-env is copied up again
+    wheels_touch = (f"-path '*/site-packages/*/include/*' -type f -newermt @{build.REPRODUCIBLE_EPOCH} \\\n"
+                    f"        -exec touch -d @{build.REPRODUCIBLE_EPOCH} {{}} +")
+    assert text.index("-r /opt/pytorch-cuda/toolkit.lock") < text.index(wheels_touch) < text.index("opsbuild.py /wheelhouse")
     assert resolve.pins((lock.image_dir(ROOT, cu13) / "toolkit.lock").read_text())["nvidia-cuda-nvcc"].startswith("13.0.")
     devel = (lock.image_dir(ROOT, MATRIX.select("2.7", "12.1", "devel")) / "Dockerfile").read_text()
     final = devel[devel.index("AS devel"):]
