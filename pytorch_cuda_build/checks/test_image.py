@@ -222,12 +222,12 @@ def test_ninja_logs_of_the_baked_ops_are_in_their_reproducible_form(root_host):
 
 
 def test_files_the_baked_ops_compiled_from_carry_the_reproducible_epoch(root_host):
-    """Every header under a site-packages include/ directory (torch's, read through -isystem,
-    which .ninja_deps leaves out) and every DeepSpeed csrc file the CPU ops' compiles read (their
-    .ninja_deps) has build.REPRODUCIBLE_EPOCH as its mtime. pip
-    gives installed files the time of the install; GCC's #pragma once takes two headers of equal
-    size, mtime (seconds) and contents for one, and torch ships such twins, so with install
-    times the ops' objects depended on whether pip wrote a pair within one second."""
+    """Every file under a site-packages include/ directory (torch's headers, read through
+    -isystem, which .ninja_deps leaves out) and every DeepSpeed csrc file the CPU ops' compiles
+    read (their .ninja_deps) has build.REPRODUCIBLE_EPOCH as its mtime. pip gives installed files
+    the time of the install; GCC's #pragma once takes two headers of equal size, mtime (seconds)
+    and contents for one, and torch ships such twins, so with install times the ops' objects
+    depended on whether pip wrote a pair within one second."""
     from pytorch_cuda_build import render
     from pytorch_cuda_build.build import REPRODUCIBLE_EPOCH
     from pytorch_cuda_runtime import ninjalogs
