@@ -75,21 +75,8 @@ def _read_deps(data: bytes):
             next_id += 1
 
 
-def deps_inputs(data: bytes) -> set:
-    """Every file a `.ninja_deps` records as read by some output's compile (headers included)."""
-    paths, inputs = {}, set()
-    for kind, *rest in _read_deps(data):
-        if kind == "path":
-            paths[rest[0]] = rest[1]
-        else:
-            inputs.update(paths[i] for i in rest[2])
-    return inputs
-
-
-def normalize_deps_log(data: bytes) -> bytes:
-    """`.ninja_deps`: path records give ids in the order first seen, which follows the order
-    in which parallel jobs finished. Rewritten with one deps record per output (the last, as
-    ninja reads it), outputs sorted, ids renumbered in the order ninja itself would assign."""
+def _deps_by_output(data: bytes) -> dict:
+    """{output: the files its compile read}, from the last deps record of each output, as ninja reads it."""
     paths, deps = {}, {}
     for kind, *rest in _read_deps(data):
         if kind == "path":
@@ -97,6 +84,19 @@ def normalize_deps_log(data: bytes) -> bytes:
         else:
             out_id, _mtime, inputs = rest
             deps[paths[out_id]] = [paths[i] for i in inputs]
+    return deps
+
+
+def deps_inputs(data: bytes) -> set:
+    """Every file a `.ninja_deps` records as read by some output's compile (headers included)."""
+    return {path for inputs in _deps_by_output(data).values() for path in inputs}
+
+
+def normalize_deps_log(data: bytes) -> bytes:
+    """`.ninja_deps`: path records give ids in the order first seen, which follows the order
+    in which parallel jobs finished. Rewritten with one deps record per output (the last, as
+    ninja reads it), outputs sorted, ids renumbered in the order ninja itself would assign."""
+    deps = _deps_by_output(data)
     ids, out = {}, bytearray(DEPS_HEADER + struct.pack("<i", DEPS_VERSION))
 
     def node(path: str) -> int:
