@@ -114,6 +114,16 @@ def run_cli(root: Path, *args: str, env: dict | None = None) -> subprocess.Compl
     return subprocess.CompletedProcess(["build.py", *args], rc, out.getvalue(), err.getvalue())
 
 
+def one_error_line(proc: subprocess.CompletedProcess, code: int, says: str, prefix: str = "error: ") -> None:
+    """proc failed as every user-facing path must: exit code `code`, exactly one line starting
+    with `prefix` (build.py's "error: ", the image's "pytorch-cuda: error: ") that holds `says`,
+    and no traceback."""
+    assert proc.returncode == code, shown(proc)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith(prefix)]
+    assert len(errors) == 1 and says in errors[0], shown(proc)
+    assert "Traceback" not in proc.stderr, shown(proc)
+
+
 def tree_snapshot(path: Path) -> dict[str, bytes]:
     return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
 
