@@ -175,7 +175,15 @@ def main(argv=None):
     p.add_argument("--cache", type=Path, help="keep built wheels here, keyed by every input of the compile")
     p.add_argument("--seed", type=Path, help="read-only wheels built before, keyed the same way (the host's "
                    "copy: a --no-cache build gets an empty cache mount)")
+    p.add_argument("--arch-list", help="TORCH_CUDA_ARCH_LIST to compile for, e.g. 9.0: a check of one machine "
+                   "(gpucheck.py) pays one arch; default: every arch of torch's that this nvcc compiles")
     a = p.parse_args(argv)
+    if a.arch_list and (a.cache or a.seed):
+        # The cache and the seed hold the images' wheels, keyed without an arch list: a wheel
+        # for fewer archs must never be taken for one of those, nor take their place.
+        fail("--arch-list builds a wheel for one machine; it goes without --cache and --seed")
+    if a.arch_list and not re.fullmatch(r"\d+\.\d+a?(\+PTX)?(;\d+\.\d+a?(\+PTX)?)*", a.arch_list):
+        fail(f"--arch-list {a.arch_list!r}: expected e.g. 9.0 or 8.0;9.0+PTX")
     ops = [o for o in a.ops.split(",") if o]
     a.dist.mkdir(parents=True, exist_ok=True)
     key = cache_key(a.sdist, ops, a.cpu_arch)
@@ -255,7 +263,7 @@ def build(a, ops):
             t.extractall(tmp, filter="data") if hasattr(tarfile, "data_filter") else t.extractall(tmp)
         src = next(Path(tmp).iterdir())
         patches = patch(src, a.cpu_arch)
-        archs, dropped = arch_list()
+        archs, dropped = (a.arch_list, []) if getattr(a, "arch_list", None) else arch_list()
         env = dict(os.environ, DS_ACCELERATOR="cuda", DS_BUILD_OPS="0", DS_ENABLE_NINJA="1", TORCH_CUDA_ARCH_LIST=archs,
                    MAX_JOBS=str(os.cpu_count() or 1), PYTHONHASHSEED="0", **build_vars(src, ops), **no_driver_link(tmp))
         env["NVCC_APPEND_FLAGS"] = nvcc_flags()
