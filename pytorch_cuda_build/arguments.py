@@ -9,7 +9,7 @@ from pathlib import Path
 from . import bench
 from .errors import UsageError
 
-COMMANDS = ("build", "list", "matrix", "lock", "render", "test", "publish", "prune", "selftest", "bench", "sbom", "verify", "engine")
+COMMANDS = ("build", "list", "matrix", "lock", "render", "test", "publish", "prune", "selftest", "bench", "sbom", "verify", "engine", "gpu-bundle")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -126,6 +126,14 @@ def parser() -> argparse.ArgumentParser:
     en.add_argument("--store", default="containerd", help="image store: containerd (default, Docker 29's) or classic")
     en.add_argument("--down", action="store_true", help="stop that engine instead")
     _docker_ca(en, docker=False)
+
+    gb = sub.add_parser("gpu-bundle", help="write DIR: the row's DeepSpeed sdist, wheels, smoke suite and run.sh, to check "
+                                         "the row on a GPU machine without Docker or network (`bash DIR/run.sh` there)")
+    _selection(gb)
+    gb.add_argument("dir", type=Path, metavar="DIR", help="new or empty directory to write")
+    gb.add_argument("--python", help="the GPU machine's Python, MAJOR.MINOR (default: the row's)")
+    gb.add_argument("--limit-mib", type=int, default=64, help="refuse a bundle larger than this (default 64)")
+    _docker_ca(gb, docker=False)
 
     pr = sub.add_parser("prune", help="remove candidate images and bound the build cache")
     pr.add_argument("--keep-storage", default="40GB", help="build cache to keep (default 40GB)")

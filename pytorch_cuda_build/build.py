@@ -16,7 +16,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from . import lock, opsseed, progress
 from .docker_env import BuildClient
@@ -269,6 +269,15 @@ def prune(bc: BuildClient, c, repository: str, keep_storage: str) -> int:
                         "--filter", f"type={kind}"],
                        env={**os.environ, **bc.env}, check=False, stdout=subprocess.DEVNULL)
     return removed
+
+
+def prune_ops_seed(c, rows: Iterable[str]) -> tuple[int, int]:
+    """Drop the host's ops-seed entries no image names (how many, their bytes). An image names its
+    entry while it is a row of the matrix (its next --no-cache build takes the entry, even with
+    the image removed), or while an image tagged with its name is on the daemon (a row of another
+    matrix, or of an older checkout; nothing in the image names the key, so its tag stands in)."""
+    local = {ref.rsplit(":", 1)[1] for img in c.images.list() for ref in img.tags}
+    return opsseed.prune(set(rows) | local)
 
 
 class Timer:

@@ -163,6 +163,20 @@ def cmd_engine(m: matrix.Matrix, args) -> int:
     return 0
 
 
+def cmd_gpu_bundle(m: matrix.Matrix, args) -> int:
+    from . import gpubundle
+    image = m.select(args.torch, args.cuda, args.flavor)
+    if args.limit_mib < 1:
+        raise UsageError("--limit-mib must be at least 1")
+    gpubundle.check_target(args.dir)  # before the CA lookup and any download
+    pipeline.check_inputs(ROOT, m, [image])  # the locks it reads are current
+    described = gpubundle.write(ROOT, image, args.dir, args.python or image.python, pipeline.ca_bundle(args.ca_bundle),
+                                args.limit_mib, log)
+    print(f"{args.dir}: {image.name} for Python {described['python']}, {len(described['files'])} files, "
+          f"{described['size'] / 2**20:.1f} MiB; on the GPU machine: bash {args.dir}/run.sh")
+    return 0
+
+
 def cmd_selftest(m: matrix.Matrix, args) -> int:
     return selftest.run(ROOT, args.pytest_args)
 
@@ -187,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         args.matrix = args.matrix or ROOT / "matrix.yaml"
         command = args.command
         m = matrix.load(args.matrix)
-        return globals()[f"cmd_{args.command}"](m, args)
+        return globals()[f"cmd_{args.command.replace('-', '_')}"](m, args)  # gpu-bundle: cmd_gpu_bundle
     except PipelineError as e:
         for line in e.lines():
             print(f"error: {line}" if line == e.lines()[0] else line, file=sys.stderr)

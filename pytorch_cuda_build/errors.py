@@ -234,3 +234,21 @@ class VulnerableImage(PipelineError):
         return [f"{image} has {len(ids)} critical advisor{'y' if len(ids) == 1 else 'ies'} not allowed: {', '.join(ids)}; "
                 f"nothing pushed (rebuild from refreshed locks, or name each with --allow-vulnerable ID)"
                 for image, ids in self.refused.items()]
+
+
+@dataclass
+class BundleTooLarge(PipelineError):
+    """A gpu-bundle over the size a GPU machine takes; nothing was written."""
+
+    size: int  # bytes
+    limit_mib: int
+    largest: list[tuple[str, int]] = field(default_factory=list)  # (file, bytes), the biggest first
+    exit_code = 2
+
+    def __post_init__(self) -> None:
+        super().__init__(self.size)
+
+    def __str__(self) -> str:
+        big = ", ".join(f"{name} {size / 2**20:.1f} MiB" for name, size in self.largest)
+        return (f"the bundle would be {self.size / 2**20:.1f} MiB, over the {self.limit_mib} MiB a GPU machine takes "
+                f"(largest: {big}); nothing written")

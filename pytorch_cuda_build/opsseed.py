@@ -86,12 +86,47 @@ def save(exported: Path, image: Image) -> str:
         with os.fdopen(fd, "w") as f:
             f.write(key + "\n")
         os.replace(tmp, _pointer(image))
-        named = {p.read_text().strip() for p in (root / "images").iterdir() if not p.name.startswith(".")}
-        for old in (root / "wheels").iterdir():
-            if old.name not in named:
-                shutil.rmtree(old, ignore_errors=True)
+        pointers = _pointers()
+        _, entries = unnamed(pointers, _entries(), set(pointers))
+        for old in entries:
+            shutil.rmtree(_entry(old), ignore_errors=True)
     shutil.rmtree(exported, ignore_errors=True)
     return key
+
+
+def _pointers() -> dict[str, str]:
+    """Image name -> the key its pointer names."""
+    folder = store() / "images"
+    return {p.name: p.read_text().strip() for p in folder.iterdir() if not p.name.startswith(".")} if folder.is_dir() else {}
+
+
+def _entries() -> list[str]:
+    folder = store() / "wheels"
+    return sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) if folder.is_dir() else []
+
+
+def unnamed(pointers: dict[str, str], entries: list[str], images: set[str]) -> tuple[list[str], list[str]]:
+    """What a clean-up drops: the pointers of images not in `images`, and the entries no kept
+    pointer names. (Pointers to drop, entries to drop.)"""
+    gone = sorted(name for name in pointers if name not in images)
+    named = {key for name, key in pointers.items() if name in images}
+    return gone, [key for key in entries if key not in named]
+
+
+def prune(images: set[str]) -> tuple[int, int]:
+    """Drop the pointers of images not in `images` and every entry no image then names; how many
+    entries went and their bytes."""
+    root = store()
+    if not root.is_dir():
+        return 0, 0
+    with FileLock(str(root / "store.lock")):  # not while a build files its export
+        gone, entries = unnamed(_pointers(), _entries(), images)
+        for name in gone:
+            (root / "images" / name).unlink(missing_ok=True)
+        freed = sum(f.stat().st_size for key in entries for f in _entry(key).rglob("*") if f.is_file())
+        for key in entries:
+            shutil.rmtree(_entry(key), ignore_errors=True)
+    return len(entries), freed
 
 
 def export_dir() -> Path:

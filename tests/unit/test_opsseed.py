@@ -110,3 +110,46 @@ def test_every_dockerfile_binds_the_seed_and_has_the_ops_dist_stage():
 def test_the_staged_context_has_an_empty_seed(tmp_path):
     build.stage_context(ROOT, ROW, tmp_path)
     assert list((tmp_path / opsseed.CONTEXT_DIR).iterdir()) == []
+
+
+def test_a_clean_up_drops_the_pointers_of_other_images_and_what_no_kept_pointer_names():
+    pointers = {"row-a": "k1", "row-b": "k2", "gone-row": "k3", "twin": "k1"}
+    assert opsseed.unnamed(pointers, ["k1", "k2", "k3", "k4"], {"row-a", "row-b", "twin"}) == (["gone-row"], ["k3", "k4"])
+    assert opsseed.unnamed(pointers, ["k1", "k2"], {"row-a"}) == (["gone-row", "row-b", "twin"], ["k2"])
+    assert opsseed.unnamed({}, [], {"row-a"}) == ([], [])
+
+
+def test_prune_keeps_what_an_image_names_and_says_what_it_freed():
+    opsseed.save(exported("a" * 64, wheel=b"kept"), ROW)
+    opsseed.save(exported("b" * 64, wheel=b"x" * 1000), TWIN)
+    orphan = opsseed.store() / "wheels" / ("c" * 64)  # left by a build killed between filing and pointing
+    orphan.mkdir()
+    (orphan / "deepspeed.whl").write_bytes(b"y" * 500)
+    dropped, freed = opsseed.prune({ROW.name})
+    assert dropped == 2 and freed == len(b"x" * 1000) + len("{}\n") + len("b" * 64 + "\n") + 500
+    assert [p.name for p in (opsseed.store() / "wheels").iterdir()] == ["a" * 64]
+    assert [p.name for p in (opsseed.store() / "images").iterdir()] == [ROW.name]
+    assert opsseed.prune({ROW.name}) == (0, 0)
+
+
+def test_prune_of_an_empty_host_drops_nothing():
+    assert opsseed.prune({ROW.name}) == (0, 0)
+
+
+class FakeImages:
+    def __init__(self, tags: list[list[str]]) -> None:
+        self._images = [type("Img", (), {"tags": t})() for t in tags]
+
+    def list(self, **kw):
+        return self._images
+
+
+def test_builds_prune_keeps_the_matrix_rows_and_rows_whose_image_is_still_local():
+    """A row the matrix no longer has keeps its entry while an image of it is on the daemon."""
+    opsseed.save(exported("a" * 64), ROW)
+    opsseed.save(exported("b" * 64), TWIN)
+    c = type("C", (), {"images": FakeImages([[f"other-repo:{TWIN.name}", "other-repo:v2.7"], []])})()
+    assert build.prune_ops_seed(c, {ROW.name}) == (0, 0)
+    c = type("C", (), {"images": FakeImages([["registry.example:5000/ns/x:latest"]])})()
+    assert build.prune_ops_seed(c, {ROW.name})[0] == 1
+    assert [p.name for p in (opsseed.store() / "wheels").iterdir()] == ["a" * 64]
