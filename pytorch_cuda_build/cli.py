@@ -117,8 +117,11 @@ def cmd_matrix(m: matrix.Matrix, args) -> int:
 
 
 def cmd_prune(m: matrix.Matrix, args) -> int:
-    removed = build.prune(docker_env.build_client(None), docker_env.ensure_engine(log), m.repository, args.keep_storage)
+    c = docker_env.ensure_engine(log)
+    removed = build.prune(docker_env.build_client(None), c, m.repository, args.keep_storage)
     print(f"removed {removed} candidate tag(s) and dangling images; build cache bounded to {args.keep_storage}")
+    seeds, freed = build.prune_ops_seed(c, {i.name for i in m.images})  # after the candidates went
+    print(f"dropped {seeds} ops-seed entr{'y' if seeds == 1 else 'ies'} no image names, {freed / 2**20:.1f} MiB")
     return 0
 
 

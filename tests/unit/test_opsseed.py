@@ -153,3 +153,20 @@ def test_builds_prune_keeps_the_matrix_rows_and_rows_whose_image_is_still_local(
     c = type("C", (), {"images": FakeImages([["registry.example:5000/ns/x:latest"]])})()
     assert build.prune_ops_seed(c, {ROW.name})[0] == 1
     assert [p.name for p in (opsseed.store() / "wheels").iterdir()] == ["a" * 64]
+
+
+def test_the_prune_command_says_how_many_entries_it_dropped_and_their_size(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from pytorch_cuda_build import cli
+    opsseed.save(exported("a" * 64), ROW)
+    gone = M.images[-1] if M.images[-1].name != ROW.name else M.images[0]
+    opsseed.save(exported("b" * 64, wheel=b"z" * (3 * 2**20)), gone)
+    m = SimpleNamespace(repository=M.repository, images=[i for i in M.images if i.name != gone.name])
+    c = type("C", (), {"images": FakeImages([])})()
+    monkeypatch.setattr(cli.docker_env, "ensure_engine", lambda log: c)
+    monkeypatch.setattr(cli.docker_env, "build_client", lambda override: None)
+    monkeypatch.setattr(cli.build, "prune", lambda bc, c, repository, keep: 0)
+    assert cli.cmd_prune(m, SimpleNamespace(keep_storage="40GB")) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "dropped 1 ops-seed entry no image names, 3.0 MiB"
+    assert [p.name for p in (opsseed.store() / "wheels").iterdir()] == ["a" * 64]
