@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 
-from . import bench
+from . import bench, engine_current, matrix
 from .errors import UsageError
 
 COMMANDS = ("build", "list", "matrix", "lock", "render", "test", "publish", "prune", "selftest", "bench", "sbom", "verify", "engine", "gpu-bundle")
@@ -17,10 +18,34 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see --help)")
 
 
+def positive_int(text: str) -> int:
+    """A count of at least 1 (--jobs, --retries, --runs, --cold-runs)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+# What Docker's --keep-storage takes (go-units RAMInBytes): bytes, or a number with k/m/g/t/p,
+# an optional i and an optional b, in either case (10GB, 512mb, 10GiB, 1.5g, 1048576).
+SIZE = re.compile(r"\d+(\.\d+)? ?([kmgtp]i?)?b?", re.IGNORECASE)
+
+
+def docker_size(text: str) -> str:
+    """A size as Docker's CLI takes it, passed on as the user wrote it."""
+    if not SIZE.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 40GB, 512MB, 10GiB, or bytes)")
+    return text
+
+
 def _selection(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--torch", required=required, help="torch minor (2.7) or full version (2.7.1)")
     p.add_argument("--cuda", help="CUDA platform, e.g. 12.1; default: the torch minor's default row")
-    p.add_argument("--flavor", default="runtime", help="image flavor: runtime (default) or devel (adds the CUDA toolkit)")
+    p.add_argument("--flavor", default="runtime", choices=matrix.FLAVORS,
+                   help="image flavor: runtime (default) or devel (adds the CUDA toolkit)")
 
 
 def _flags(p: argparse.ArgumentParser, **helps: str) -> None:
@@ -37,7 +62,7 @@ def _docker_ca(p: argparse.ArgumentParser, ca_help: str | None = None, docker: b
 def _registry(p: argparse.ArgumentParser, push_help: str) -> None:
     p.add_argument("--registry", default=os.environ.get("PYTORCH_CUDA_REGISTRY"), help="HOST[:PORT]/NAMESPACE (default: $PYTORCH_CUDA_REGISTRY)")
     p.add_argument("--push", action="store_true", help=push_help)
-    p.add_argument("--retries", type=int, default=4, help="attempts per registry call (default 4, exponential backoff)")
+    p.add_argument("--retries", type=positive_int, help="attempts per registry call (default 4, exponential backoff)")
     p.add_argument("--allow-vulnerable", action="append", default=[], metavar="ID",
                    help="publish despite this critical advisory of vulnerabilities.json (its ID or an alias); repeatable")
     if not any(a.dest == "ca_bundle" for a in p._actions):
@@ -52,7 +77,7 @@ def parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="build, test and tag one row (the default command), or many with --all")
     _selection(b, required=False)
     b.add_argument("--all", action="store_true", help="every row (of --torch, if given): each built, tested and tagged as on its own")
-    b.add_argument("--jobs", type=int, default=1, help="with --all: rows built at once (shared layers are built once)")
+    b.add_argument("--jobs", type=positive_int, help="with --all: rows built at once (default 1; shared layers are built once)")
     _docker_ca(b, "CA bundle for HTTPS inside the build (default: pip's configured cert)")
     _flags(b, no_test="build only; sets no public tag", retest="test even if this image ID already passed",
            no_cache="build without the layer cache", require_gpu="fail instead of testing on the CPU when no GPU runtime exists",
@@ -111,10 +136,10 @@ def parser() -> argparse.ArgumentParser:
 
     bn = sub.add_parser("bench", help="measure (never assert): --full for size, build times and banner, else the banner only")
     _selection(bn)
-    bn.add_argument("--runs", type=int, default=10, help="repetitions of the quick measurements (default 10)")
+    bn.add_argument("--runs", type=positive_int, default=10, help="repetitions of the quick measurements (default 10)")
     bn.add_argument("--full", action="store_true", help="every benchmark; report in bench/ (~15 min; empties the build cache for the cold builds)")
-    bn.add_argument("--cold-runs", type=int, default=1, help="with --full: cold builds of each kind (default 1)")
-    bn.add_argument("--only", default=",".join(bench.MEASURES), help="with --full: comma list of " + ",".join(bench.MEASURES))
+    bn.add_argument("--cold-runs", type=positive_int, help="with --full: cold builds of each kind (default 1)")
+    bn.add_argument("--only", help="with --full: comma list of " + ",".join(bench.MEASURES) + " (default: every one)")
     _flags(bn, yes="allow the cold and matrix measures to empty this daemon's whole build cache")
     _docker_ca(bn)
 
@@ -123,7 +148,8 @@ def parser() -> argparse.ArgumentParser:
 
     en = sub.add_parser("engine", help="bring up a current Docker Engine (26, buildx) beside this host's; "
                                       "prints the environment that points build.py at it (root)")
-    en.add_argument("--store", default="containerd", help="image store: containerd (default, Docker 29's) or classic")
+    en.add_argument("--store", default="containerd", choices=tuple(engine_current.STORES),
+                    help="image store: containerd (default, Docker 29's) or classic")
     en.add_argument("--down", action="store_true", help="stop that engine instead")
     _docker_ca(en, docker=False)
 
@@ -136,5 +162,5 @@ def parser() -> argparse.ArgumentParser:
     _docker_ca(gb, docker=False)
 
     pr = sub.add_parser("prune", help="remove candidate images and bound the build cache")
-    pr.add_argument("--keep-storage", default="40GB", help="build cache to keep (default 40GB)")
+    pr.add_argument("--keep-storage", default="40GB", type=docker_size, help="build cache to keep (default 40GB)")
     return p

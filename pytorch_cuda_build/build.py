@@ -160,9 +160,7 @@ def check_cache_options(bc: BuildClient, cache_from: tuple[str, ...], cache_to: 
     if cache_to and getattr(bc, "export", "load") != "oci" and getattr(bc, "driver", None) in (None, "docker"):
         raise UsageError(f"--cache-to needs the containerd image store or a docker-container builder ({bc.description} "
                          "uses the docker driver on the classic store, which cannot export a cache)")
-    for spec in (*cache_from, *cache_to):
-        if not re.match(r"^type=[a-z]+(,|$)", spec):
-            raise UsageError(f"cache spec {spec!r} is not buildx's type=...,key=value form (e.g. type=registry,ref=HOST/NS/cache:{{image}})")
+    # Each spec's form was checked with the other arguments (validate.py), before this client was probed.
 
 
 def oci_tarball(iidfile: Path) -> Path:

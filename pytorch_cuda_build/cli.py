@@ -13,7 +13,8 @@ import requests
 
 from . import bench, build, console, docker_env, engine_current, files, inputs, lock, matrix, pipeline, publish, render, sbom, selftest, verify
 from .arguments import COMMANDS, parser
-from .errors import PipelineError, UsageError
+from .errors import PipelineError
+from .validate import validate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,10 +30,6 @@ def cmd_list(m: matrix.Matrix, args) -> int:
 
 def cmd_lock(m: matrix.Matrix, args) -> int:
     images = [m.select(args.torch, args.cuda, args.flavor)] if args.torch else list(m.images)
-    if (args.security_snapshot or args.record) and not args.check_security:
-        raise UsageError("--security-snapshot and --record go with --check-security")
-    if args.check_security and (args.check or args.upgrade):
-        raise UsageError("--check-security only reads the locks; run it apart from --check and --upgrade")
     if args.check_security:
         lines, found = inputs.check_security(ROOT, images, args.security_snapshot, lambda: pipeline.ca_bundle(args.ca_bundle),
                                              record=args.record)
@@ -61,9 +58,7 @@ def cmd_render(m: matrix.Matrix, args) -> int:
 
 def cmd_build(m: matrix.Matrix, args) -> int:
     images = pipeline.select_rows(m, args.torch, args.cuda, args.flavor) if args.all else [m.select(args.torch, args.cuda, args.flavor)]
-    if args.all and (args.jobs < 1 or args.dry_run):
-        raise UsageError("--jobs must be at least 1" if args.jobs < 1 else "--dry-run takes one row, not --all")
-    reg = publish.registry(args.registry, args.retries) if args.push else None  # bad address: fail before an hour of building
+    reg = publish.registry(args.registry, args.retries) if args.push else None  # validated: its form was checked
     pipeline.check_inputs(ROOT, m, images)
     if args.dry_run:
         print(inputs.plan(ROOT, images[0]))
@@ -95,9 +90,7 @@ def cmd_test(m: matrix.Matrix, args) -> int:
 
 
 def cmd_publish(m: matrix.Matrix, args) -> int:
-    reg = publish.registry(args.registry, args.retries)
-    if args.all == bool(args.torch):
-        raise UsageError("pick the rows: --torch X [--cuda Y] for one, or --all")
+    reg = publish.registry(args.registry, args.retries)  # validated: its form was checked
     images = list(m.images) if args.all else [m.select(args.torch, args.cuda, args.flavor)]
     c = docker_env.ensure_engine(log)
     publish.screen(c, images, lambda i: pipeline.results_dir(ROOT, i), set(args.allow_vulnerable))
@@ -146,9 +139,7 @@ def cmd_sbom(m: matrix.Matrix, args) -> int:
 
 def cmd_bench(m: matrix.Matrix, args) -> int:
     image = m.select(args.torch, args.cuda, args.flavor)
-    only = bench.parse_only(args.only, args.runs, args.cold_runs)
-    if args.full:  # before Docker is touched: nothing runs, nothing is pruned
-        bench.check_consent(only, args.yes)
+    only = bench.parse_only(args.only)  # validated, with --yes for the cold measures
     c = docker_env.ensure_engine(log)
     print(bench.run(c, m, image, ROOT, only, args.runs, args.cold_runs, args.full, args.yes, args.docker,
                     lambda: pipeline.ca_bundle(args.ca_bundle), log))
@@ -156,8 +147,6 @@ def cmd_bench(m: matrix.Matrix, args) -> int:
 
 
 def cmd_engine(m: matrix.Matrix, args) -> int:
-    if args.store not in engine_current.STORES:
-        raise UsageError(f"--store takes {' or '.join(engine_current.STORES)}, not {args.store!r}")
     if args.down:
         log(f"engine ({args.store} store): {'stopped' if engine_current.down(args.store) else 'was not running'}")
         return 0
@@ -168,10 +157,7 @@ def cmd_engine(m: matrix.Matrix, args) -> int:
 
 def cmd_gpu_bundle(m: matrix.Matrix, args) -> int:
     from . import gpubundle
-    image = m.select(args.torch, args.cuda, args.flavor)
-    if args.limit_mib < 1:
-        raise UsageError("--limit-mib must be at least 1")
-    gpubundle.check_target(args.dir)  # before the CA lookup and any download
+    image = m.select(args.torch, args.cuda, args.flavor)  # DIR, --python and --limit-mib: validated
     pipeline.check_inputs(ROOT, m, [image])  # the locks it reads are current
     described = gpubundle.write(ROOT, image, args.dir, args.python or image.python, pipeline.ca_bundle(args.ca_bundle),
                                 args.limit_mib, log)
@@ -200,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         argv.insert(skip, "build")  # `build.py --torch 2.7` means `build.py build --torch 2.7`
     args = command = None
     try:
-        args = parser().parse_args(argv)
+        args = validate(parser().parse_args(argv))  # every argument, before anything is touched
         args.matrix = args.matrix or ROOT / "matrix.yaml"
         command = args.command
         m = matrix.load(args.matrix)

@@ -93,10 +93,11 @@ class Options:
         out = [f"--{f.replace('_', '-')}" for f in ("no_test", "retest", "no_cache", "require_gpu") if getattr(self, f)]
         out += ["--docker", self.docker] if self.docker else []
         out += ["--ca-bundle", self.ca_path] if self.ca_path else []
-        out += ["--push", "--registry", str(self.registry)] if self.registry else []
-        out += [a for v in self.allow_vulnerable for a in ("--allow-vulnerable", v)]
+        # --retries and --allow-vulnerable go with --push only (validate refuses them alone)
+        out += ["--push", "--registry", str(self.registry), "--retries", str(self.retries)] if self.registry else []
+        out += [a for v in self.allow_vulnerable for a in ("--allow-vulnerable", v)] if self.registry else []
         out += [a for flag, specs in (("--cache-from", self.cache_from), ("--cache-to", self.cache_to)) for v in specs for a in (flag, v)]
-        return out + ["--retries", str(self.retries)]
+        return out
 
 
 @dataclass

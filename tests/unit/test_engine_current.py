@@ -58,7 +58,7 @@ def test_the_exports_are_shell_that_a_shell_reads_back():
 def test_an_unknown_store_is_one_line_and_exit_2():
     proc = run_cli(ROOT, "engine", "--store", "zfs")
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().splitlines() == ["error: --store takes containerd or classic, not 'zfs'"]
+    assert proc.stderr.strip().splitlines() == ["error: argument --store: invalid choice: 'zfs' (choose from 'containerd', 'classic') (see --help)"]
     assert proc.stdout == ""
 
 

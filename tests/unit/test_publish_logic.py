@@ -110,7 +110,7 @@ def test_propose_reads_the_pins_from_the_index(tmp_path):
     (["publish", "--registry", "127.0.0.1:5000/ml"], "pick the rows"),
     (["publish", "--all", "--torch", "2.7", "--registry", "127.0.0.1:5000/ml"], "pick the rows"),
     (["publish", "--torch", "2.7"], "no registry"),
-    (["publish", "--torch", "2.7", "--registry", "127.0.0.1:5000/ml", "--retries", "0"], "--retries must be at least 1"),
+    (["publish", "--torch", "2.7", "--registry", "127.0.0.1:5000/ml", "--retries", "0"], "argument --retries: must be at least 1"),
     (["--torch", "2.7", "--push"], "no registry"),  # before an hour of building, not after
     (["--torch", "2.7", "--push", "--registry", "https://ghcr.io/acme"], "malformed registry address"),
 ])

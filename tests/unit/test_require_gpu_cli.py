@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import certifi
 import pytest
 
 from pytorch_cuda_build import base, build, cli, docker_env, lock, render, sbom, security, tag, test
@@ -13,7 +14,7 @@ from pytorch_cuda_build import pipeline as row_pipeline
 
 ID = "sha256:" + "c" * 64
 ROW = SimpleNamespace(name="2.7.1-cuda12.1-runtime", repository="pytorch-cuda", refs=lambda: ["pytorch-cuda:2.7.1-cuda12.1-runtime"])
-ARGS = ["--torch", "2.7", "--cuda", "12.1", "--ca-bundle", "/dev/null", "--quiet"]
+ARGS = ["--torch", "2.7", "--cuda", "12.1", "--ca-bundle", certifi.where(), "--quiet"]
 
 
 class FakeDaemon:

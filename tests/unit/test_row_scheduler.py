@@ -97,13 +97,13 @@ else:
 
 def test_row_processes_read_each_childs_json_result(tmp_path):
     (tmp_path / "build.py").write_text(FAKE_CHILD)
-    worker = pipeline.RowProcesses(tmp_path, tmp_path / "matrix.yaml", pipeline.Options(no_test=True, retries=3).argv())
+    worker = pipeline.RowProcesses(tmp_path, tmp_path / "matrix.yaml", pipeline.Options(no_test=True, no_cache=True).argv())
     results = pipeline.schedule(ROWS, worker, 3, quiet(), worker.log_path)
     assert (results[0].ok, results[0].seconds, results[0].tags, results[0].size_bytes) == (True, {"build": 2.5}, ["t:1"], 5)
     assert (results[1].ok, results[1].exit_code, results[1].error) == (False, 2, ["no disk space for a build"])
     log = tmp_path / "build-results" / ROWS[2].name / "run.log"
     assert (results[2].ok, results[2].exit_code, results[2].error) == (False, 137, [f"exit 137 without a result (see {log})"])
-    assert "--no-test --retries 3" in (tmp_path / "build-results" / ROWS[0].name / "run.log").read_text()
+    assert "--no-test --no-cache" in (tmp_path / "build-results" / ROWS[0].name / "run.log").read_text()
     assert not worker.running
 
 

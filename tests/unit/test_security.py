@@ -238,7 +238,7 @@ def test_lock_check_security_with_a_bad_snapshot_is_one_line_exit_2(tmp_path, fi
 
 
 @pytest.mark.parametrize("args, says", [
-    (["--security-snapshot", str(DATA)], "--security-snapshot and --record go with --check-security"),
+    (["--security-snapshot", str(DATA)], "--security-snapshot needs --check-security"),
     (["--check-security", "--upgrade"], "apart from --check and --upgrade"),
 ])
 def test_lock_security_flags_misused_are_one_usage_line(args, says):

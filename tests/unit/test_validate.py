@@ -1,0 +1,257 @@
+"""validate.py: every argument of build.py checked before Docker, the network, a lock or the
+disk is touched. Each bad value, missing file and flag that does nothing (or contradicts
+another) is one `error:` line naming the argument, exit 2, and nothing else happens: the
+`untouched` fixture turns every way out of this process into an AssertionError."""
+from __future__ import annotations
+
+import argparse
+import builtins
+import io
+import os
+import socket
+import subprocess
+
+import certifi
+import filelock
+import pytest
+import requests
+from helpers import ROOT, one_error_line, run_cli
+
+from pytorch_cuda_build import arguments, docker_env, files, pipeline, publish
+from pytorch_cuda_build import validate as stage
+
+NO_DOCKER = {"DOCKER_HOST": "unix:///nonexistent/docker.sock", "PYTORCH_CUDA_REGISTRY": ""}
+REG = ["--push", "--registry", "127.0.0.1:5000/ml"]
+SNAPSHOT = str(ROOT / "tests" / "data" / "security")
+
+
+@pytest.fixture
+def paths(tmp_path):
+    """What the cases' {placeholders} name: a PEM bundle, a file that is not one, folders."""
+    (tmp_path / "not.pem").write_text("not a certificate\n")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    return {"pem": certifi.where(), "notpem": str(tmp_path / "not.pem"), "dir": str(tmp_path),
+            "full": str(tmp_path / "full"), "matrix": str(ROOT / "matrix.yaml")}
+
+
+@pytest.fixture
+def untouched(monkeypatch, paths):
+    """Docker, processes, sockets, locks and writes all fail the test (and are recorded, in case
+    a caller swallows the AssertionError). paths is made first: its files are the test's own."""
+    calls = []
+
+    def refuse(what):
+        def called(*a, **kw):
+            calls.append(what)
+            raise AssertionError(f"{what} called during argument validation")
+        return called
+
+    for owner, name in [(docker_env, "ensure_engine"), (docker_env, "client"), (docker_env, "build_client"),
+                        (files, "writer_lock"), (files, "write_atomic"), (files, "write_all_atomic"),
+                        (filelock.FileLock, "acquire"), (subprocess, "run"), (subprocess, "Popen"),
+                        (socket.socket, "connect"), (socket, "create_connection"), (requests.Session, "request"),
+                        (os, "mkdir"), (os, "replace"), (os, "rename"), (os, "unlink")]:
+        monkeypatch.setattr(owner, name, refuse(f"{getattr(owner, '__name__', owner)}.{name}"))
+    real_open, real_os_open = builtins.open, os.open
+
+    def reading_open(file, mode="r", *a, **kw):
+        if set(mode) & set("wax+"):
+            refuse(f"open({file!r}, {mode!r})")()
+        return real_open(file, mode, *a, **kw)
+
+    def reading_os_open(path, flags, *a, **kw):
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            refuse(f"os.open({path!r})")()
+        return real_os_open(path, flags, *a, **kw)
+    monkeypatch.setattr(builtins, "open", reading_open)
+    monkeypatch.setattr(io, "open", reading_open)
+    monkeypatch.setattr(os, "open", reading_os_open)
+    yield calls
+    assert calls == []
+
+
+# (what, argv, the error line holds). Each value-taking option's bad-value cases say which
+# option they cover in VALUE_CASES below; a new option without one fails the completeness test.
+VALUE_CASES = {
+    ("", "--matrix"): [(["--matrix", "/nonexistent/matrix.yaml", "list"], "cannot read matrix file /nonexistent/matrix.yaml"),
+                       (["--matrix", "{dir}", "list"], "Is a directory")],
+    **{(cmd, "--torch"): [([cmd, "--torch", "2.x", *extra], "--torch takes a torch version like 2.7 or 2.7.1, not '2.x'")]
+       for cmd, extra in [("build", []), ("publish", REG), ("lock", []), ("test", []), ("verify", []), ("bench", []),
+                          ("gpu-bundle", ["{dir}/b"])]},
+    **{(cmd, "--cuda"): [([cmd, "--torch", "2.7", "--cuda", "cu121", *extra], "--cuda takes a CUDA version like 12.1, not 'cu121'")]
+       for cmd, extra in [("build", []), ("publish", REG), ("lock", []), ("test", []), ("verify", []), ("bench", []),
+                          ("gpu-bundle", ["{dir}/b"])]},
+    **{(cmd, "--flavor"): [([cmd, "--torch", "2.7", "--flavor", "slim", *extra], "argument --flavor: invalid choice: 'slim'")]
+       for cmd, extra in [("build", []), ("publish", REG), ("lock", []), ("test", []), ("verify", []), ("bench", []),
+                          ("gpu-bundle", ["{dir}/b"])]},
+    **{(cmd, "--ca-bundle"): [([cmd, *extra, "--ca-bundle", "/nonexistent/ca.pem"], "cannot read CA bundle /nonexistent/ca.pem"),
+                              ([cmd, *extra, "--ca-bundle", "{notpem}"], "holds no PEM certificate"),
+                              ([cmd, *extra, "--ca-bundle", "{dir}"], "Is a directory")]
+       for cmd, extra in [("build", ["--torch", "2.7"]), ("matrix", ["--propose"]), ("publish", ["--torch", "2.7", *REG]),
+                          ("lock", []), ("verify", ["--torch", "2.7"]), ("bench", ["--torch", "2.7"]), ("engine", []),
+                          ("gpu-bundle", ["--torch", "2.7", "{dir}/b"])]},
+    **{(cmd, "--docker"): [([cmd, "--torch", "2.7", "--docker", "/nonexistent/docker"], "--docker '/nonexistent/docker' is neither")]
+       for cmd in ("build", "verify", "bench")},
+    **{(cmd, "--registry"): [([cmd, "--torch", "2.7", "--push", "--registry", "https://ghcr.io/acme"], "malformed registry address"),
+                             ([cmd, "--torch", "2.7", "--push", "--registry", "127.0.0.1:99999/ml"], "port 99999 is not 1-65535")]
+       for cmd in ("build", "publish")},
+    **{(cmd, "--retries"): [([cmd, "--torch", "2.7", *REG, "--retries", "0"], "argument --retries: must be at least 1, not 0"),
+                            ([cmd, "--torch", "2.7", *REG, "--retries", "many"], "argument --retries: takes a whole number, not 'many'")]
+       for cmd in ("build", "publish")},
+    **{(cmd, "--allow-vulnerable"): [([cmd, "--torch", "2.7", *REG, "--allow-vulnerable", ""], "--allow-vulnerable takes an advisory ID"),
+                                     ([cmd, "--torch", "2.7", *REG, "--allow-vulnerable", "GHSA-1 GHSA-2"], "takes an advisory ID")]
+       for cmd in ("build", "publish")},
+    ("build", "--jobs"): [(["build", "--all", "--jobs", "0"], "argument --jobs: must be at least 1, not 0"),
+                          (["build", "--all", "--jobs", "two"], "argument --jobs: takes a whole number, not 'two'")],
+    ("build", "--cache-from"): [(["build", "--torch", "2.7", "--cache-from", "registry,ref=r/c"], "--cache-from 'registry,ref=r/c' is not buildx's")],
+    ("build", "--cache-to"): [(["build", "--torch", "2.7", "--cache-to", "ref=r/c,type=registry"], "--cache-to 'ref=r/c,type=registry' is not buildx's")],
+    ("build", "--result-json"): [(["build", "--torch", "2.7", "--result-json", "/nonexistent/dir/r.json"], "/nonexistent/dir is not a directory"),
+                                 (["build", "--torch", "2.7", "--result-json", "{dir}"], "--result-json {dir} is a directory")],
+    ("lock", "--security-snapshot"): [(["lock", "--check-security", "--security-snapshot", "{notpem}"], "--security-snapshot {notpem} is not a folder")],
+    ("test", "--image"): [(["test", "--torch", "2.7", "--image", ""], "--image takes an image reference or ID, not ''"),
+                          (["test", "--torch", "2.7", "--image", "a b"], "--image takes an image reference or ID")],
+    ("sbom", "image"): [(["sbom", ""], "IMAGE takes an image reference or ID, not ''")],
+    ("sbom", "--output"): [(["sbom", "img", "--output", "/nonexistent/dir/sbom.json"], "--output /nonexistent/dir/sbom.json: /nonexistent/dir is not"),
+                           (["sbom", "img", "--output", "{dir}"], "--output {dir} is a directory")],
+    ("bench", "--runs"): [(["bench", "--torch", "2.7", "--runs", "0"], "argument --runs: must be at least 1, not 0")],
+    ("bench", "--cold-runs"): [(["bench", "--torch", "2.7", "--full", "--yes", "--cold-runs", "-1"], "argument --cold-runs: must be at least 1")],
+    ("bench", "--only"): [(["bench", "--torch", "2.7", "--full", "--yes", "--only", "size,bogus"], "--only takes a comma list of"),
+                          (["bench", "--torch", "2.7", "--full", "--yes", "--only", ","], "--only takes a comma list of")],
+    ("engine", "--store"): [(["engine", "--store", "zfs"], "argument --store: invalid choice: 'zfs'")],
+    ("gpu-bundle", "DIR"): [(["gpu-bundle", "--torch", "2.7", "{full}"], "{full} exists and is not an empty directory"),
+                            (["gpu-bundle", "--torch", "2.7", "/nonexistent/dir/b"], "/nonexistent/dir does not exist")],
+    ("gpu-bundle", "--python"): [(["gpu-bundle", "--torch", "2.7", "{dir}/b", "--python", "3"], "--python '3': expected MAJOR.MINOR")],
+    ("gpu-bundle", "--limit-mib"): [(["gpu-bundle", "--torch", "2.7", "{dir}/b", "--limit-mib", "0"], "--limit-mib must be at least 1")],
+    ("prune", "--keep-storage"): [(["prune", "--keep-storage", "10XB"], "argument --keep-storage: '10XB' is not a size"),
+                                  (["prune", "--keep-storage", "GB"], "is not a size")],
+}
+# Free-form on purpose: pytest checks its own arguments.
+NO_BAD_VALUE = {("selftest", "pytest_args"): "passed to pytest as they are"}
+
+# Flags that do nothing where they are given, or contradict each other: the line names both.
+COMBINATION_CASES = [
+    (["build", "--torch", "2.7", "--jobs", "2"], "--jobs needs --all"),
+    (["lock", "--check", "--upgrade"], "--check and --upgrade do not go together"),
+    (["build", "--torch", "2.7", "--ca-bundle", "/nonexistent/ca.pem", "--dry-run"], "cannot read CA bundle /nonexistent/ca.pem"),
+    (["build", "--torch", "2.7", "--ca-bundle", "{notpem}", "--dry-run"], "--ca-bundle {notpem} holds no PEM certificate"),
+    (["build", "--torch", "2.7", "--push", "--registry", "R", "--allow-vulnerable", ""], "--allow-vulnerable takes an advisory ID"),
+    (["build", "--torch", "2.7", "--push", "--registry", "R"], "malformed registry address 'R'"),
+    (["build", "--torch", "2.7", "--push"], "no registry"),
+    (["publish", "--torch", "2.7"], "no registry"),
+    (["publish", *REG], "pick the rows"),
+    (["publish", "--all", "--torch", "2.7", *REG], "pick the rows"),
+    (["bench", "--torch", "2.7", "--full", "--only", "size,cold"], "need an empty build cache"),
+    *[(["--matrix", "{matrix}", cmd, *extra], f"--matrix does nothing for `{cmd}`")
+      for cmd, extra in [("engine", []), ("sbom", ["img"]), ("selftest", [])]],
+]
+
+BASE = {"build": ["--torch", "2.7"], "bench": ["--torch", "2.7"], "publish": ["--torch", "2.7", "--registry", "127.0.0.1:5000/ml"],
+        "lock": [], "matrix": [], "engine": []}
+GIVE = {"jobs": ["--jobs", "2"], "retries": ["--retries", "2"], "allow_vulnerable": ["--allow-vulnerable", "GHSA-x"],
+        "security_snapshot": ["--security-snapshot", SNAPSHOT], "only": ["--only", "size"], "cold_runs": ["--cold-runs", "2"],
+        "cache_from": ["--cache-from", "type=registry,ref=r/c"], "cache_to": ["--cache-to", "type=registry,ref=r/c"],
+        "result_json": ["--result-json", "{dir}/r.json"], "ca_bundle": ["--ca-bundle", "{pem}"], "cuda": ["--cuda", "12.1"]}
+
+
+def _give(command: str, dest: str, but: str | None = None) -> list[str]:
+    """argv that gives dest, with what dest needs (so that the rule under test is the one that fires)."""
+    needed = [n for cmd, d, n, _ in stage.NEEDS if cmd == command and d == dest and n != but]
+    return GIVE.get(dest, [stage.flag(dest)]) + [a for n in needed for a in _give(command, n)]
+
+
+def _rule_cases():
+    for cmd, dest, needed, _ in stage.NEEDS:
+        yield pytest.param([cmd, *BASE[cmd], *_give(cmd, dest, but=needed)], f"{stage.flag(dest)} needs {stage.flag(needed)}",
+                           id=f"{cmd}-{dest}-needs-{needed}")
+    for cmd, one, other, _ in stage.CLASHES:
+        yield pytest.param([cmd, *BASE[cmd], *_give(cmd, one), *_give(cmd, other)],
+                           f"{stage.flag(one)} and {stage.flag(other)} do not go together", id=f"{cmd}-{one}-{other}")
+
+
+def _filled(items: list[str], paths: dict) -> list[str]:
+    return [s.format(**paths) for s in items]
+
+
+@pytest.mark.parametrize("argv, says", [pytest.param(argv, says, id=f"{cmd or 'global'} {opt} {argv[-1]!r}")
+                                        for (cmd, opt), cases in VALUE_CASES.items() for argv, says in cases])
+def test_a_bad_value_is_one_line_before_anything_is_touched(untouched, paths, argv, says):
+    proc = run_cli(ROOT, *_filled(argv, paths), env=NO_DOCKER)
+    one_error_line(proc, 2, says.format(**paths))
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("argv, says", [*COMBINATION_CASES, *_rule_cases()])
+def test_a_flag_that_does_nothing_or_contradicts_is_one_line_naming_both(untouched, paths, argv, says):
+    proc = run_cli(ROOT, *_filled(argv, paths), env=NO_DOCKER)
+    one_error_line(proc, 2, says.format(**paths))
+    assert proc.stdout == ""
+
+
+def _value_options() -> set[tuple[str, str]]:
+    """(command, option) for every argument of build.py that takes a value, read from the parser."""
+    def taking(p: argparse.ArgumentParser, command: str):
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    yield from taking(sub, name)
+            elif a.nargs != 0 and not isinstance(a, argparse._HelpAction):
+                yield command, a.option_strings[0] if a.option_strings else (a.metavar or a.dest)
+    return set(taking(arguments.parser(), ""))
+
+
+def test_every_option_that_takes_a_value_has_a_bad_value_case():
+    assert set(VALUE_CASES) | set(NO_BAD_VALUE) == _value_options()
+
+
+def test_every_rule_names_flags_its_command_has():
+    """A renamed flag must not leave a rule that can never fire (its cases above would still pass)."""
+    commands = arguments.parser()._subparsers._group_actions[0].choices
+    for cmd, one, other, _ in [*stage.NEEDS, *stage.CLASHES]:
+        flags = {o for a in commands[cmd]._actions for o in a.option_strings}
+        assert {stage.flag(one), stage.flag(other)} <= flags, (cmd, one, other)
+
+
+@pytest.mark.parametrize("argv, completed", [
+    (["build", "--torch", "2.7"], {"jobs": 1, "retries": 4}),
+    (["build", "--all", "--jobs", "3", *REG, "--retries", "2", "--allow-vulnerable", "GHSA-abcd-1234-wxyz"], {"jobs": 3, "retries": 2}),
+    (["build", "--torch", "2.7", "--ca-bundle", certifi.where(), "--dry-run"], {"jobs": 1}),
+    (["build", "--torch", "2.7", "--no-test", "--cache-from", "type=registry,ref=r/ns/c:{image}", "--cache-to", "type=inline"], {}),
+    (["publish", "--all", "--registry", "127.0.0.1:5000/ml"], {"retries": 4}),
+    (["bench", "--torch", "2.7", "--runs", "3"], {"cold_runs": 1, "only": None}),
+    (["bench", "--torch", "2.7", "--full", "--yes", "--only", "size,cold", "--cold-runs", "2"], {"cold_runs": 2}),
+    (["lock", "--check-security", "--record", "--security-snapshot", SNAPSHOT], {}),
+    (["engine", "--down", "--store", "classic"], {}),
+    *[(["prune", "--keep-storage", size], {"keep_storage": size}) for size in ("40GB", "512MB", "10GiB", "1.5g", "1048576", "20 GB")],
+])
+def test_good_arguments_pass_and_are_completed(monkeypatch, argv, completed):
+    monkeypatch.delenv("PYTORCH_CUDA_REGISTRY", raising=False)
+    args = stage.validate(arguments.parser().parse_args(argv))
+    assert {k: getattr(args, k) for k in completed} == completed
+
+
+@pytest.mark.parametrize("registry", [None, publish.Registry.parse("127.0.0.1:5000/ml")])
+def test_a_child_of_all_gets_arguments_that_validate(tmp_path, monkeypatch, registry):
+    """--all's rows run as `build.py build ... --result-json F` with the parent's options: those must pass too."""
+    monkeypatch.delenv("PYTORCH_CUDA_REGISTRY", raising=False)
+    opts = pipeline.Options(ca_path=certifi.where(), no_test=registry is None, no_cache=True, registry=registry, retries=2,
+                            allow_vulnerable=("GHSA-x",) if registry else (), cache_from=("type=registry,ref=r/c",))
+    argv = ["--matrix", str(ROOT / "matrix.yaml"), "build", "--torch", "2.7", "--cuda", "12.1", "--flavor", "runtime",
+            "--result-json", str(tmp_path / "result.json"), *opts.argv(), "--quiet"]
+    stage.validate(arguments.parser().parse_args(argv))
+
+
+def test_dry_run_still_needs_no_docker(untouched):
+    proc = run_cli(ROOT, "--torch", "2.7", "--cuda", "12.1", "--dry-run", env=NO_DOCKER)
+    assert proc.returncode == 0 and "FROM python-env AS runtime" in proc.stdout, proc.stderr
+
+
+def test_a_ca_bundle_with_a_pem_certificate_among_other_text_is_taken(tmp_path):
+    pem = open(certifi.where()).read()
+    first = pem[pem.index("-----BEGIN CERTIFICATE-----"):pem.index("-----END CERTIFICATE-----") + 25]
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("# the company's root\n" + first + "\n")
+    stage.check_ca_bundle(str(bundle))
+    bundle.write_text(first.replace("-----BEGIN CERTIFICATE-----", "-----BEGIN PRIVATE KEY-----"))
+    with pytest.raises(Exception, match="holds no PEM certificate"):
+        stage.check_ca_bundle(str(bundle))
