@@ -10,6 +10,10 @@ whose lines are that structure written out:
     #9 CACHED                                         it was served from the layer cache
     #9 ERROR: process "/bin/sh -c ..." did not ...    it failed
 
+A vertex with none of the three ends (the build was interrupted, or the daemon or the client
+went away) did not finish: it is shown as NOT FINISHED, with how long it ran as far as the
+log tells, never as done.
+
 buildx >= 0.12 also offers `--progress=rawjson`: BuildKit's SolveStatus objects as JSON
 (vertexes with started/completed times, base64 logs). Both parsers yield the same events,
 so the console, the benchmark and the failure report never match log text themselves.
@@ -63,6 +67,7 @@ class Started:
 class Output:
     step_id: str
     text: str
+    seconds: float | None = field(default=None, compare=False)  # since its step started, where the stream says
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,11 @@ class PlainParser:
 
     def __init__(self) -> None:
         self.steps: dict[str, Step] = {}
+        self._seen: dict[str, float] = {}
+
+    def elapsed(self, step_id: str) -> float | None:
+        """How long an unfinished step had run by its last output line (a lower bound), or None."""
+        return self._seen.get(step_id)
 
     def feed(self, line: str) -> list[Event]:
         line = line.rstrip("\n")
@@ -106,7 +116,10 @@ class PlainParser:
         if m := _ERROR.match(line):
             return [Failed(m.group(1), m.group(2) or "canceled")]
         if m := _OUTPUT.match(line):
-            return [Output(m.group(1), m.group(3))]
+            seconds = float(m.group(2)) if m.group(2) else None
+            if seconds is not None:
+                self._seen[m.group(1)] = max(seconds, self._seen.get(m.group(1), 0.0))
+            return [Output(m.group(1), m.group(3), seconds)]
         return []  # the command line we logged, BuildKit's error summary, blank lines
 
 
@@ -124,8 +137,21 @@ class RawJSONParser:
     def __init__(self) -> None:
         self.steps: dict[str, Step] = {}
         self._ended: set[str] = set()
+        self._started: dict[str, dt.datetime] = {}
+        self._now: dt.datetime | None = None  # the latest time the stream has named
         self._buf = ""
         self._decoder = json.JSONDecoder()
+
+    def elapsed(self, step_id: str) -> float | None:
+        """How long an unfinished step had run by the last time the stream named, or None."""
+        t0 = self._started.get(step_id)
+        return round((self._now - t0).total_seconds(), 1) if t0 and self._now else None
+
+    def _saw(self, when: str | None) -> dt.datetime | None:
+        t = _time(when)
+        if t is not None and (self._now is None or t > self._now):
+            self._now = t
+        return t
 
     def feed(self, line: str) -> list[Event]:
         self._buf += line
@@ -148,7 +174,11 @@ class RawJSONParser:
         events: list[Event] = []
         for v in status.get("vertexes") or []:
             digest, name = v.get("digest", ""), v.get("name", "")
-            if digest not in self.steps and name:
+            started, _ = self._saw(v.get("started")), self._saw(v.get("completed"))
+            if started is not None:
+                self._started.setdefault(digest, started)
+            # BuildKit lists vertices it has not started yet (no times): those have not begun
+            if digest not in self.steps and name and (started or v.get("completed") or v.get("error")):
                 m = re.match(r"^\[([^\]]+)\] (.*)$", name)
                 self.steps[digest] = Step(digest, *(m.groups() if m else ("internal", name)))
                 events.append(Started(self.steps[digest]))
@@ -160,12 +190,17 @@ class RawJSONParser:
             elif v.get("cached") and v.get("completed"):
                 self._ended.add(digest)
                 events.append(Cached(digest))
-            elif v.get("completed") and v.get("started"):
+            elif v.get("completed"):
                 self._ended.add(digest)
-                events.append(Done(digest, round((_time(v["completed"]) - _time(v["started"])).total_seconds(), 1)))
+                t0 = started or self._started.get(digest)
+                events.append(Done(digest, round((_time(v["completed"]) - t0).total_seconds(), 1) if t0 else 0.0))
+        for st in status.get("statuses") or []:  # progress of pulls and transfers: only their times matter here
+            self._saw(st.get("timestamp"))
         for log in status.get("logs") or []:
             data = base64.b64decode(log.get("data") or "").decode(errors="replace")
-            events += [Output(log.get("vertex", ""), ln) for ln in data.splitlines() if ln.strip()]
+            when, t0 = self._saw(log.get("timestamp")), self._started.get(log.get("vertex", ""))
+            seconds = round((when - t0).total_seconds(), 1) if when and t0 else None
+            events += [Output(log.get("vertex", ""), ln, seconds) for ln in data.splitlines() if ln.strip()]
         return events
 
 
@@ -181,10 +216,18 @@ def detect(text: str) -> str:
 @dataclass
 class StepRecord:
     step: Step
-    seconds: float = 0.0
+    seconds: float = 0.0  # unfinished: how long it ran as far as the log tells
     cached: bool = False
     error: str = ""
     output: list[str] = field(default_factory=list)
+    finished: bool = False  # BuildKit reported DONE, CACHED or ERROR/CANCELED
+
+    @property
+    def end(self) -> str:
+        """How the step ended, as plain progress writes it; NOT FINISHED where it never said."""
+        if not self.finished:
+            return f"NOT FINISHED after {self.seconds:.1f}s" if self.seconds else "NOT FINISHED"
+        return f"ERROR: {self.error}" if self.error else "CACHED" if self.cached else f"DONE {self.seconds:.1f}s"
 
 
 def replay(text: str, mode: str | None = None) -> list[StepRecord]:
@@ -197,19 +240,23 @@ def replay(text: str, mode: str | None = None) -> list[StepRecord]:
                 records[ev.step.id] = StepRecord(ev.step)
             elif (r := records.get(ev.step_id)) is not None:
                 if isinstance(ev, Done):
-                    r.seconds = ev.seconds
+                    r.seconds, r.finished = ev.seconds, True
                 elif isinstance(ev, Cached):
-                    r.cached = True
+                    r.cached = r.finished = True
                 elif isinstance(ev, Failed):
-                    r.error = ev.message
+                    r.error, r.finished = ev.message, True
                 else:
                     r.output.append(ev.text)
+    for r in records.values():
+        if not r.finished:
+            r.seconds = p.elapsed(r.step.id) or 0.0
     return list(records.values())
 
 
 def steps(text: str) -> list[dict]:
-    """The Dockerfile steps (not BuildKit's internal vertices) of a saved log: stage, command, seconds, cached."""
-    return [{"stage": r.step.stage, "cmd": r.step.name[:120], "seconds": r.seconds, "cached": r.cached}
+    """The Dockerfile steps (not BuildKit's internal vertices) of a saved log: stage, command, seconds,
+    cached, finished (False: the build stopped while it ran; seconds is then how long it had run)."""
+    return [{"stage": r.step.stage, "cmd": r.step.name[:120], "seconds": r.seconds, "cached": r.cached, "finished": r.finished}
             for r in replay(text) if r.step.position and r.step.stage]
 
 
@@ -245,6 +292,5 @@ def readable(text: str) -> str:
     for r in replay(text, RAWJSON):
         lines.append(f"#{r.step.id[7:19]} {r.step}")
         lines += [f"#{r.step.id[7:19]} {ln}" for ln in r.output]
-        end = f"ERROR: {r.error}" if r.error else "CACHED" if r.cached else f"DONE {r.seconds:.1f}s"
-        lines.append(f"#{r.step.id[7:19]} {end}")
+        lines.append(f"#{r.step.id[7:19]} {r.end}")
     return "\n".join(lines) + "\n"

@@ -168,3 +168,65 @@ def test_summary_table_has_a_row_per_result_and_the_errors_below():
                                 "pytorch-cuda:2.7.1-cuda12.1-runtime", "pytorch-cuda:v2.7"]
     assert lines[2].split() == ["2.7.1-cuda12.6-runtime", "exit", "1", "-", "1.0s", "29.0s", "-", "30.0s", "-"]
     assert lines[3] == "2.7.1-cuda12.6-runtime: build failed at step [python-env 2/2] RUN ..."
+
+
+# A build stopped mid-way (Ctrl-C, the daemon gone): #10 started, wrote output and never ended;
+# #11 failed while #12, beside it, never said anything more.
+STOPPED = """\
+#10 [ops-builder 5/5] RUN python /opt/pytorch-cuda/opsbuild.py /wheelhouse/deepspeed-0.17.6.tar.gz
+#10 3.1 building op cpu_adam
+#10 12.3 [12/40] c++ -MMD -MF cpu_adam.o.d
+"""
+FAILED_BESIDE = """\
+#11 [python-env 2/2] RUN pip install --no-deps -r requirements.lock
+#12 [cuda-toolkit 3/3] RUN python3 /opt/pytorch-cuda/toolkit.py debs
+#11 4.0 ERROR: hash mismatch
+#11 ERROR: executor failed running [/bin/sh -c pip install]: exit code: 1
+"""
+
+
+def test_a_plain_step_that_never_ended_is_unfinished_with_how_long_it_ran():
+    records = {r.step.id: r for r in progress.replay(PLAIN + STOPPED)}
+    assert not records["10"].finished and records["10"].seconds == 12.3
+    assert records["10"].end == "NOT FINISHED after 12.3s"
+    assert records["9"].finished and records["9"].end == "DONE 256.6s"
+    assert records["1"].end == "DONE 0.0s"  # a step BuildKit timed at 0.0s stays done
+    assert progress.steps(PLAIN + STOPPED)[-1] == {
+        "stage": "ops-builder", "cmd": "RUN python /opt/pytorch-cuda/opsbuild.py /wheelhouse/deepspeed-0.17.6.tar.gz",
+        "seconds": 12.3, "cached": False, "finished": False}
+
+
+def test_in_a_failed_build_the_step_beside_the_failure_is_unfinished_not_done():
+    records = {r.step.id: r for r in progress.replay(FAILED_BESIDE)}
+    assert records["11"].end == "ERROR: executor failed running [/bin/sh -c pip install]: exit code: 1"
+    assert not records["12"].finished and records["12"].end == "NOT FINISHED"  # no output: no time known
+    assert progress.failed_step(FAILED_BESIDE) == "[python-env 2/2] RUN pip install --no-deps -r requirements.lock"
+
+
+def _log(vertex: str, text: str, when: str) -> str:
+    return _status(logs=[{"vertex": vertex, "stream": 1, "data": base64.b64encode(text.encode()).decode(), "timestamp": when}])
+
+
+def test_a_rawjson_step_that_never_ended_reads_not_finished_never_done_0s(tmp_path):
+    ran, queued, done = "sha256:" + "f" * 64, "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    text = ("$ docker buildx build --load --progress=rawjson --file Dockerfile .\n"
+            # BuildKit lists the vertices of the build before it starts them
+            + _status(vertexes=[{"digest": d, "name": n} for d, n in (
+                (done, "[base 2/3] RUN apt-get update"), (ran, "[ops-builder 5/5] RUN python opsbuild.py"),
+                (queued, "[runtime 2/9] COPY --from=ops-builder /dist /dist"))])
+            + _status(vertexes=[{"digest": done, "name": "[base 2/3] RUN apt-get update",
+                                 "started": "2026-01-01T00:00:00Z", "completed": "2026-01-01T00:00:04Z"}])
+            + _status(vertexes=[{"digest": ran, "name": "[ops-builder 5/5] RUN python opsbuild.py", "started": "2026-01-01T00:00:05Z"}])
+            + _log(ran, "building op cpu_adam\n", "2026-01-01T00:00:08.5Z")
+            + _status(statuses=[{"id": "x", "vertex": done, "timestamp": "2026-01-01T00:00:17.3Z"}]))
+    records = progress.replay(text)
+    assert [r.step.name for r in records] == ["RUN apt-get update", "RUN python opsbuild.py"]  # the queued one never began
+    assert [(r.finished, r.seconds) for r in records] == [(True, 4.0), (False, 12.3)]
+    p = progress.RawJSONParser()
+    outputs = [ev for line in text.splitlines(keepends=True) for ev in p.feed(line) if isinstance(ev, progress.Output)]
+    assert [(o.text, o.seconds) for o in outputs] == [("building op cpu_adam", 3.5)]
+    readable = progress.readable(text)
+    assert f"#{ran[7:19]} NOT FINISHED after 12.3s" in readable.splitlines() and "DONE 0.0s" not in readable
+    log = tmp_path / "build.log"
+    log.write_text(text)
+    assert build.tail(log).splitlines()[-1] == f"#{ran[7:19]} NOT FINISHED after 12.3s"  # what a user sees after Ctrl-C
