@@ -250,5 +250,5 @@ class BundleTooLarge(PipelineError):
 
     def __str__(self) -> str:
         big = ", ".join(f"{name} {size / 2**20:.1f} MiB" for name, size in self.largest)
-        return (f"the bundle would be {self.size / 2**20:.1f} MiB, over the {self.limit_mib} MiB a GPU machine takes "
+        return (f"the bundle would be {self.size / 2**20:.1f} MiB, over the {self.limit_mib} MiB limit (--limit-mib; a GPU machine takes 64) "
                 f"(largest: {big}); nothing written")
