@@ -5,6 +5,7 @@ through a Docker CLI; everything else (inspect, run, tag) goes through the SDK.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -84,6 +85,17 @@ def lost(during: str, e: BaseException | None = None) -> EnvironmentProblem:
     if e is not None:
         return failure(during, e)
     return EnvironmentProblem(f"the Docker daemon at {daemon_address()} stopped answering during {during}; no tag moved")
+
+
+def daemon_key(c: docker.DockerClient) -> str:
+    """A short name for the daemon c reaches, for per-daemon locks: a hash of the daemon's own ID
+    (two addresses of one daemon share it, two daemons never do), or of its address where the
+    daemon will not say."""
+    try:
+        ident = str(c.info().get("ID") or "")
+    except Exception:
+        ident = ""
+    return hashlib.sha256((f"id:{ident}" if ident else f"address:{daemon_address()}").encode()).hexdigest()[:12]
 
 
 def answers(c: docker.DockerClient) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -139,18 +140,43 @@ def check_inputs(root: Path, m: Matrix, images: list[Image]) -> None:
 
 
 def build_row(root: Path, image: Image, opts: Options, console) -> RowResult:
-    """The row's pipeline under its lock: two runs of one row would race on its candidate tag."""
-    base.STATE_DIR.mkdir(parents=True, exist_ok=True)
-    row_lock = FileLock(str(base.STATE_DIR / f"build-{image.name}.lock"))
+    """The row's pipeline: its engine first, so a daemon that does not answer fails at once with
+    its own error rather than after waiting on another build; then the rest under two locks. Two
+    runs of one row from this checkout would write one build-results/<row>; two on one daemon
+    would race on its candidate tag. Runs on other daemons from other checkouts never wait."""
+    row = _Row(root, image, opts, console)
+    c, bc = row.engine()
+    results = f"another build of {image.name} from this checkout is running (it writes {row.results}); waiting for it"
+    tag = f"another build of {image.name} on the daemon at {docker_env.daemon_address()} is running; waiting for it"
+    with _held(results_lock_path(root, image), results, console), \
+            _held(row_lock_path(image, docker_env.daemon_key(c)), tag, console):
+        return row.run(c, bc)
+
+
+def row_lock_path(image: Image, daemon: str) -> Path:
+    """The lock of a row's candidate tag on one daemon (docker_env.daemon_key)."""
+    return base.STATE_DIR / f"build-{image.name}-{daemon}.lock"
+
+
+def results_lock_path(root: Path, image: Image) -> Path:
+    """The lock of a row's results folder in one checkout."""
+    where = hashlib.sha256(str(results_dir(root, image).resolve()).encode()).hexdigest()[:12]
+    return base.STATE_DIR / f"results-{image.name}-{where}.lock"
+
+
+@contextlib.contextmanager
+def _held(path: Path, waiting: str, console):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    held = FileLock(str(path))
     try:
-        row_lock.acquire(timeout=1)
+        held.acquire(timeout=1)
     except Timeout:
-        console.log(f"another build of {image.name} is running; waiting for it")
-        row_lock.acquire()
+        console.log(waiting)
+        held.acquire()
     try:
-        return _Row(root, image, opts, console).run()
+        yield
     finally:
-        row_lock.release()
+        held.release()
 
 
 class _Row:
@@ -170,13 +196,17 @@ class _Row:
             self.result.seconds[name] = round(self.result.seconds.get(name, 0.0) + secs, 1)
             self.console.stage_end(name, secs)
 
-    def run(self) -> RowResult:
+    def engine(self):
+        """The daemon (it answers) and the client to build with; before any lock is waited on."""
+        with self.stage("engine"):
+            c = docker_env.ensure_engine(self.console.log)
+            bc = docker_env.build_client(self.opts.docker)
+            build.check_disk(docker_env.root_dir(c))
+        return c, bc
+
+    def run(self, c, bc) -> RowResult:
         image, opts, log = self.image, self.opts, self.console.log
         self.results.mkdir(parents=True, exist_ok=True)
-        with self.stage("engine"):
-            c = docker_env.ensure_engine(log)
-            bc = docker_env.build_client(opts.docker)
-            build.check_disk(docker_env.root_dir(c))
         with self.stage("base"):
             base_id = base.ensure(c, image, self.results, log, docker_cli=bc.argv[0])
         image_id = self.build(c, bc, base_id)
