@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import docker.errors
 import pytest
 import testinfra
 
@@ -48,7 +49,7 @@ def image_ref(request, row, docker_client) -> str:
     ref = request.config.getoption("--image") or row.refs()[0]
     try:
         docker_client.images.get(ref)
-    except Exception:
+    except docker.errors.ImageNotFound:
         pytest.skip(f"image {ref} is not built here; build it with build.py first")
     return ref
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import uuid
 
+import docker.errors
 import pytest
 from helpers import PRIVATE_KEYS, ROOT, SECRET_FILES, insert_before_user, project_copy, run_build_py, scan_layers
 
@@ -25,7 +26,7 @@ def tag_ids(client) -> dict[str, str | None]:
     for ref in DEFAULT.refs():
         try:
             out[ref] = client.images.get(ref).id
-        except Exception:
+        except docker.errors.ImageNotFound:
             out[ref] = None
     return out
 

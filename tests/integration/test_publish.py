@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 
+import docker.errors
 import pytest
 from helpers import ROOT, run_build_py, shown
 from registry import LocalRegistry, require_binary
@@ -154,7 +155,7 @@ def test_row_never_built_or_never_tested_pushes_nothing(registry, docker_client,
     other = DEFAULT.repository + ":2.7.1-cuda12.6-runtime"
     try:
         real = docker_client.images.get(other)  # a real 12.6 build on this machine: put it back after
-    except Exception:
+    except docker.errors.ImageNotFound:
         real = None
     untested = docker_client.images.list(name="pytorch-cuda-rootfs")[0]
     untested.tag(*other.split(":"))
@@ -220,7 +221,7 @@ def _exists(client, image_id: str) -> bool:
     try:
         client.images.get(image_id)
         return True
-    except Exception:
+    except docker.errors.ImageNotFound:
         return False
 
 
