@@ -13,7 +13,6 @@ import http.server
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -22,6 +21,8 @@ import urllib.error
 import urllib.request
 import warnings
 from pathlib import Path
+
+from helpers import free_port, require
 
 with warnings.catch_warnings():  # deprecated in 3.11, gone in 3.13: only the tests need bcrypt
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -32,19 +33,7 @@ BINARY = shutil.which("docker-registry")
 
 def require_binary() -> None:
     """A test that needs docker-registry: a failure in CI (selftest installs it), a skip elsewhere."""
-    import pytest
-
-    from conftest import IN_CI
-    if BINARY is None:
-        if IN_CI:
-            pytest.fail("CI needs docker-registry (build.py selftest installs it)")
-        pytest.skip("no docker-registry binary: run `python build.py selftest` or apt-get install docker-registry")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    require(BINARY, "no docker-registry binary: run `python build.py selftest` or apt-get install docker-registry")
 
 
 class LocalRegistry:

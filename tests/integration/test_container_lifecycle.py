@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import docker.errors
 import pytest
+from helpers import require
 
 from pytorch_cuda_build import test as stage
 
@@ -16,8 +17,7 @@ pytestmark = pytest.mark.docker
 @pytest.fixture(scope="module")
 def rootfs(docker_client) -> str:
     images = docker_client.images.list(name="pytorch-cuda-rootfs")
-    if not images:
-        pytest.skip("no local pytorch-cuda-rootfs image (build.py makes one with debootstrap)")
+    require(images, "no local pytorch-cuda-rootfs image (build.py makes one with debootstrap)")
     return images[0].id
 
 

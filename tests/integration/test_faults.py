@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import IN_CI
-from helpers import ROOT, fill, insert_before_user, project_copy, run_build_py, shown, tmpfs, tree_snapshot
+from helpers import ROOT, fill, insert_before_user, missing, project_copy, run_build_py, shown, tmpfs, tree_snapshot
 
 from pytorch_cuda_build import docker_env, engine_current, matrix, progress, render, tag
 
@@ -139,7 +139,7 @@ def test_daemon_killed_mid_build_is_named_and_moves_no_tag(built, docker_client,
     wait_for(root / "build-results" / DEFAULT.name / "build.log", f"RUN sleep 120 # {token}", proc)
     ours = our_daemon()
     if ours is None or not ours[0].exists():
-        pytest.skip("the daemon is not one that engine.sh or `build.py engine` starts: not ours to kill")
+        missing("the daemon is not one that engine.sh or `build.py engine` starts: not ours to kill")
     pidfile, restart = ours
     if not (IN_CI or os.environ.get("PYTORCH_CUDA_FAULT_KILL_DAEMON") == "1"):
         pytest.skip("kills this machine's dockerd: runs in CI, or set PYTORCH_CUDA_FAULT_KILL_DAEMON=1")

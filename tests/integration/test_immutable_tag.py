@@ -14,11 +14,11 @@ import subprocess
 import tarfile
 import uuid
 
+import docker.errors
 import pytest
 from helpers import project_copy, run_build_py, shown
-from registry import BINARY, LocalRegistry
+from registry import LocalRegistry, require_binary
 
-from conftest import IN_CI
 from pytorch_cuda_build import matrix, render
 
 pytestmark = [pytest.mark.docker]
@@ -55,10 +55,7 @@ def _reported(project, name: str) -> None:
 
 
 def test_a_dated_tag_held_by_another_image_is_refused_and_nothing_moves(tmp_path, docker_client):
-    if BINARY is None:
-        if IN_CI:
-            pytest.fail("CI needs docker-registry (build.py selftest installs it)")
-        pytest.skip("no docker-registry binary: run `python build.py selftest` or apt-get install docker-registry")
+    require_binary()
     project = project_copy(tmp_path / "project")
     repo = f"pytorch-cuda-issue11-{uuid.uuid4().hex[:8]}"
     text = (project / "matrix.yaml").read_text()
@@ -133,5 +130,5 @@ def _exists(client, image_id: str) -> bool:
     try:
         client.images.get(image_id)
         return True
-    except Exception:
+    except docker.errors.ImageNotFound:
         return False

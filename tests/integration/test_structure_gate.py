@@ -4,8 +4,9 @@ they used is gone. build.py skips a re-test of an image already tested with this
 so this is where the suite runs them whatever the pass records say."""
 from __future__ import annotations
 
+import docker.errors
 import pytest
-from helpers import ROOT
+from helpers import ROOT, missing
 
 from pytorch_cuda_build import matrix, test
 
@@ -18,8 +19,8 @@ def test_packaged_checks_pass_on_the_default_image(docker_client, tmp_path):
     ref = DEFAULT.refs()[0]
     try:
         image_id = docker_client.images.get(ref).id
-    except Exception:
-        pytest.skip(f"image {ref} is not built here; build it with build.py first")
+    except docker.errors.ImageNotFound:
+        missing(f"image {ref} is not built here; build it with build.py first")
     test.structure(ROOT, DEFAULT, image_id, tmp_path, ROOT / "matrix.yaml")  # raises TestFailure on any failure
     counts = test.junit_counts(tmp_path / "structure.xml")
     assert counts.passed > 20 and counts.failed == 0, counts

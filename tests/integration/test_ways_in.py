@@ -274,11 +274,10 @@ def test_tensorboard_serves_what_torch_wrote(image, tmp_path):
 def test_the_layer_scan_finds_a_host_key_where_there_is_one(docker_client, tmp_path):
     """The secret scan (test_pipeline.py, test_no_secret_in_any_layer) on an image that does hold
     an ssh host key and a private key file: it must name both, or its silence proves nothing."""
-    from helpers import PRIVATE_KEYS, SECRET_FILES, scan_layers
+    from helpers import PRIVATE_KEYS, SECRET_FILES, require, scan_layers
 
     rootfs = docker_client.images.list(name="pytorch-cuda-rootfs")
-    if not rootfs:
-        pytest.skip("no local pytorch-cuda-rootfs image (build.py makes one with debootstrap)")
+    require(rootfs, "no local pytorch-cuda-rootfs image (build.py makes one with debootstrap)")
     key = "-----BEGIN OPENSSH PRIVATE KEY-----\\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ==\\n-----END OPENSSH PRIVATE KEY-----\\n"
     box = docker_client.containers.run(rootfs[0].id, ["sh", "-c", f"mkdir -p /etc/ssh && printf '%b' '{key}' > /etc/ssh/ssh_host_ed25519_key "
                                                       f"&& printf '%b' '{key}' > /srv/deploy_key && cp /bin/ls /srv/not-a-key"],

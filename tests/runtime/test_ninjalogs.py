@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import require
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -125,8 +126,12 @@ def test_main_says_what_is_wrong_and_exits_nonzero(tmp_path, capsys):
 
 # ---- with the real ninja ----------------------------------------------------------------------
 
-needs_ninja = pytest.mark.skipif(not (shutil.which("ninja") and shutil.which("gcc")),
-                                 reason="needs ninja and gcc (Debian: ninja-build, gcc)")
+@pytest.fixture
+def ninja_and_gcc():
+    require(shutil.which("ninja") and shutil.which("gcc"), "needs ninja and gcc (Debian: ninja-build, gcc)")
+
+
+needs_ninja = pytest.mark.usefixtures("ninja_and_gcc")
 
 
 def ninja(d: Path, *args) -> str:

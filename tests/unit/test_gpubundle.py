@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, one_error_line, run_cli
+from helpers import ROOT, missing, one_error_line, run_cli
 
 from pytorch_cuda_build import gpubundle, lock, matrix
 from pytorch_cuda_build.errors import BundleTooLarge
@@ -158,7 +158,7 @@ def read_only(path: Path):
     path.mkdir()
     if os.geteuid() == 0:
         if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(path)]).returncode != 0:
-            pytest.skip("root cannot mount a read-only tmpfs here")
+            missing("root cannot mount a read-only tmpfs here")
         try:
             yield path
         finally:
