@@ -13,7 +13,9 @@ import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
 
+from helpers import free_port  # noqa: E402
 from pytorch_cuda_runtime import banner, services as sv  # noqa: E402
 
 
@@ -25,12 +27,6 @@ def a_public_key():
         with open(f"{d}/k") as f:
             private = f.read()
     return pub, private
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class PublicKey(unittest.TestCase):
