@@ -135,14 +135,17 @@ def run_cli(root: Path, *args: str, env: dict | None = None) -> subprocess.Compl
     return subprocess.CompletedProcess(["build.py", *args], rc, out.getvalue(), err.getvalue())
 
 
-def one_error_line(proc: subprocess.CompletedProcess, code: int, says: str, prefix: str = "error: ") -> None:
+def one_error_line(proc: subprocess.CompletedProcess, code: int, says: str, prefix: str = "error: ",
+                   only_line: bool = False) -> None:
     """proc failed as every user-facing path must: exit code `code`, exactly one line starting
     with `prefix` (build.py's "error: ", the image's "pytorch-cuda: error: ") that holds `says`,
-    and no traceback."""
+    and no traceback. only_line: that line is all of stderr (the image's entrypoint refusing)."""
     assert proc.returncode == code, shown(proc)
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith(prefix)]
     assert len(errors) == 1 and says in errors[0], shown(proc)
     assert "Traceback" not in proc.stderr, shown(proc)
+    if only_line:
+        assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(prefix), shown(proc)
 
 
 def tree_snapshot(path: Path) -> dict[str, bytes]:

@@ -7,23 +7,14 @@ committed locks' time by tests/conftest.py (PYTORCH_CUDA_EXCLUDE_NEWER).
 """
 from __future__ import annotations
 
-import subprocess
-
 import certifi
 import pytest
-from helpers import ROOT, project_copy, run_build_py, run_cli, tmpfs, tree_snapshot
+from helpers import ROOT, one_error_line, project_copy, run_build_py, run_cli, tmpfs, tree_snapshot
 
 from pytorch_cuda_build import bench, build, docker_env, files, matrix
 from pytorch_cuda_build.errors import EnvironmentProblem
 
 NO_DOCKER = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}
-
-
-def one_error_line(proc: subprocess.CompletedProcess, code: int, text: str) -> None:
-    assert proc.returncode == code, proc.stdout + proc.stderr
-    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
-    assert len(errors) == 1 and text in errors[0], proc.stderr
-    assert "Traceback" not in proc.stderr
 
 
 def test_unknown_row_lists_rows():
