@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 import subprocess
 
+import pytest
 from helpers import ROOT, run_cli
 
 from pytorch_cuda_build import engine_current
@@ -79,16 +80,13 @@ def test_containers_get_the_resolver_the_engine_names_and_host_network_ones_keep
     client = type("C", (), {"containers": Containers()})()
     monkeypatch.setenv("PYTORCH_CUDA_CONTAINER_DNS", "127.0.0.1, 10.0.0.2")
     for opts in ({}, {"network_mode": "host"}):
-        try:
+        with pytest.raises(RuntimeError, match="stop here"):
             with stage.throwaway_container(client, "img", ["true"], "smoke", log=lambda m: None, **opts):
                 pass
-        except RuntimeError:
-            pass
     monkeypatch.delenv("PYTORCH_CUDA_CONTAINER_DNS")
-    try:
+    with pytest.raises(RuntimeError, match="stop here"):
         with stage.throwaway_container(client, "img", ["true"], "smoke", log=lambda m: None):
             pass
-    except RuntimeError:
-        pass
+    assert len(made) == 3
     assert made[0]["dns"] == ["127.0.0.1", "10.0.0.2"]
     assert "dns" not in made[1] and "dns" not in made[2]
