@@ -1,4 +1,6 @@
-"""Every container the smoke step creates is removed, on every way out (fake Docker client)."""
+"""The gate's containers (test.py, throwaway_container), with a fake Docker client: every
+container the smoke step creates is removed, on every way out, and each gets the resolver
+the engine names."""
 from __future__ import annotations
 
 import os
@@ -135,3 +137,29 @@ def test_containers_carry_the_runs_label(tmp_path, monkeypatch):
     assert seen == [{"pytorch-cuda.test": "smoke", stage.RUN_LABEL: stage.RUN_ID}]
     assert stage.RUN_ID == os.environ["PYTORCH_CUDA_RUN_ID"]  # the session's own (tests/conftest.py)
     assert daemon.alive == {}
+
+
+def test_containers_get_the_resolver_the_engine_names_and_host_network_ones_keep_the_hosts(monkeypatch):
+    made = []
+
+    class Containers:
+        def create(self, image, command, **opts):
+            made.append(opts)
+            raise RuntimeError("stop here")
+
+        def get(self, name):
+            raise docker.errors.NotFound(name)
+
+    client = type("C", (), {"containers": Containers()})()
+    monkeypatch.setenv("PYTORCH_CUDA_CONTAINER_DNS", "127.0.0.1, 10.0.0.2")
+    for opts in ({}, {"network_mode": "host"}):
+        with pytest.raises(RuntimeError, match="stop here"):
+            with stage.throwaway_container(client, "img", ["true"], "smoke", log=lambda m: None, **opts):
+                pass
+    monkeypatch.delenv("PYTORCH_CUDA_CONTAINER_DNS")
+    with pytest.raises(RuntimeError, match="stop here"):
+        with stage.throwaway_container(client, "img", ["true"], "smoke", log=lambda m: None):
+            pass
+    assert len(made) == 3
+    assert made[0]["dns"] == ["127.0.0.1", "10.0.0.2"]
+    assert "dns" not in made[1] and "dns" not in made[2]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import shlex
 import subprocess
 
-import pytest
 from helpers import ROOT, run_cli
 
 from pytorch_cuda_build import engine_current
@@ -61,32 +60,3 @@ def test_an_unknown_store_is_one_line_and_exit_2():
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == ["error: argument --store: invalid choice: 'zfs' (choose from 'containerd', 'classic') (see --help)"]
     assert proc.stdout == ""
-
-
-def test_containers_get_the_resolver_the_engine_names_and_host_network_ones_keep_the_hosts(monkeypatch):
-    from pytorch_cuda_build import test as stage
-
-    made = []
-
-    class Containers:
-        def create(self, image, command, **opts):
-            made.append(opts)
-            raise RuntimeError("stop here")
-
-        def get(self, name):
-            import docker.errors
-            raise docker.errors.NotFound(name)
-
-    client = type("C", (), {"containers": Containers()})()
-    monkeypatch.setenv("PYTORCH_CUDA_CONTAINER_DNS", "127.0.0.1, 10.0.0.2")
-    for opts in ({}, {"network_mode": "host"}):
-        with pytest.raises(RuntimeError, match="stop here"):
-            with stage.throwaway_container(client, "img", ["true"], "smoke", log=lambda m: None, **opts):
-                pass
-    monkeypatch.delenv("PYTORCH_CUDA_CONTAINER_DNS")
-    with pytest.raises(RuntimeError, match="stop here"):
-        with stage.throwaway_container(client, "img", ["true"], "smoke", log=lambda m: None):
-            pass
-    assert len(made) == 3
-    assert made[0]["dns"] == ["127.0.0.1", "10.0.0.2"]
-    assert "dns" not in made[1] and "dns" not in made[2]
