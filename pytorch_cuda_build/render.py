@@ -41,9 +41,20 @@ def base_ref(image: Image) -> str:
     return image.os.image if image.os.kind == "registry" and image.os.image else rootfs_ref(image)
 
 
+def apt_pinned(names: tuple[str, ...], pins: dict[str, str]) -> list[str]:
+    """`name=version` for every package the lock pinned, the bare name otherwise; in matrix.yaml's order."""
+    return [f"{n}={pins[n]}" if n in pins else n for n in names]
+
+
 def apt_list(names: tuple[str, ...], pins: dict[str, str]) -> str:
-    """`name=version` for every package the lock pinned, the bare name otherwise."""
-    return " ".join(f"{n}={pins[n]}" if n in pins else n for n in names)
+    return " ".join(apt_pinned(names, pins))
+
+
+def apt_arg_value(names: tuple[str, ...], pins: dict[str, str]) -> str:
+    """The list one package a line, for `ARG APT_PACKAGES="..."`. Docker joins continuation lines
+    keeping their indent, so these start at column 0: the value, and with it the cache key of
+    the apt layer that reads it, stays that of the one-line list (`apt_list`)."""
+    return "\\\n" + " \\\n".join(apt_pinned(names, pins))
 
 
 def apt_sources(image: Image) -> str:
@@ -56,13 +67,15 @@ def apt_sources(image: Image) -> str:
 
 
 def base_stage(root: Path, image: Image, lock_meta: dict) -> str:
-    text = (root / "Dockerfile.base").read_text()
+    # Through Jinja only to drop its {# #} editor notes; the pins are put in below.
+    text = _env(root).from_string((root / "Dockerfile.base").read_text()).render()
     if len(_BASE_ARG.findall(text)) != 1 or len(_APT_ARG.findall(text)) != 1 or len(_SOURCES_ARG.findall(text)) != 1:
         raise RenderError('Dockerfile.base must have exactly one `ARG BASE_IMAGE=<default>`, one `ARG APT_PACKAGES="..."` '
                           'and one `ARG APT_SOURCES="..."` line')
     text = _BASE_ARG.sub(f"ARG BASE_IMAGE={base_ref(image)}", text)
     text = _SOURCES_ARG.sub(f'ARG APT_SOURCES="{apt_sources(image)}"', text)
-    text = _APT_ARG.sub(f'ARG APT_PACKAGES="{apt_list(image.os.packages, lock_meta.get("apt", {}))}"', text)
+    packages = apt_arg_value(image.os.packages, lock_meta.get("apt", {}))
+    text = _APT_ARG.sub(lambda _: f'ARG APT_PACKAGES="{packages}"', text)  # a function: re would read the backslashes
     return text.rstrip("\n")
 
 
@@ -138,7 +151,6 @@ def _env(root: Path) -> jinja2.Environment:
         trim_blocks=False,
         autoescape=False,
     )
-    env.filters["split_lines"] = lambda s: s.splitlines()
     return env
 
 
