@@ -1,7 +1,14 @@
-"""The benchmark's parsing and report logic (the measurements themselves are never asserted)."""
+"""The benchmark's parsing and report logic (the measurements themselves are never asserted),
+its refusal to empty the build cache without --yes, and a failing command as one typed line."""
 from __future__ import annotations
 
-from pytorch_cuda_build import bench
+import subprocess
+
+import pytest
+from helpers import ROOT
+
+from pytorch_cuda_build import bench, cli, docker_env, tag
+from pytorch_cuda_build.errors import CommandFailed, UsageError
 
 LOG = """\
 #1 [internal] load build definition from Dockerfile
@@ -102,3 +109,68 @@ def test_report_compares_against_the_naive_ops_build_and_the_ops_cache():
     assert "(1500 s / 1400 s) | 1.07x | <= 1.1x | yes |" in md
     assert "| 20 s / 600 s | ops from the cache | yes |" in md
     assert "| cold build, naive with DS_BUILD_* ops | 1400.00 |" in md
+
+
+# ---- --full's consent, and failing commands ----------------------------------------------
+
+@pytest.fixture
+def no_docker(monkeypatch):
+    """Every way bench reaches Docker, recorded: a refusal must run none of them."""
+    calls = []
+
+    def record(*a, **kw):
+        calls.append(a[0] if a else kw)
+        raise AssertionError(f"ran {a[0] if a else kw}")
+    monkeypatch.setattr(docker_env, "ensure_engine", record)
+    monkeypatch.setattr(docker_env, "build_client", record)
+    monkeypatch.setattr(bench.subprocess, "run", record)
+    return calls
+
+
+@pytest.mark.parametrize("only", [None, "cold", "matrix", "size,cold"])
+def test_bench_full_refuses_to_empty_the_build_cache_without_yes(no_docker, capsys, only):
+    argv = ["bench", "--torch", "2.7", "--cuda", "12.1", "--full"] + (["--only", only] if only else [])
+    rc = cli.main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "need an empty build cache" in err and "removes every entry of this daemon's build cache" in err
+    assert "--yes" in err and "--only size,opscache,rebuild,rows,banner" in err
+    assert no_docker == []  # nothing ran, nothing pruned
+
+
+def test_bench_full_without_cache_measures_needs_no_yes(no_docker):
+    bench.check_consent({"size", "rebuild", "rows", "banner"}, yes=False)
+    bench.check_consent(set(bench.MEASURES), yes=True)
+
+
+def test_bench_full_itself_checks_before_any_command(no_docker, tmp_path):
+    with pytest.raises(UsageError, match="--yes"):
+        bench.full(None, None, None, tmp_path, None, None, 1, 1, {"cold"}, tmp_path, print)
+    assert no_docker == []
+
+
+def test_a_failing_command_is_a_typed_error_with_its_exit_code():
+    with pytest.raises(bench.BenchError) as e:
+        bench._run(["sh", "-c", "echo first >&2; echo 'no such image' >&2; exit 125"])
+    assert isinstance(e.value, CommandFailed) and e.value.returncode == 125
+    assert str(e.value) == "`sh -c 'echo first >&2; echo '\"'\"'no such image'\"'\"' >&2; exit 125'` exited 125: no such image"
+
+
+def test_a_missing_or_hanging_command_is_a_typed_error_too():
+    with pytest.raises(bench.BenchError, match="could not run"):
+        bench._run(["/nonexistent/docker", "run"])
+    with pytest.raises(bench.BenchError, match="timed out after 0 s"):
+        bench._run(["sleep", "5"], timeout=0.2)
+
+
+def test_cli_bench_prints_a_failed_docker_run_as_one_line(monkeypatch, capsys, tmp_path):
+    """The CalledProcessError that once escaped as a traceback from the banner measure."""
+    monkeypatch.setattr(docker_env, "ensure_engine", lambda log=None: object())
+    monkeypatch.setattr(tag, "current", lambda c, image: {image.refs()[0]: "sha256:x"})
+    monkeypatch.setattr(cli, "ROOT", tmp_path)  # no report written into the tree
+    monkeypatch.setattr(bench.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(
+        cmd, 125, "", "docker: Error response from daemon: could not select device driver\n"))
+    rc = cli.main(["--matrix", str(ROOT / "matrix.yaml"), "bench", "--torch", "2.7", "--cuda", "12.1", "--runs", "1"])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("\n") == 1, err
+    assert err.startswith("error: `docker run --rm pytorch-cuda:2.7.1-cuda12.1-runtime true` exited 125: docker: Error response"), err
