@@ -130,6 +130,8 @@ main() {
   # ... and, without sudo, builds the base with mmdebstrap in a user namespace (newuidmap is uidmap's).
   if [ "$want_registry" = 1 ] && ! command -v mmdebstrap >/dev/null 2>&1; then need_pkgs+=(mmdebstrap); fi
   if [ "$want_registry" = 1 ] && ! command -v newuidmap >/dev/null 2>&1; then need_pkgs+=(uidmap); fi
+  # The host-list parser of pytorch-cuda-launch is checked against Slurm's own scontrol.
+  if [ "$want_registry" = 1 ] && ! command -v scontrol >/dev/null 2>&1; then need_pkgs+=(slurm-client); fi
 
   if answers && [ ${#need_pkgs[@]} -eq 0 ]; then check_bridge; return; fi
 

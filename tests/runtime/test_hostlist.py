@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import require
 
 from pytorch_cuda_runtime import hostlist
 
@@ -89,8 +90,8 @@ def test_without_scontrol_the_parser_answers(monkeypatch, tmp_path):
     assert hostlist.hostnames("n[1-2]") == ["n1", "n2"]
 
 
-@pytest.mark.skipif(shutil.which("scontrol") is None, reason="needs Slurm's scontrol (apt-get install slurm-client)")
 def test_the_parser_agrees_with_scontrol(tmp_path, monkeypatch):
+    require(shutil.which("scontrol"), "needs Slurm's scontrol (apt-get install slurm-client; build.py selftest installs it)")
     conf = tmp_path / "slurm.conf"
     conf.write_text("ClusterName=test\nSlurmctldHost=localhost\nNodeName=n1\nPartitionName=p Nodes=n1\n")
     monkeypatch.setenv("SLURM_CONF", str(conf))
