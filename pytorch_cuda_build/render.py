@@ -172,10 +172,11 @@ def render_image(root: Path, image: Image) -> dict[str, str]:
 
 
 README_START, README_END = "<!-- matrix-table:start (build.py render) -->", "<!-- matrix-table:end -->"
+TABLE_FILES = ("README.md", "docs/matrix.md")  # where the one table goes, between those markers
 
 
 def matrix_table(root: Path, matrix: Matrix) -> str:
-    """The README's matrix table, derived from matrix.yaml (never a second table)."""
+    """The matrix table of the README and the docs, derived from matrix.yaml (never a second table)."""
     from . import security  # the last recorded `lock --check-security --record` (images/<image>/security.json)
 
     rows = ["| image | torch | CUDA platform | wheel CUDA | cuDNN | NCCL | DeepSpeed | ops built with | Python | driver >= | aliases "
@@ -192,10 +193,10 @@ def matrix_table(root: Path, matrix: Matrix) -> str:
     return "\n".join(rows)
 
 
-def readme_with_table(text: str, root: Path, matrix: Matrix) -> str:
+def readme_with_table(text: str, root: Path, matrix: Matrix, name: str = "README.md") -> str:
     start, end = text.find(README_START), text.find(README_END)
     if start < 0 or end < start:
-        raise RenderError(f"README.md lacks the {README_START} ... {README_END} markers")
+        raise RenderError(f"{name} lacks the {README_START} ... {README_END} markers")
     return text[: start + len(README_START)] + "\n" + matrix_table(root, matrix) + "\n" + text[end:]
 
 
@@ -209,16 +210,16 @@ def orphans(root: Path, matrix: Matrix) -> list[Path]:
 def write(root: Path, matrix: Matrix, images: list[Image], log=print) -> None:
     outputs = [(image, render_image(root, image)) for image in images]
     items = [(lock.image_dir(root, image) / n, files[n]) for image, files in outputs for n in RENDERED]
-    readme = root / "README.md"
     whole = len(images) == len(matrix.images)
-    if whole and readme.exists():
-        items.append((readme, readme_with_table(readme.read_text(), root, matrix)))
+    tables = [root / n for n in TABLE_FILES if (root / n).exists()] if whole else []
+    items += [(p, readme_with_table(p.read_text(), root, matrix, str(p.relative_to(root)))) for p in tables]
     changed = write_all_atomic(items)  # all or nothing: a full disk leaves every file as it was
     for image, _ in outputs:
         names = [n for n in RENDERED if lock.image_dir(root, image) / n in changed]
         log(f"{image.name}: {'rendered ' + ', '.join(names) if names else 'unchanged'}")
-    if readme in changed:
-        log("README.md: matrix table updated")
+    for p in tables:
+        if p in changed:
+            log(f"{p.relative_to(root)}: matrix table updated")
     if whole:
         for stale in orphans(root, matrix):
             shutil.rmtree(stale)
@@ -233,8 +234,9 @@ def check(root: Path, matrix: Matrix, images: list[Image]) -> None:
             if not path.exists() or path.read_text() != text:
                 drift.append(f"images/{image.name}/{name}")
     drift += [f"images/{p.name} (not in {matrix.path.name})" for p in orphans(root, matrix)]
-    readme = root / "README.md"
-    if len(images) == len(matrix.images) and readme.exists() and readme.read_text() != readme_with_table(readme.read_text(), root, matrix):
-        drift.append("README.md (matrix table)")
+    for name in TABLE_FILES if len(images) == len(matrix.images) else ():
+        p = root / name
+        if p.exists() and p.read_text() != readme_with_table(p.read_text(), root, matrix, name):
+            drift.append(f"{name} (matrix table)")
     if drift:
         raise RenderError(f"rendered files drifted: {', '.join(drift)}; run `python build.py render` and commit")
