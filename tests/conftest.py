@@ -90,6 +90,19 @@ def docker_client():
 
 
 @pytest.fixture(scope="session")
+def default_build(docker_client):
+    """The README's build line for the default row, run once per session and shared by every
+    module that needs its image. --retest: this session's own smoke and structure run, whatever
+    an earlier session recorded; the modules after it reuse that tested image (build.py ends at
+    once on a row it already tested) instead of each testing it again."""
+    from helpers import run_build_py, shown
+
+    proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.1", "--quiet", "--retest", timeout=5400)
+    assert proc.returncode == 0, shown(proc)
+    return proc
+
+
+@pytest.fixture(scope="session")
 def gpu_runtime(docker_client):
     from pytorch_cuda_build import docker_env
     if docker_env.gpu_request(docker_client) is None:

@@ -39,10 +39,8 @@ def fault_tags(client) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def built(docker_client):
-    """The default row built and tested: its layers are the cache every scenario reuses."""
-    proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.1", "--quiet", timeout=3600)
-    assert proc.returncode == 0, shown(proc)
+def built(docker_client, default_build):
+    """The default row built and tested (the session's build): its layers are the cache every scenario reuses."""
     yield
     for img in docker_client.images.list():
         for t in img.tags:

@@ -31,7 +31,7 @@ RANK_ENV = {"DS_ACCELERATOR": "cpu", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREAD
 
 
 @pytest.fixture(scope="module")
-def cluster(docker_client, tmp_path_factory):
+def cluster(docker_client, default_build, tmp_path_factory):
     """Two nodes in sshd mode, sharing /workspace and the user's ~/.ssh (key, config, known_hosts)."""
     image = default_image()
     root = tmp_path_factory.mktemp("cluster")

@@ -57,11 +57,10 @@ def cache_mounts(client) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def built(docker_client):
-    """`python build.py --torch 2.7 --cuda 12.1`, the README's build command, for real."""
-    proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.1", "--quiet", "--retest", timeout=3600)
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    return proc
+def built(default_build):
+    """`python build.py --torch 2.7 --cuda 12.1`, the README's build command, for real: the
+    session's one build of the default row (tests/conftest.py), with its own smoke and structure run."""
+    return default_build
 
 
 def test_build_tags_one_tested_image(built, docker_client):

@@ -36,10 +36,8 @@ def registry(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def image_id(docker_client):
-    """The row built and tested, as the README builds it (instant when already tested)."""
-    proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.1", "--quiet", timeout=3600)
-    assert proc.returncode == 0, shown(proc)
+def image_id(docker_client, default_build):
+    """The row built and tested, as the README builds it: the session's one build of it."""
     return docker_client.images.get(DEFAULT.refs()[0]).id
 
 

@@ -32,7 +32,7 @@ QUIET = ("-e", "PYTORCH_CUDA_NO_BANNER=1")
 
 
 @pytest.fixture(scope="module")
-def image(docker_client) -> str:
+def image(docker_client, default_build) -> str:
     return default_image()
 
 
