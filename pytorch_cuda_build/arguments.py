@@ -10,7 +10,7 @@ from pathlib import Path
 from . import bench, engine_current, matrix
 from .errors import UsageError
 
-COMMANDS = ("build", "list", "matrix", "lock", "render", "test", "publish", "prune", "selftest", "bench", "sbom", "verify", "engine", "gpu-bundle")
+COMMANDS = ("build", "list", "matrix", "lock", "render", "test", "publish", "prune", "selftest", "bench", "sbom", "verify", "engine", "gpu-bundle", "job")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -26,6 +26,17 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"takes a whole number, not {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def whole(text: str) -> int:
+    """A count that may be 0 (--gpus-per-node)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a whole number, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, not {value}")
     return value
 
 
@@ -161,6 +172,40 @@ def parser() -> argparse.ArgumentParser:
     gb.add_argument("--limit-mib", type=int, default=64, help="refuse a bundle larger than this (default 64)")
     _docker_ca(gb, docker=False)
 
+    _job(sub)
+
     pr = sub.add_parser("prune", help="remove candidate images and bound the build cache")
     pr.add_argument("--keep-storage", default="40GB", type=docker_size, help="build cache to keep (default 40GB)")
     return p
+
+
+def _job(sub) -> None:
+    from .jobs import kubernetes, slurm
+    jb = sub.add_parser("job", help="write a multi-node job that runs SCRIPT through the image's launch contract: an sbatch "
+                                     "script (--scheduler slurm) or manifests (--scheduler kubernetes), image pinned by digest",
+                        description="After `--`, SCRIPT [ARGS] as `pytorch-cuda-launch` takes them, e.g. "
+                                    "`job --torch 2.7 --scheduler slurm --nodes 2 --gpus-per-node 8 -- train.py --lr 1e-4`.")
+    _selection(jb)
+    jb.add_argument("--scheduler", required=True, choices=("slurm", "kubernetes"), help="what runs the job")
+    jb.add_argument("--nodes", required=True, type=positive_int, help="nodes (pods), one launch per node")
+    jb.add_argument("--gpus-per-node", type=whole, default=0, metavar="N",
+                    help="GPUs each node requests, one rank each (default 0: none requested, the contract decides)")
+    jb.add_argument("--image", metavar="REPO@sha256:...",
+                    help="the image by digest (default: the row's build-results/<image>/published.json, from publish --push)")
+    jb.add_argument("--name", help="job (and Kubernetes object) name, a DNS label of at most 40 characters (default: pytorch-cuda-<torch>)")
+    jb.add_argument("--shm-size", default="16Gi", metavar="SIZE", help="/dev/shm for each node, e.g. 16Gi or 512Mi (default 16Gi)")
+    jb.add_argument("--network", default="auto", choices=("auto", "socket"),
+                    help="auto (default): NCCL uses InfiniBand where present; socket: TCP only (NCCL_IB_DISABLE=1)")
+    jb.add_argument("--socket-ifname", metavar="IFNAME", help="NCCL_SOCKET_IFNAME, e.g. eth0 or ^docker,lo (default: NCCL picks)")
+    jb.add_argument("--output", type=Path, metavar="FILE|DIR", help="file to write, or a directory for <name>.sbatch / <name>.yaml (default: stdout)")
+    jb.add_argument("--runtime", choices=slurm.RUNTIMES, help="slurm: oci (default; srun --container), pyxis (enroot) or apptainer")
+    jb.add_argument("--bundle", metavar="DIR", help="slurm oci: the OCI bundle on a shared filesystem "
+                                                    "(default: $SLURM_SUBMIT_DIR/bundles/<image>-<digest>)")
+    jb.add_argument("--sif", metavar="FILE", help="slurm apptainer: a .sif to run instead of docker://IMAGE")
+    jb.add_argument("--kind", choices=kubernetes.KINDS, help="kubernetes: trainjob, pytorchjob, jobset or indexed-job")
+    jb.add_argument("--rdma", action="append", default=[], metavar="RESOURCE=COUNT",
+                    help="kubernetes: an RDMA device resource per node, e.g. rdma/ib=1 (adds IPC_LOCK); repeatable")
+    jb.add_argument("--namespace", help="kubernetes: the namespace (default: none written, kubectl's current)")
+    jb.add_argument("--cluster-runtime", metavar="NAME",
+                    help="trainjob: use this installed ClusterTrainingRuntime (e.g. torch-distributed) instead of writing a TrainingRuntime")
+    jb.add_argument("script", nargs="*", metavar="SCRIPT", help="after --: SCRIPT [ARGS...], run by pytorch-cuda-launch in the image")

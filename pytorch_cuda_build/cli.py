@@ -166,6 +166,20 @@ def cmd_gpu_bundle(m: matrix.Matrix, args) -> int:
     return 0
 
 
+def cmd_job(m: matrix.Matrix, args) -> int:
+    from . import jobs
+    image = m.select(args.torch, args.cuda, args.flavor)
+    ref = jobs.parse_image(args.image) if args.image else jobs.published(pipeline.results_dir(ROOT, image), image.name)
+    job = jobs.from_args(args, image.name, ref)
+    text, path = jobs.render(job), jobs.target(job, args.output)
+    if path is None:
+        sys.stdout.write(text)
+        return 0
+    files.write_atomic(path, text)
+    log(f"{path}: {job.nodes}-node {job.kind or job.runtime} job for {job.scheduler}, image {ref}")
+    return 0
+
+
 def cmd_selftest(m: matrix.Matrix, args) -> int:
     return selftest.run(ROOT, args.pytest_args)
 

@@ -51,7 +51,23 @@ CLASHES = [
     ("matrix", "json", "ca_bundle", "--json is offline and uses no CA"),
     ("engine", "down", "ca_bundle", "stopping the engine downloads nothing"),
     ("publish", "all", "cuda", "--all takes every row; --cuda picks among one --torch's rows"),
+    ("job", "cluster_runtime", "rdma", "a TrainJob cannot add IPC_LOCK to a ClusterTrainingRuntime's container (Trainer v2.1's "
+                                       "podTemplateOverrides carry no capabilities); without --cluster-runtime the job brings its own runtime"),
 ]
+
+# (command, flag, other flag, its values, why): the first does nothing, or cannot be honoured,
+# unless the other has one of these values; defaults count (job's --runtime is oci under slurm).
+ONLY_WITH = [
+    ("job", "kind", "scheduler", ("kubernetes",), "it picks a Kubernetes resource; Slurm runs an sbatch script"),
+    ("job", "runtime", "scheduler", ("slurm",), "a Kubernetes node's own container runtime runs the pods"),
+    *[("job", dest, "scheduler", ("slurm",), "it is a Slurm runtime's image") for dest in ("bundle", "sif")],
+    ("job", "bundle", "runtime", ("oci",), "only Slurm's OCI support runs a bundle"),
+    ("job", "sif", "runtime", ("apptainer",), "only Apptainer runs a .sif"),
+    ("job", "rdma", "scheduler", ("kubernetes",), "it requests a Kubernetes device resource; under Slurm NCCL finds InfiniBand itself"),
+    ("job", "namespace", "scheduler", ("kubernetes",), "Slurm has no namespaces"),
+    ("job", "cluster_runtime", "kind", ("trainjob",), "only a TrainJob refers to a training runtime"),
+]
+JOB_DEFAULTS = {"runtime": lambda a: "oci" if a.scheduler == "slurm" else None}
 
 NO_MATRIX = ("engine", "sbom", "selftest")  # commands that never read matrix.yaml
 TORCH, CUDA, PYTHON = r"\d+\.\d+(\.\d+)?", r"\d+\.\d+", r"3\.\d+"
@@ -89,8 +105,8 @@ def _values(args: argparse.Namespace) -> None:
         raise UsageError(f"--limit-mib must be at least 1, not {args.limit_mib}")
     if getattr(args, "python", None) is not None and not re.fullmatch(PYTHON, args.python):
         raise UsageError(f"--python {args.python!r}: expected MAJOR.MINOR, e.g. 3.12")
-    image = getattr(args, "image", None)  # test's --image, sbom's IMAGE
-    if image is not None and not re.fullmatch(r"\S+", image):
+    image = getattr(args, "image", None)  # test's --image, sbom's IMAGE (job's: _job_values)
+    if image is not None and args.command != "job" and not re.fullmatch(r"\S+", image):
         raise UsageError(f"{'--image' if args.command == 'test' else 'IMAGE'} takes an image reference or ID, not {image!r}")
     for vid in getattr(args, "allow_vulnerable", []):
         if not re.fullmatch(r"[A-Za-z0-9][\w.:-]*", vid):
@@ -101,6 +117,51 @@ def _values(args: argparse.Namespace) -> None:
                 raise UsageError(f"{flag(dest)} {spec!r} is not buildx's type=...,key=value form (e.g. type=registry,ref=HOST/NS/cache:{{image}})")
     if args.command == "bench" and args.only is not None:
         bench.parse_only(args.only)
+    if args.command == "job":
+        _job_values(args)
+
+
+# The forms of job's values. A path in the sbatch script is written in double quotes, so that
+# $SLURM_SUBMIT_DIR expands: no quote, backslash, backquote, other $ or blank in it.
+DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?"
+RDMA = r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?=[1-9]\d*"
+IFNAME = r"[\^=]?[A-Za-z0-9_.:-]+(,[A-Za-z0-9_.:-]+)*"
+SHARED_PATH = r"(/|\$SLURM_SUBMIT_DIR/|\$\{SLURM_SUBMIT_DIR\}/)[^\s\"'`\\$]*"
+SCRIPT = r"[\w./+@%:,=-]+"
+
+
+def _job_values(args: argparse.Namespace) -> None:
+    from . import jobs
+    if args.image is not None:
+        jobs.parse_image(args.image)
+    if args.name is not None and not (jobs.NAME.fullmatch(args.name) and len(args.name) <= jobs.NAME_MAX):
+        raise UsageError(f"--name takes a lowercase DNS label (a-z, 0-9, -) of at most {jobs.NAME_MAX} characters, not {args.name!r}")
+    if args.namespace is not None and not (jobs.NAME.fullmatch(args.namespace) and len(args.namespace) <= 63):
+        raise UsageError(f"--namespace takes a Kubernetes namespace (a lowercase DNS label), not {args.namespace!r}")
+    if args.cluster_runtime is not None and not re.fullmatch(DNS_SUBDOMAIN, args.cluster_runtime):
+        raise UsageError(f"--cluster-runtime takes a ClusterTrainingRuntime's name (a lowercase DNS name), not {args.cluster_runtime!r}")
+    jobs.shm_mib(args.shm_size)
+    if args.socket_ifname is not None and not re.fullmatch(IFNAME, args.socket_ifname):
+        raise UsageError(f"--socket-ifname takes NCCL_SOCKET_IFNAME's form (eth0, ^docker,lo, =ib0), not {args.socket_ifname!r}")
+    for spec in args.rdma:
+        if not re.fullmatch(RDMA, spec):
+            raise UsageError(f"--rdma takes RESOURCE=COUNT, a device resource and a count of at least 1 (e.g. rdma/ib=1), not {spec!r}")
+    for dest, suffix in (("bundle", ""), ("sif", ".sif")):
+        value = getattr(args, dest)
+        if value is not None and not (re.fullmatch(SHARED_PATH, value) and value.endswith(suffix)):
+            raise UsageError(f"{flag(dest)} takes an absolute path{' to a ' + suffix + ' file' if suffix else ''} that every node "
+                             f"sees (or one under $SLURM_SUBMIT_DIR/), without quotes, blanks or other $, not {value!r}")
+    _job_script(args.script)
+
+
+def _job_script(command: list[str]) -> None:
+    """SCRIPT [ARGS]: the script (or -m MODULE) is a path the sbatch script may put in double
+    quotes; the ARGS are shell-quoted and go as they are."""
+    if not command:
+        raise UsageError("job needs SCRIPT [ARGS] after --, e.g. `-- train.py --epochs 3` (a path in the image, or -m MODULE)")
+    script = command[1] if command[0] == "-m" and len(command) > 1 else command[0]
+    if not re.fullmatch(SCRIPT, script) or script.startswith("-"):
+        raise UsageError(f"SCRIPT takes a script path (or -m MODULE) of letters, digits and ./+@%:,=-, not {script!r}")
 
 
 def _files(args: argparse.Namespace) -> None:
@@ -116,7 +177,7 @@ def _files(args: argparse.Namespace) -> None:
         raise UsageError(f"--security-snapshot {snapshot} is not a folder")
     for dest in ("output", "result_json"):
         if getattr(args, dest, None) is not None:
-            _writable_file(flag(dest), getattr(args, dest))
+            _writable_file(flag(dest), getattr(args, dest), dir_ok=args.command == "job")
     if args.command == "gpu-bundle":
         from . import gpubundle
         gpubundle.check_target(args.dir)
@@ -144,9 +205,13 @@ def check_ca_bundle(path: str) -> None:
         raise UsageError(f"--ca-bundle {path} holds no PEM certificate (no -----BEGIN CERTIFICATE----- block that loads)")
 
 
-def _writable_file(name: str, path: Path) -> None:
+def _writable_file(name: str, path: Path, dir_ok: bool = False) -> None:
     if path.is_dir():
-        raise UsageError(f"{name} {path} is a directory; name a file")
+        if not dir_ok:
+            raise UsageError(f"{name} {path} is a directory; name a file")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise UsageError(f"{name} {path} is not writable")
+        return
     parent = path.parent
     if not parent.is_dir():
         raise UsageError(f"{name} {path}: {parent} is not a directory; create it first")
@@ -171,3 +236,14 @@ def _combinations(args: argparse.Namespace) -> None:
         raise UsageError("pick the rows: --torch X [--cuda Y] for one, or --all")
     if command == "bench" and args.full:
         bench.check_consent(bench.parse_only(args.only), args.yes)
+    if command == "job":
+        _job_combinations(args)
+
+
+def _job_combinations(args: argparse.Namespace) -> None:
+    if args.scheduler == "kubernetes" and args.kind is None:
+        raise UsageError("--scheduler kubernetes needs --kind: one of trainjob, pytorchjob, jobset, indexed-job")
+    for cmd, dest, other, values, why in ONLY_WITH:
+        value = getattr(args, other) or (JOB_DEFAULTS[other](args) if other in JOB_DEFAULTS else None)
+        if cmd == args.command and given(args, dest) and value not in values:
+            raise UsageError(f"{flag(dest)} needs {flag(other)} {' or '.join(values)}: {why}")

@@ -23,6 +23,9 @@ from pytorch_cuda_build import validate as stage
 NO_DOCKER = {"DOCKER_HOST": "unix:///nonexistent/docker.sock", "PYTORCH_CUDA_REGISTRY": ""}
 REG = ["--push", "--registry", "127.0.0.1:5000/ml"]
 SNAPSHOT = str(ROOT / "tests" / "data" / "security")
+DIGEST_REF = "127.0.0.1:5000/ml/pytorch-cuda@sha256:" + "0" * 64
+JOB = ["job", "--torch", "2.7", "--nodes", "2", "--image", DIGEST_REF]  # + a scheduler, then the option, then SCRIPT
+SLURM, K8S = [*JOB, "--scheduler", "slurm"], [*JOB, "--scheduler", "kubernetes", "--kind", "jobset"]
 
 
 @pytest.fixture
@@ -78,13 +81,13 @@ VALUE_CASES = {
                        (["--matrix", "{dir}", "list"], "Is a directory")],
     **{(cmd, "--torch"): [([cmd, "--torch", "2.x", *extra], "--torch takes a torch version like 2.7 or 2.7.1, not '2.x'")]
        for cmd, extra in [("build", []), ("publish", REG), ("lock", []), ("test", []), ("verify", []), ("bench", []),
-                          ("gpu-bundle", ["{dir}/b"])]},
+                          ("gpu-bundle", ["{dir}/b"]), ("job", ["--scheduler", "slurm", "--nodes", "2", "t.py"])]},
     **{(cmd, "--cuda"): [([cmd, "--torch", "2.7", "--cuda", "cu121", *extra], "--cuda takes a CUDA version like 12.1, not 'cu121'")]
        for cmd, extra in [("build", []), ("publish", REG), ("lock", []), ("test", []), ("verify", []), ("bench", []),
-                          ("gpu-bundle", ["{dir}/b"])]},
+                          ("gpu-bundle", ["{dir}/b"]), ("job", ["--scheduler", "slurm", "--nodes", "2", "t.py"])]},
     **{(cmd, "--flavor"): [([cmd, "--torch", "2.7", "--flavor", "slim", *extra], "argument --flavor: invalid choice: 'slim'")]
        for cmd, extra in [("build", []), ("publish", REG), ("lock", []), ("test", []), ("verify", []), ("bench", []),
-                          ("gpu-bundle", ["{dir}/b"])]},
+                          ("gpu-bundle", ["{dir}/b"]), ("job", ["--scheduler", "slurm", "--nodes", "2", "t.py"])]},
     **{(cmd, "--ca-bundle"): [([cmd, *extra, "--ca-bundle", "/nonexistent/ca.pem"], "cannot read CA bundle /nonexistent/ca.pem"),
                               ([cmd, *extra, "--ca-bundle", "{notpem}"], "holds no PEM certificate"),
                               ([cmd, *extra, "--ca-bundle", "{dir}"], "Is a directory")]
@@ -123,6 +126,34 @@ VALUE_CASES = {
                             (["gpu-bundle", "--torch", "2.7", "/nonexistent/dir/b"], "/nonexistent/dir does not exist")],
     ("gpu-bundle", "--python"): [(["gpu-bundle", "--torch", "2.7", "{dir}/b", "--python", "3"], "--python '3': expected MAJOR.MINOR")],
     ("gpu-bundle", "--limit-mib"): [(["gpu-bundle", "--torch", "2.7", "{dir}/b", "--limit-mib", "0"], "--limit-mib must be at least 1")],
+    ("job", "--scheduler"): [([*JOB, "--scheduler", "lsf", "t.py"], "argument --scheduler: invalid choice: 'lsf'")],
+    ("job", "--nodes"): [([*SLURM, "--nodes", "0", "t.py"], "argument --nodes: must be at least 1, not 0"),
+                         ([*SLURM, "--nodes", "two", "t.py"], "argument --nodes: takes a whole number, not 'two'")],
+    ("job", "--gpus-per-node"): [([*SLURM, "--gpus-per-node", "-1", "t.py"], "argument --gpus-per-node: must be at least 0, not -1")],
+    ("job", "--image"): [([*SLURM, "--image", "127.0.0.1:5000/ml/pytorch-cuda:v2.7", "t.py"], "--image takes an image pinned by digest"),
+                         ([*SLURM, "--image", "r/x@sha256:abc", "t.py"], "--image takes an image pinned by digest"),
+                         ([*SLURM, "--image", "", "t.py"], "--image takes an image pinned by digest")],
+    ("job", "--name"): [([*SLURM, "--name", "Train_1", "t.py"], "--name takes a lowercase DNS label"),
+                        ([*SLURM, "--name", "x" * 41, "t.py"], "of at most 40 characters")],
+    ("job", "--shm-size"): [([*SLURM, "--shm-size", "16GB", "t.py"], "--shm-size takes a size like 16Gi"),
+                            ([*SLURM, "--shm-size", "0Gi", "t.py"], "--shm-size takes a size like 16Gi")],
+    ("job", "--network"): [([*SLURM, "--network", "ib", "t.py"], "argument --network: invalid choice: 'ib'")],
+    ("job", "--socket-ifname"): [([*SLURM, "--socket-ifname", "eth0 eth1", "t.py"], "--socket-ifname takes NCCL_SOCKET_IFNAME's form")],
+    ("job", "--output"): [([*SLURM, "--output", "/nonexistent/dir/j.sbatch", "t.py"], "/nonexistent/dir is not a directory")],
+    ("job", "--runtime"): [([*SLURM, "--runtime", "docker", "t.py"], "argument --runtime: invalid choice: 'docker'")],
+    ("job", "--bundle"): [([*SLURM, "--bundle", "bundles/b", "t.py"], "--bundle takes an absolute path"),
+                          ([*SLURM, "--bundle", "/shared/my bundle", "t.py"], "--bundle takes an absolute path")],
+    ("job", "--sif"): [([*SLURM, "--runtime", "apptainer", "--sif", "/shared/img.tar", "t.py"], "--sif takes an absolute path to a .sif file"),
+                       ([*SLURM, "--runtime", "apptainer", "--sif", "$HOME/img.sif", "t.py"], "--sif takes an absolute path")],
+    ("job", "--kind"): [([*JOB, "--scheduler", "kubernetes", "--kind", "deployment", "t.py"], "argument --kind: invalid choice: 'deployment'")],
+    ("job", "--rdma"): [([*K8S, "--rdma", "rdma/ib", "t.py"], "--rdma takes RESOURCE=COUNT"),
+                        ([*K8S, "--rdma", "rdma/ib=0", "t.py"], "--rdma takes RESOURCE=COUNT")],
+    ("job", "--namespace"): [([*K8S, "--namespace", "ML", "t.py"], "--namespace takes a Kubernetes namespace")],
+    ("job", "--cluster-runtime"): [([*JOB, "--scheduler", "kubernetes", "--kind", "trainjob", "--cluster-runtime", "Torch", "t.py"],
+                                    "--cluster-runtime takes a ClusterTrainingRuntime's name")],
+    ("job", "SCRIPT"): [([*SLURM], "job needs SCRIPT [ARGS] after --"),
+                        ([*SLURM, "--", "my script.py"], "SCRIPT takes a script path"),
+                        ([*SLURM, "--", "-m"], "SCRIPT takes a script path")],
     ("prune", "--keep-storage"): [(["prune", "--keep-storage", "10XB"], "argument --keep-storage: '10XB' is not a size"),
                                   (["prune", "--keep-storage", "GB"], "is not a size")],
 }
@@ -142,16 +173,28 @@ COMBINATION_CASES = [
     (["publish", *REG], "pick the rows"),
     (["publish", "--all", "--torch", "2.7", *REG], "pick the rows"),
     (["bench", "--torch", "2.7", "--full", "--only", "size,cold"], "need an empty build cache"),
+    ([*JOB, "--scheduler", "kubernetes", "t.py"], "--scheduler kubernetes needs --kind"),
+    *[(argv, says) for argv, says in [
+        ([*SLURM, "--kind", "jobset", "t.py"], "--kind needs --scheduler kubernetes"),
+        ([*K8S, "--runtime", "oci", "t.py"], "--runtime needs --scheduler slurm"),
+        ([*K8S, "--bundle", "/shared/b", "t.py"], "--bundle needs --scheduler slurm"),
+        ([*K8S, "--sif", "/shared/i.sif", "t.py"], "--sif needs --scheduler slurm"),
+        ([*SLURM, "--runtime", "pyxis", "--bundle", "/shared/b", "t.py"], "--bundle needs --runtime oci"),
+        ([*SLURM, "--sif", "/shared/i.sif", "t.py"], "--sif needs --runtime apptainer"),
+        ([*SLURM, "--rdma", "rdma/ib=1", "t.py"], "--rdma needs --scheduler kubernetes"),
+        ([*SLURM, "--namespace", "ml", "t.py"], "--namespace needs --scheduler kubernetes"),
+        ([*K8S, "--cluster-runtime", "torch-distributed", "t.py"], "--cluster-runtime needs --kind trainjob")]],
     *[(["--matrix", "{matrix}", cmd, *extra], f"--matrix does nothing for `{cmd}`")
       for cmd, extra in [("engine", []), ("sbom", ["img"]), ("selftest", [])]],
 ]
 
 BASE = {"build": ["--torch", "2.7"], "bench": ["--torch", "2.7"], "publish": ["--torch", "2.7", "--registry", "127.0.0.1:5000/ml"],
-        "lock": [], "matrix": [], "engine": []}
+        "lock": [], "matrix": [], "engine": [], "job": [*K8S[1:], "t.py"]}
 GIVE = {"jobs": ["--jobs", "2"], "retries": ["--retries", "2"], "allow_vulnerable": ["--allow-vulnerable", "GHSA-x"],
         "security_snapshot": ["--security-snapshot", SNAPSHOT], "only": ["--only", "size"], "cold_runs": ["--cold-runs", "2"],
         "cache_from": ["--cache-from", "type=registry,ref=r/c"], "cache_to": ["--cache-to", "type=registry,ref=r/c"],
-        "result_json": ["--result-json", "{dir}/r.json"], "ca_bundle": ["--ca-bundle", "{pem}"], "cuda": ["--cuda", "12.1"]}
+        "result_json": ["--result-json", "{dir}/r.json"], "ca_bundle": ["--ca-bundle", "{pem}"], "cuda": ["--cuda", "12.1"],
+        "cluster_runtime": ["--kind", "trainjob", "--cluster-runtime", "torch-distributed"], "rdma": ["--rdma", "rdma/ib=1"]}
 
 
 def _give(command: str, dest: str, but: str | None = None) -> list[str]:
@@ -200,6 +243,14 @@ def _value_options() -> set[tuple[str, str]]:
     return set(taking(arguments.parser(), ""))
 
 
+def test_every_only_with_rule_has_a_case():
+    """Each ONLY_WITH row of validate.py fires in COMBINATION_CASES (its message, as written)."""
+    said = {says for _, says in COMBINATION_CASES}
+    missing = [(dest, other) for _, dest, other, values, _ in stage.ONLY_WITH
+               if f"{stage.flag(dest)} needs {stage.flag(other)} {' or '.join(values)}" not in said]
+    assert not missing
+
+
 def test_every_option_that_takes_a_value_has_a_bad_value_case():
     assert set(VALUE_CASES) | set(NO_BAD_VALUE) == _value_options()
 
@@ -207,7 +258,7 @@ def test_every_option_that_takes_a_value_has_a_bad_value_case():
 def test_every_rule_names_flags_its_command_has():
     """A renamed flag must not leave a rule that can never fire (its cases above would still pass)."""
     commands = arguments.parser()._subparsers._group_actions[0].choices
-    for cmd, one, other, _ in [*stage.NEEDS, *stage.CLASHES]:
+    for cmd, one, other, *_ in [*stage.NEEDS, *stage.CLASHES, *stage.ONLY_WITH]:
         flags = {o for a in commands[cmd]._actions for o in a.option_strings}
         assert {stage.flag(one), stage.flag(other)} <= flags, (cmd, one, other)
 
@@ -222,6 +273,9 @@ def test_every_rule_names_flags_its_command_has():
     (["bench", "--torch", "2.7", "--full", "--yes", "--only", "size,cold", "--cold-runs", "2"], {"cold_runs": 2}),
     (["lock", "--check-security", "--record", "--security-snapshot", SNAPSHOT], {}),
     (["engine", "--down", "--store", "classic"], {}),
+    ([*SLURM, "--runtime", "apptainer", "--sif", "${SLURM_SUBMIT_DIR}/img.sif", "--socket-ifname", "^docker,lo", "--", "-m", "train"], {}),
+    ([*JOB, "--scheduler", "kubernetes", "--kind", "trainjob", "--rdma", "rdma/ib=1", "--rdma", "nvidia.com/hostdev=2",
+      "--namespace", "ml", "--name", "llm-7b", "--shm-size", "512Mi", "--", "t.py", "--lr", "1e-4"], {"runtime": None}),
     *[(["prune", "--keep-storage", size], {"keep_storage": size}) for size in ("40GB", "512MB", "10GiB", "1.5g", "1048576", "20 GB")],
 ])
 def test_good_arguments_pass_and_are_completed(monkeypatch, argv, completed):

@@ -1,0 +1,173 @@
+"""`build.py job`: one row's image, pinned by digest, as a multi-node job for a scheduler.
+
+    slurm       an sbatch script (slurm.py): one task per node, each running the image's
+                launch contract, `pytorch-cuda-launch SCRIPT [ARGS]`, under Slurm's own OCI
+                support (`srun --container`), pyxis/enroot or Apptainer;
+    kubernetes  manifests (kubernetes.py): a Kubeflow TrainJob or PyTorchJob, a JobSet, or an
+                Indexed Job with its headless Service.
+
+The image reference always carries a digest: a tag can move between the submission and the
+moment a node pulls, and every node of one job must run the same bytes. It comes from the
+row's published record (build-results/<image>/published.json, written by `publish --push`)
+or from --image REPO@sha256:... . Rendering is pure: the same Job gives the same text.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UsageError
+
+LAUNCH = "pytorch-cuda-launch"
+LAUNCH_PATH = "/usr/local/bin/pytorch-cuda-launch"  # srun's PATH replaces the image's inside containers
+DIGEST = r"sha256:[0-9a-f]{64}"
+# REPO[:TAG]@sha256:<64 hex>; the tag, where given, is dropped: the digest decides.
+REFERENCE = re.compile(rf"(?P<repo>[a-z0-9][a-z0-9._/:-]*?)(?::(?P<tag>\w[\w.-]{{0,127}}))?@(?P<digest>{DIGEST})")
+NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # a DNS-1123 label: Kubernetes object and pod host names
+NAME_MAX = 40  # so that pod names such as NAME-node-0-0-xxxxx stay within 63 characters
+SIZE = re.compile(r"(?P<n>[1-9]\d*)(?P<unit>Mi|Gi|M|G)")
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    repository: str  # HOST[:PORT]/PATH, as docker writes it
+    digest: str  # sha256:<64 hex>
+
+    def __str__(self) -> str:
+        return f"{self.repository}@{self.digest}"
+
+    def split(self) -> tuple[str | None, str]:
+        """(registry host or None for Docker Hub, path): docker's rule, the first component is
+        a host where it holds a dot or a port, or is localhost."""
+        first, _, rest = self.repository.partition("/")
+        if rest and ("." in first or ":" in first or first == "localhost"):
+            return first, rest
+        return None, self.repository
+
+    def pyxis(self) -> str:
+        """pyxis/enroot's URI: `REGISTRY#IMAGE@sha256:...` (enroot import's docker:// syntax)."""
+        host, path = self.split()
+        return f"{host}#{path}@{self.digest}" if host else f"{path}@{self.digest}"
+
+
+def parse_image(text: str, what: str = "--image") -> ImageRef:
+    m = REFERENCE.fullmatch(text or "")
+    if not m:
+        hint = "" if "@sha256:" in (text or "") else " (a tag can move between submission and pull; pin the digest)"
+        raise UsageError(f"{what} takes an image pinned by digest, REPO@sha256:<64 hex>, not {text!r}{hint}")
+    return ImageRef(m["repo"], m["digest"])
+
+
+def published(results: Path, row: str) -> ImageRef:
+    """The row's reference from its published record, or a UsageError saying how to get one."""
+    record = results / "published.json"
+    try:
+        data = json.loads(record.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{row} has no published record ({record}): publish it first (publish --push), "
+                         "or give --image REPO@sha256:...") from None
+    except (OSError, ValueError) as e:
+        raise UsageError(f"cannot read {record}: {e}") from None
+    return parse_image(f"{data.get('repository', '')}@{data.get('digest', '')}", f"{record}'s repository@digest")
+
+
+def shm_mib(text: str) -> int:
+    """A /dev/shm size, 16Gi or 512Mi (G and M read as Gi and Mi), in MiB."""
+    m = SIZE.fullmatch(text)
+    if not m:
+        raise UsageError(f"--shm-size takes a size like 16Gi or 512Mi, not {text!r}")
+    return int(m["n"]) * (1024 if m["unit"].startswith("G") else 1)
+
+
+def quantity(mib: int) -> str:
+    """MiB as a Kubernetes quantity, in Gi where it divides."""
+    return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi"
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything a renderer needs; validate.py checked each field's form."""
+    scheduler: str
+    name: str
+    row: str  # the matrix row's image name, e.g. 2.7.1-cuda12.1-runtime
+    image: ImageRef
+    nodes: int
+    gpus_per_node: int
+    command: tuple[str, ...]  # SCRIPT [ARGS...], as the launch contract takes them
+    shm_mib: int = 16 * 1024
+    network: str = "auto"  # auto: NCCL picks InfiniBand where present; socket: TCP only
+    socket_ifname: str | None = None
+    argv: tuple[str, ...] = ()  # the `build.py job` arguments, for the GENERATED header
+    runtime: str = "oci"  # slurm: oci, pyxis, apptainer
+    bundle: str | None = None
+    sif: str | None = None
+    kind: str | None = None  # kubernetes: trainjob, pytorchjob, jobset, indexed-job
+    rdma: tuple[tuple[str, int], ...] = ()
+    namespace: str | None = None
+    cluster_runtime: str | None = None
+
+    def nccl_env(self) -> dict[str, str]:
+        """NCCL's environment. NCCL finds InfiniBand (and RoCE) itself; only a socket-only choice
+        turns it off, and an interface is named only where the user names one."""
+        env = {}
+        if self.network == "socket":
+            env["NCCL_IB_DISABLE"] = "1"
+        if self.socket_ifname:
+            env["NCCL_SOCKET_IFNAME"] = self.socket_ifname
+        return env
+
+    def launch_env(self) -> dict[str, str]:
+        """The launch contract's ranks per node: one per requested GPU; with none requested the
+        contract decides (one CPU rank where the node shows no GPU)."""
+        return {"PYTORCH_CUDA_NPROC_PER_NODE": str(self.gpus_per_node)} if self.gpus_per_node else {}
+
+    def header(self) -> list[str]:
+        """The GENERATED lines both renderers open with (as comments)."""
+        return [f"GENERATED by `python3 build.py {shlex.join(self.argv)}`" if self.argv else "GENERATED by `python3 build.py job`",
+                "Change the command line and render again rather than editing this file.",
+                f"Image: {self.row}, pinned by digest: {self.image}"]
+
+
+def render(job: Job) -> str:
+    from . import kubernetes, slurm
+    return slurm.render(job) if job.scheduler == "slurm" else kubernetes.render(job)
+
+
+def suffix(job: Job) -> str:
+    return ".sbatch" if job.scheduler == "slurm" else ".yaml"
+
+
+def target(job: Job, output: Path | None) -> Path | None:
+    """Where the text goes: None for stdout, OUTPUT/<name><suffix> for a directory."""
+    if output is None:
+        return None
+    return output / f"{job.name}{suffix(job)}" if output.is_dir() else output
+
+
+def default_name(torch: str) -> str:
+    return "pytorch-cuda-" + torch.replace(".", "-")
+
+
+def from_args(args, row: str, image: ImageRef) -> Job:
+    """The Job that validated arguments describe; its argv is their canonical form, for the header."""
+    slurm = args.scheduler == "slurm"
+    name = args.name or default_name(args.torch)
+    argv = ["job", "--torch", args.torch, *(["--cuda", args.cuda] if args.cuda else []),
+            *(["--flavor", args.flavor] if args.flavor != "runtime" else []), "--scheduler", args.scheduler,
+            *(["--runtime", args.runtime or "oci"] if slurm else ["--kind", args.kind]),
+            "--nodes", str(args.nodes), *(["--gpus-per-node", str(args.gpus_per_node)] if args.gpus_per_node else [])]
+    for dest in ("image", "name", "bundle", "sif", "namespace", "cluster_runtime", "socket_ifname"):
+        if getattr(args, dest, None):
+            argv += ["--" + dest.replace("_", "-"), getattr(args, dest)]
+    argv += [a for r in args.rdma for a in ("--rdma", r)]
+    argv += [*(["--shm-size", args.shm_size] if args.shm_size != "16Gi" else []),
+             *(["--network", args.network] if args.network != "auto" else []), "--", *args.script]
+    return Job(scheduler=args.scheduler, name=name, row=row, image=image, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+               command=tuple(args.script), shm_mib=shm_mib(args.shm_size), network=args.network,
+               socket_ifname=args.socket_ifname, argv=tuple(argv), runtime=(args.runtime or "oci") if slurm else "",
+               bundle=args.bundle, sif=args.sif, kind=args.kind,
+               rdma=tuple((r.split("=")[0], int(r.split("=")[1])) for r in args.rdma),
+               namespace=args.namespace, cluster_runtime=args.cluster_runtime)

@@ -1,0 +1,71 @@
+"""Make an OCI bundle (umoci unpack) fit for `srun --container` on several nodes.
+
+    python3 -m pytorch_cuda_build.jobs.bundle BUNDLE [--shm-size 16Gi] [--bind DIR]...
+
+patch() is the whole change, a pure function over config.json (measured with Slurm 22.05
+and runc here, ../shared/ENVIRONMENT.md):
+- the `network` namespace goes: the ranks of two nodes must reach each other over the
+  node's own network (in a namespace of its own a container has only loopback);
+- the `uts` namespace goes: torchrun and NCCL see the node's hostname, the one the
+  rendezvous address names;
+- /dev/shm becomes a tmpfs of the given size (umoci's default is runc's 64 MiB);
+- the node's /etc/hosts and /etc/resolv.conf, and each --bind directory, are bound at the
+  same path, so that node names resolve and a SCRIPT on a shared filesystem is found;
+- the image's user, working directory and environment stay as umoci wrote them.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from pathlib import Path
+
+DROPPED = ("network", "uts")
+HOST_FILES = ("/etc/hosts", "/etc/resolv.conf")
+
+
+def patch(config: dict, shm_mib: int, binds: tuple[str, ...] = ()) -> dict:
+    """config.json with the changes above; the input is left as it was."""
+    out = copy.deepcopy(config)
+    linux = out.setdefault("linux", {})
+    linux["namespaces"] = [ns for ns in linux.get("namespaces", []) if ns.get("type") not in DROPPED]
+    ours = {"/dev/shm", *HOST_FILES, *binds}
+    mounts = [m for m in out.get("mounts", []) if m.get("destination") not in ours]
+    mounts.append({"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+                   "options": ["nosuid", "noexec", "nodev", "mode=1777", f"size={shm_mib}m"]})
+    for path in (*HOST_FILES, *binds):
+        mounts.append({"destination": path, "type": "bind", "source": path,
+                       "options": ["rbind", "ro" if path in HOST_FILES else "rw"]})
+    out["mounts"] = mounts
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from . import shm_mib
+    from ..errors import UsageError
+    p = argparse.ArgumentParser(prog="python3 -m pytorch_cuda_build.jobs.bundle", description=__doc__.splitlines()[0])
+    p.add_argument("bundle", type=Path, help="the directory umoci unpack wrote (holds config.json and rootfs/)")
+    p.add_argument("--shm-size", default="16Gi", help="size of the /dev/shm tmpfs (default 16Gi)")
+    p.add_argument("--bind", action="append", default=[], metavar="DIR", help="absolute host directory bound at the same path; repeatable")
+    args = p.parse_args(argv)
+    config = args.bundle / "config.json"
+    try:
+        size = shm_mib(args.shm_size)
+        bad = [b for b in args.bind if not b.startswith("/")]
+        if bad:
+            raise UsageError(f"--bind takes an absolute directory, not {bad[0]!r}")
+        if not config.is_file():
+            raise UsageError(f"{config} does not exist: BUNDLE is the directory `umoci unpack` wrote")
+        patched = patch(json.loads(config.read_text()), size, tuple(str(Path(b)) for b in args.bind))
+    except (UsageError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    config.write_text(json.dumps(patched, indent=2) + "\n")
+    print(f"{config}: network and uts namespaces dropped, /dev/shm {args.shm_size}, "
+          f"{len(HOST_FILES) + len(args.bind)} bind mounts", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

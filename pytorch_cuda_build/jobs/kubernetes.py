@@ -1,0 +1,181 @@
+"""Kubernetes manifests for one job: the launch contract as the command, the image by digest.
+
+Every pod gets the same pieces (pod_spec): /dev/shm as a memory-backed emptyDir, the image's
+user (1000:1000) as a non-root securityContext with fsGroup, nvidia.com/gpu and optional RDMA
+limits (with IPC_LOCK, which RDMA's memory registration needs), and NCCL's environment. The
+kinds differ in how a pod learns its place, read from each controller's source
+(pytorch_cuda_runtime/launch/sources.py):
+
+  trainjob     Kubeflow Trainer v2.1 (trainer.kubeflow.org/v1alpha1): the torch plugin sets PET_*.
+               A TrainJob's podTemplateOverrides (v2.1) carry volumes, volumeMounts and env, but no
+               securityContext or capabilities, so the job comes with its own TrainingRuntime
+               holding the pod template; --cluster-runtime NAME uses an installed
+               ClusterTrainingRuntime instead (its securityContext is then that runtime's).
+               v2.0 called the field podSpecOverrides and v2.2 replaced it with runtimePatches.
+  pytorchjob   training-operator v1.8/v1.9 (kubeflow.org/v1): Master 1 + Worker N-1, container
+               `pytorch`; the operator sets PET_* and MASTER_*.
+  jobset       JobSet v0.12 (jobset.x-k8s.io/v1alpha2): one replicated Job, Indexed, N pods; the
+               subdomain defaults to the JobSet's name, so pod 0 is <jobset>-node-0-0.<jobset>.
+  indexed-job  batch/v1 Job, Indexed, N pods, behind a headless Service named as the subdomain:
+               pod 0 is <job>-0.<job>.
+JobSet and Indexed Jobs set no rendezvous variables: the manifest sets the contract's own
+PYTORCH_CUDA_NNODES and PYTORCH_CUDA_MASTER_ADDR, and Kubernetes sets JOB_COMPLETION_INDEX.
+"""
+from __future__ import annotations
+
+import re
+
+import yaml
+
+from . import LAUNCH, Job, quantity
+
+KINDS = ("trainjob", "pytorchjob", "jobset", "indexed-job")
+TRAINER = "trainer.kubeflow.org/v1alpha1"
+UID = GID = 1000  # the image's user (templates/finish.j2: USER 1000:1000)
+SHM = "dshm"
+RJOB = "node"  # Trainer's replicated job and container name, reused for JobSet
+PORT = 29500  # torchrun's default, and Trainer's PET_MASTER_PORT
+
+
+# What YAML 1.2's core schema (Kubernetes' sigs.k8s.io/yaml) reads as a number, boolean or null
+# but PyYAML's YAML 1.1 writes bare: `1e-4` would reach the API server as a float in `command`.
+NOT_STR_12 = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?|0o[0-7]+|0x[0-9a-fA-F]+|"
+                        r"[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)|true|True|TRUE|false|False|FALSE|null|Null|NULL|~|")
+
+
+class _Dumper(yaml.SafeDumper):
+    def ignore_aliases(self, data) -> bool:  # each document whole, no &id001 anchors
+        return True
+
+    def represent_str(self, data: str):
+        style = "'" if NOT_STR_12.fullmatch(data) else None
+        return self.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_Dumper.add_representer(str, _Dumper.represent_str)
+
+
+def dump(doc: dict) -> str:
+    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+
+
+def render(job: Job) -> str:
+    docs = {"trainjob": trainjob, "pytorchjob": pytorchjob, "jobset": jobset, "indexed-job": indexed_job}[job.kind](job)
+    head = "".join(f"# {line}\n" for line in job.header())
+    return head + "---\n".join(dump(d) for d in docs)
+
+
+def _meta(job: Job, name: str | None = None) -> dict:
+    meta = {"name": name or job.name}
+    if job.namespace:
+        meta["namespace"] = job.namespace
+    meta["labels"] = {"app.kubernetes.io/name": "pytorch-cuda", "pytorch-cuda/image": job.row}
+    return meta
+
+
+def _env(values: dict[str, str]) -> list[dict]:
+    return [{"name": k, "value": v} for k, v in values.items()]
+
+
+def limits(job: Job) -> dict:
+    out: dict = {}
+    if job.gpus_per_node:
+        out["nvidia.com/gpu"] = job.gpus_per_node
+    out.update({resource: count for resource, count in job.rdma})
+    return out
+
+
+def shm_volume(job: Job) -> dict:
+    return {"name": SHM, "emptyDir": {"medium": "Memory", "sizeLimit": quantity(job.shm_mib)}}
+
+
+def container(job: Job, name: str, env: dict[str, str], image: bool = True, ports: list | None = None) -> dict:
+    c: dict = {"name": name}
+    if image:
+        c["image"] = str(job.image)
+        c["command"] = [LAUNCH, *job.command]
+    if env:
+        c["env"] = _env(env)
+    if ports:
+        c["ports"] = ports
+    if limits(job) and image:
+        c["resources"] = {"limits": limits(job)}
+    caps: dict = {"drop": ["ALL"]}
+    if job.rdma:  # RDMA registers (pins) memory; where the runtime grants it, IPC_LOCK lifts RLIMIT_MEMLOCK
+        caps["add"] = ["IPC_LOCK"]
+    c["securityContext"] = {"allowPrivilegeEscalation": False, "capabilities": caps}
+    c["volumeMounts"] = [{"name": SHM, "mountPath": "/dev/shm"}]
+    return c
+
+
+def pod_spec(job: Job, c: dict, restart: bool = True, **extra) -> dict:
+    """restart False: the owner sets restartPolicy (a PyTorchJob's replica spec)."""
+    return {**extra, **({"restartPolicy": "Never"} if restart else {}),
+            "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": GID, "fsGroup": GID},
+            "containers": [c], "volumes": [shm_volume(job)]}
+
+
+def _nproc(job: Job) -> int:
+    return job.gpus_per_node or 1
+
+
+def trainjob(job: Job) -> list[dict]:
+    trainer = {"image": str(job.image), "command": [LAUNCH, *job.command], "numNodes": job.nodes,
+               "numProcPerNode": _nproc(job)}
+    if job.nccl_env():
+        trainer["env"] = _env(job.nccl_env())
+    if limits(job):
+        trainer["resourcesPerNode"] = {"limits": limits(job)}
+    spec: dict = {"trainer": trainer}
+    if job.cluster_runtime:
+        spec = {"runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime", "name": job.cluster_runtime},
+                **spec,
+                "podTemplateOverrides": [{"targetJobs": [{"name": RJOB}],
+                                          "spec": {"volumes": [shm_volume(job)],
+                                                   "containers": [{"name": RJOB, "volumeMounts": [{"name": SHM, "mountPath": "/dev/shm"}]}]}}]}
+        return [{"apiVersion": TRAINER, "kind": "TrainJob", "metadata": _meta(job), "spec": spec}]
+    runtime = {"apiVersion": TRAINER, "kind": "TrainingRuntime", "metadata": {**_meta(job), "labels": {
+        **_meta(job)["labels"], "trainer.kubeflow.org/framework": "torch"}},
+        "spec": {"mlPolicy": {"numNodes": job.nodes, "torch": {"numProcPerNode": _nproc(job)}},
+                 "template": {"spec": {"replicatedJobs": [{
+                     "name": RJOB, "replicas": 1,
+                     "template": {"metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                                  "spec": {"template": {"spec": pod_spec(job, container(job, RJOB, {}))}}}}]}}}}
+    spec = {"runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime", "name": job.name}, **spec}
+    return [runtime, {"apiVersion": TRAINER, "kind": "TrainJob", "metadata": _meta(job), "spec": spec}]
+
+
+def pytorchjob(job: Job) -> list[dict]:
+    ports = [{"name": "pytorchjob-port", "containerPort": PORT}]  # the operator's MASTER_PORT
+    replicas = {"Master": 1, **({"Worker": job.nodes - 1} if job.nodes > 1 else {})}
+    specs = {role: {"replicas": n, "restartPolicy": "Never",
+                    "template": {"spec": pod_spec(job, container(job, "pytorch", job.nccl_env(), ports=ports), restart=False)}}
+             for role, n in replicas.items()}
+    return [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": _meta(job),
+             "spec": {"nprocPerNode": str(_nproc(job)), "pytorchReplicaSpecs": specs}}]
+
+
+def _indexed(job: Job, master: str, subdomain: str | None = None) -> dict:
+    """An Indexed Job's spec: N pods at once, none retried (a static rendezvous cannot take a
+    replacement), the contract's own node count and master address."""
+    env = {"PYTORCH_CUDA_NNODES": str(job.nodes), "PYTORCH_CUDA_MASTER_ADDR": master,
+           "PYTORCH_CUDA_MASTER_PORT": str(PORT), **job.launch_env(), **job.nccl_env()}
+    extra = {"subdomain": subdomain} if subdomain else {}
+    return {"completionMode": "Indexed", "completions": job.nodes, "parallelism": job.nodes, "backoffLimit": 0,
+            "template": {"metadata": {"labels": _meta(job)["labels"]},
+                         "spec": pod_spec(job, container(job, RJOB, env), **extra)}}
+
+
+def jobset(job: Job) -> list[dict]:
+    master = f"{job.name}-{RJOB}-0-0.{job.name}"
+    return [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": _meta(job),
+             "spec": {"network": {"enableDNSHostnames": True},
+                      "replicatedJobs": [{"name": RJOB, "replicas": 1, "template": {"spec": _indexed(job, master)}}]}}]
+
+
+def indexed_job(job: Job) -> list[dict]:
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": _meta(job),
+               "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {"job-name": job.name},
+                        "ports": [{"name": "c10d", "port": PORT, "targetPort": PORT}]}}
+    return [service, {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(job),
+                      "spec": _indexed(job, f"{job.name}-0.{job.name}", subdomain=job.name)}]

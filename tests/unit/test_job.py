@@ -1,0 +1,411 @@
+"""`build.py job`: the sbatch script and the Kubernetes manifests it writes, offline.
+
+Every manifest validates: core kinds (Job, Service) with kubernetes-validate against the API
+schemas of Kubernetes 1.30 and 1.37, the CRDs (TrainJob, TrainingRuntime, PyTorchJob, JobSet)
+with jsonschema against their published openAPIV3Schema (tests/data/crds/SOURCE.md), unknown
+fields refused. The sbatch script passes `bash -n` and shellcheck, and runs against a stand-in
+`srun` that records its argv: what reaches srun is checked word for word (pyxis's `#`, quoting).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from helpers import ROOT, one_error_line, require, run_cli
+
+from pytorch_cuda_build import jobs, pipeline
+from pytorch_cuda_build.errors import UsageError
+from pytorch_cuda_build.jobs import bundle, kubernetes, slurm
+
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+REPO = "127.0.0.1:5000/ml/pytorch-cuda"
+IMAGE = f"{REPO}@{DIGEST}"
+ROW = "2.7.1-cuda12.1-runtime"
+CRDS = ROOT / "tests" / "data" / "crds"
+CRD_FILES = {"TrainJob": "trainer.kubeflow.org_trainjobs.yaml", "TrainingRuntime": "trainer.kubeflow.org_trainingruntimes.yaml",
+             "PyTorchJob": "kubeflow.org_pytorchjobs.yaml", "JobSet": "jobset.x-k8s.io_jobsets.yaml"}
+K8S_VERSIONS = ("1.30.0", "1.37.0")  # the oldest we name in the docs, and the newest kubernetes-validate carries
+NO_DOCKER = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+SCRIPT = ("train.py", "--lr", "1e-4", "--note", "it's a \"test\" $HOME", "--tag", "a#b")
+
+
+def make(scheduler: str = "slurm", **kw) -> jobs.Job:
+    fields = dict(scheduler=scheduler, name="train", row=ROW, image=jobs.parse_image(IMAGE), nodes=2, gpus_per_node=8,
+                  command=SCRIPT)
+    if scheduler == "kubernetes":
+        fields["kind"] = "jobset"
+    return jobs.Job(**{**fields, **kw})
+
+
+# --- the image reference ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, repository, pyxis", [
+    (IMAGE, REPO, f"127.0.0.1:5000#ml/pytorch-cuda@{DIGEST}"),
+    (f"{REPO}:v2.7@{DIGEST}", REPO, f"127.0.0.1:5000#ml/pytorch-cuda@{DIGEST}"),  # the tag goes: the digest decides
+    (f"ghcr.io/acme/pytorch-cuda@{DIGEST}", "ghcr.io/acme/pytorch-cuda", f"ghcr.io#acme/pytorch-cuda@{DIGEST}"),
+    (f"localhost/pytorch-cuda@{DIGEST}", "localhost/pytorch-cuda", f"localhost#pytorch-cuda@{DIGEST}"),
+    (f"acme/pytorch-cuda@{DIGEST}", "acme/pytorch-cuda", f"acme/pytorch-cuda@{DIGEST}"),  # Docker Hub: no registry part
+])
+def test_an_image_reference_is_read_with_its_digest(text, repository, pyxis):
+    ref = jobs.parse_image(text)
+    assert (ref.repository, ref.digest, ref.pyxis()) == (repository, DIGEST, pyxis)
+
+
+@pytest.mark.parametrize("text", [f"{REPO}:v2.7", REPO, f"{REPO}@sha256:abc", f"{REPO}@md5:{'0' * 32}", f"UPPER/x@{DIGEST}", ""])
+def test_a_reference_without_a_full_digest_is_refused(text):
+    with pytest.raises(UsageError, match="pinned by digest"):
+        jobs.parse_image(text)
+
+
+def test_the_published_record_gives_the_reference(tmp_path):
+    (tmp_path / "published.json").write_text(json.dumps({"registry": "127.0.0.1:5000/ml", "repository": REPO, "digest": DIGEST}))
+    assert str(jobs.published(tmp_path, ROW)) == IMAGE
+    (tmp_path / "published.json").write_text(json.dumps({"repository": REPO}))
+    with pytest.raises(UsageError, match="pinned by digest"):
+        jobs.published(tmp_path, ROW)
+    with pytest.raises(UsageError, match=r"no published record .*publish --push.*--image"):
+        jobs.published(tmp_path / "none", ROW)
+
+
+def test_the_cli_takes_the_image_from_the_published_record(monkeypatch, tmp_path):
+    (tmp_path / "published.json").write_text(json.dumps({"repository": REPO, "digest": DIGEST, "tags": ["v2.7"]}))
+    monkeypatch.setattr(pipeline, "results_dir", lambda root, image: tmp_path)
+    proc = run_cli(ROOT, "job", "--torch", "2.7", "--cuda", "12.1", "--scheduler", "slurm", "--nodes", "2", "--", "train.py",
+                   env=NO_DOCKER)
+    assert proc.returncode == 0, proc.stderr
+    assert f"# Image: {ROW}, pinned by digest: {IMAGE}" in proc.stdout
+
+
+def test_without_a_published_record_or_image_the_cli_says_how_in_one_line(monkeypatch, tmp_path):
+    monkeypatch.setattr(pipeline, "results_dir", lambda root, image: tmp_path / "none")
+    proc = run_cli(ROOT, "job", "--torch", "2.7", "--scheduler", "slurm", "--nodes", "2", "--", "train.py", env=NO_DOCKER)
+    one_error_line(proc, 2, "has no published record")
+
+
+# --- bad input: one line, exit 2 (the full table is in test_validate.py) -----------------------
+
+@pytest.mark.parametrize("argv, says", [
+    (["--scheduler", "slurm", "--image", f"{REPO}:v2.7"], "--image takes an image pinned by digest"),
+    (["--scheduler", "slurm", "--kind", "jobset"], "--kind needs --scheduler kubernetes"),
+    (["--scheduler", "kubernetes", "--kind", "jobset", "--runtime", "pyxis"], "--runtime needs --scheduler slurm"),
+    (["--scheduler", "kubernetes"], "--scheduler kubernetes needs --kind"),
+    (["--scheduler", "kubernetes", "--kind", "deployment"], "argument --kind: invalid choice: 'deployment'"),
+    (["--scheduler", "slurm", "--runtime", "pyxis", "--bundle", "/shared/b"], "--bundle needs --runtime oci"),
+])
+def test_bad_job_input_is_one_line_and_exit_2(argv, says):
+    proc = run_cli(ROOT, "job", "--torch", "2.7", "--nodes", "2", *(["--image", IMAGE] if "--image" not in argv else []),
+                   *argv, "--", "train.py", env=NO_DOCKER)
+    one_error_line(proc, 2, says)
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("tail, says", [(["--nodes", "0", "--", "t.py"], "argument --nodes: must be at least 1, not 0"),
+                                        (["--nodes", "2", "--"], "job needs SCRIPT [ARGS] after --"),
+                                        (["--nodes", "2"], "job needs SCRIPT [ARGS] after --")])
+def test_no_nodes_or_no_script_is_one_line_and_exit_2(tail, says):
+    proc = run_cli(ROOT, "job", "--torch", "2.7", "--scheduler", "slurm", "--image", IMAGE, *tail, env=NO_DOCKER)
+    one_error_line(proc, 2, says)
+
+
+def test_job_is_in_help():
+    proc = run_cli(ROOT, "--help")
+    assert "job" in proc.stdout and "launch contract" in proc.stdout
+
+
+# --- Slurm -------------------------------------------------------------------------------------
+
+def sbatch_argument(text: str) -> str:
+    """One #SBATCH argument as sbatch reads it (src/sbatch/opt.c, _get_argument): quotes group,
+    a backslash escapes the next character, an unescaped # ends the line."""
+    out, quoted, escape = [], None, False
+    for ch in text.strip():
+        if escape:
+            escape = False
+        elif ch == "\\":
+            escape = True
+            continue
+        elif quoted:
+            if ch == quoted:
+                quoted = None
+                continue
+        elif ch in "\"'":
+            quoted = ch
+            continue
+        elif ch == "#":
+            break
+        elif ch.isspace():
+            break
+        out.append(ch)
+    return "".join(out)
+
+
+def sbatch_lines(text: str) -> list[str]:
+    """The #SBATCH options sbatch would take: those before the first command."""
+    found = []
+    for line in text.splitlines()[1:]:
+        if line.startswith("#SBATCH"):
+            found.append(sbatch_argument(line[len("#SBATCH"):]))
+        elif line.strip() and not line.startswith("#"):
+            break
+    return found
+
+
+def run_script(tmp_path: Path, text: str) -> tuple[list[str], dict[str, str]]:
+    """The script run by bash with a stand-in srun on PATH: srun's argv and the exported environment."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "srun").write_text('#!/bin/bash\nprintf "%s\\0" "$@" > "$OUT/argv"\nenv -0 > "$OUT/env"\n')
+    (bindir / "srun").chmod(0o755)
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "OUT": str(tmp_path), "SLURM_SUBMIT_DIR": "/submit dir", "HOME": "/home/u"}
+    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    argv = (tmp_path / "argv").read_text().split("\0")[:-1]
+    environ = dict(kv.split("=", 1) for kv in (tmp_path / "env").read_text().split("\0") if "=" in kv)
+    return argv, environ
+
+
+LAUNCHED = ["/usr/local/bin/pytorch-cuda-launch", *SCRIPT]
+
+
+@pytest.mark.parametrize("runtime, srun_argv", [
+    ("oci", ["--ntasks-per-node=1", "--container=/submit dir/bundles/2.7.1-cuda12.1-runtime-0123456789ab",
+             LAUNCHED[0], "/submit dir/train.py", *SCRIPT[1:]]),
+    ("pyxis", ["--ntasks-per-node=1", f"--container-image=127.0.0.1:5000#ml/pytorch-cuda@{DIGEST}", "--no-container-entrypoint",
+               "--container-mounts=/submit dir:/submit dir", "--container-workdir=/submit dir", *LAUNCHED]),
+    ("apptainer", ["--ntasks-per-node=1", "apptainer", "exec", "--nv", "--bind", "/submit dir", "--pwd", "/submit dir",
+                   f"docker://{IMAGE}", *LAUNCHED]),
+])
+def test_the_sbatch_script_runs_the_launch_contract_under_each_runtime(tmp_path, runtime, srun_argv):
+    text = slurm.render(make(runtime=runtime))
+    assert sbatch_lines(text) == ["--job-name=train", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=8", "--exclusive",
+                                  "--output=train-%j.out"]
+    argv, env = run_script(tmp_path, text)
+    assert argv == srun_argv
+    assert env["PYTORCH_CUDA_NPROC_PER_NODE"] == "8"
+    assert "NCCL_IB_DISABLE" not in env and "NCCL_SOCKET_IFNAME" not in env  # NCCL finds InfiniBand itself
+
+
+@pytest.mark.parametrize("runtime", slurm.RUNTIMES)
+def test_the_sbatch_script_passes_bash_n_and_shellcheck(tmp_path, runtime):
+    path = tmp_path / "job.sbatch"
+    path.write_text(slurm.render(make(runtime=runtime, socket_ifname="^docker,lo", network="socket")))
+    r = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    require(shutil.which("shellcheck"), "shellcheck is not installed (Debian: apt-get install shellcheck)")
+    r = subprocess.run(["shellcheck", "--shell=bash", str(path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout
+
+
+def test_a_socket_network_and_an_interface_set_ncclenvironment(tmp_path):
+    _, env = run_script(tmp_path, slurm.render(make(network="socket", socket_ifname="^docker,lo")))
+    assert (env["NCCL_IB_DISABLE"], env["NCCL_SOCKET_IFNAME"]) == ("1", "^docker,lo")
+
+
+def test_without_gpus_the_script_requests_none_and_apptainer_drops_nv(tmp_path):
+    text = slurm.render(make(runtime="apptainer", gpus_per_node=0, sif="$SLURM_SUBMIT_DIR/img.sif"))
+    assert not any(line.startswith("--gpus") for line in sbatch_lines(text))
+    argv, env = run_script(tmp_path, text)
+    assert "--nv" not in argv and "/submit dir/img.sif" in argv and "PYTORCH_CUDA_NPROC_PER_NODE" not in env
+
+
+def test_pyxis_registry_hash_is_escaped_where_sbatch_reads_it():
+    text = slurm.render(make(runtime="pyxis"))
+    example = next(line for line in text.splitlines() if "#SBATCH --container-image=" in line)
+    written = example.split("#SBATCH", 1)[1]
+    assert "\\#" in written and sbatch_argument(written) == f"--container-image=127.0.0.1:5000#ml/pytorch-cuda@{DIGEST}"
+    assert sbatch_argument(written.replace("\\#", "#")) == "--container-image=127.0.0.1:5000"  # what no escape would give
+    assert slurm.sbatch_escape("a#b\\c") == "a\\#b\\\\c"
+
+
+def test_the_oci_header_says_how_to_make_the_bundle_and_oci_conf():
+    text = slurm.render(make(runtime="oci"))
+    assert f"skopeo copy docker://{IMAGE} oci:bundles/oci:{ROW}" in text
+    assert f"umoci unpack --image bundles/oci:{ROW} bundles/{ROW}-0123456789ab" in text
+    assert "python3 -m pytorch_cuda_build.jobs.bundle" in text
+    for key in ("RunTimeQuery", "RunTimeKill", "RunTimeDelete", "RunTimeRun"):
+        assert f'{key}="runc --root=/run/runc-slurm ' in text
+    assert "%b %n.%u.%j.%s.%t" in text and "%U\"" not in text
+
+
+def test_the_cli_writes_the_script_into_a_directory(tmp_path):
+    proc = run_cli(ROOT, "job", "--torch", "2.7", "--scheduler", "slurm", "--runtime", "pyxis", "--nodes", "4", "--image", IMAGE,
+                   "--name", "llm", "--output", str(tmp_path), "--", "train.py", env=NO_DOCKER)
+    assert proc.returncode == 0 and proc.stdout == "", proc.stderr
+    text = (tmp_path / "llm.sbatch").read_text()
+    assert "--runtime pyxis --nodes 4" in text.splitlines()[1] and "#SBATCH --nodes=4" in text
+
+
+# --- the OCI bundle ----------------------------------------------------------------------------
+
+UMOCI_CONFIG = {"ociVersion": "1.0.0", "process": {"user": {"uid": 1000, "gid": 1000}, "cwd": "/workspace",
+                                                   "env": ["PATH=/opt/venv/bin:/usr/bin", "HOME=/home/user"], "args": ["bash"]},
+                "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
+                           {"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["size=65536k"]}],
+                "linux": {"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")]}}
+
+
+def test_the_bundle_patch_shares_the_node_network_and_sizes_dev_shm():
+    out = bundle.patch(UMOCI_CONFIG, 16 * 1024, ("/shared/work",))
+    assert [ns["type"] for ns in out["linux"]["namespaces"]] == ["pid", "ipc", "mount"]
+    shm = [m for m in out["mounts"] if m["destination"] == "/dev/shm"]
+    assert len(shm) == 1 and shm[0]["type"] == "tmpfs" and "size=16384m" in shm[0]["options"]
+    binds = {m["destination"]: m["options"] for m in out["mounts"] if m["type"] == "bind"}
+    assert binds == {"/etc/hosts": ["rbind", "ro"], "/etc/resolv.conf": ["rbind", "ro"], "/shared/work": ["rbind", "rw"]}
+    assert out["process"] == UMOCI_CONFIG["process"]  # the image's user, cwd and environment
+    assert [ns["type"] for ns in UMOCI_CONFIG["linux"]["namespaces"]][1] == "network"  # the input is untouched
+    assert bundle.patch(out, 16 * 1024, ("/shared/work",)) == out  # twice is once
+
+
+def test_the_bundle_command_edits_config_json_and_refuses_a_missing_bundle(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(UMOCI_CONFIG))
+    assert bundle.main([str(tmp_path), "--shm-size", "8Gi", "--bind", "/shared"]) == 0
+    patched = json.loads((tmp_path / "config.json").read_text())
+    assert "size=8192m" in next(m for m in patched["mounts"] if m["destination"] == "/dev/shm")["options"]
+    assert bundle.main([str(tmp_path / "none")]) == 2
+    assert bundle.main([str(tmp_path), "--bind", "relative"]) == 2
+    errors = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 2 and "does not exist" in errors[0] and "absolute" in errors[1]
+
+
+# --- Kubernetes --------------------------------------------------------------------------------
+
+def strict(schema):
+    """A CRD schema that refuses unknown fields where it lists properties, as --validate=strict."""
+    if isinstance(schema, dict):
+        schema = {k: strict(v) for k, v in schema.items()}
+        if "properties" in schema and "additionalProperties" not in schema \
+                and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            schema["additionalProperties"] = False
+        return schema
+    return [strict(s) for s in schema] if isinstance(schema, list) else schema
+
+
+_SCHEMAS: dict[str, dict] = {}
+
+
+def crd_schema(api_version: str, kind: str) -> dict:
+    if kind not in _SCHEMAS:
+        crd = yaml.safe_load((CRDS / CRD_FILES[kind]).read_text())
+        group, version = api_version.split("/")
+        assert crd["spec"]["group"] == group and crd["spec"]["names"]["kind"] == kind
+        served = {v["name"]: v for v in crd["spec"]["versions"]}
+        _SCHEMAS[kind] = strict(served[version]["schema"]["openAPIV3Schema"])
+    return _SCHEMAS[kind]
+
+
+def validate(doc: dict) -> None:
+    if doc["kind"] in CRD_FILES:
+        jsonschema.Draft7Validator(crd_schema(doc["apiVersion"], doc["kind"])).validate(doc)
+    else:
+        for version in K8S_VERSIONS:
+            kubernetes_validate.validate(doc, version, strict=True)
+
+
+def pod_specs(doc: dict) -> list[dict]:
+    spec = doc["spec"]
+    if doc["kind"] == "PyTorchJob":
+        return [r["template"]["spec"] for r in spec["pytorchReplicaSpecs"].values()]
+    if doc["kind"] == "JobSet":
+        return [r["template"]["spec"]["template"]["spec"] for r in spec["replicatedJobs"]]
+    if doc["kind"] == "TrainingRuntime":
+        return [r["template"]["spec"]["template"]["spec"] for r in spec["template"]["spec"]["replicatedJobs"]]
+    if doc["kind"] == "Job":
+        return [spec["template"]["spec"]]
+    return []
+
+
+VARIANTS = [dict(gpus_per_node=8, rdma=(("rdma/ib", 1),), namespace="ml", network="socket", socket_ifname="eth0"),
+            dict(gpus_per_node=0, nodes=1)]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=["gpu-rdma", "cpu-one-node"])
+@pytest.mark.parametrize("kind", kubernetes.KINDS)
+def test_every_manifest_validates_against_its_schema(kind, variant):
+    job = make("kubernetes", kind=kind, **variant)
+    docs = list(yaml.safe_load_all(kubernetes.render(job)))
+    for doc in docs:
+        validate(doc)
+        assert doc["metadata"]["name"] == "train" and doc["metadata"].get("namespace") == variant.get("namespace")
+    pods = [p for d in docs for p in pod_specs(d)]
+    assert pods
+    for pod in pods:
+        assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000}
+        assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}]
+        (c,) = pod["containers"]
+        assert c["image"] == IMAGE and c["command"] == ["pytorch-cuda-launch", *SCRIPT]
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+        limits = c.get("resources", {}).get("limits", {})
+        assert limits == ({"nvidia.com/gpu": 8, "rdma/ib": 1} if job.gpus_per_node else {})
+        assert ("IPC_LOCK" in c["securityContext"]["capabilities"].get("add", [])) == bool(job.rdma)
+
+
+def env_of(doc: dict) -> dict[str, str]:
+    (pod,) = pod_specs(doc)[:1]
+    return {e["name"]: e["value"] for e in pod["containers"][0].get("env", [])}
+
+
+def test_jobset_and_indexed_job_name_pod_0_as_their_controllers_do():
+    js = yaml.safe_load(kubernetes.render(make("kubernetes", kind="jobset", nodes=4)))
+    assert js["spec"]["network"] == {"enableDNSHostnames": True}  # the subdomain defaults to the JobSet's name
+    (rjob,) = js["spec"]["replicatedJobs"]
+    assert (rjob["name"], rjob["replicas"]) == ("node", 1)
+    assert {k: rjob["template"]["spec"][k] for k in ("completionMode", "completions", "parallelism")} == \
+        {"completionMode": "Indexed", "completions": 4, "parallelism": 4}
+    assert env_of(js) == {"PYTORCH_CUDA_NNODES": "4", "PYTORCH_CUDA_MASTER_ADDR": "train-node-0-0.train",
+                          "PYTORCH_CUDA_MASTER_PORT": "29500", "PYTORCH_CUDA_NPROC_PER_NODE": "8"}
+    service, job = yaml.safe_load_all(kubernetes.render(make("kubernetes", kind="indexed-job", nodes=4)))
+    assert service["kind"] == "Service" and service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == {"job-name": "train"} and job["spec"]["template"]["spec"]["subdomain"] == "train"
+    assert env_of(job)["PYTORCH_CUDA_MASTER_ADDR"] == "train-0.train"
+
+
+def test_pytorchjob_has_a_master_and_n_minus_1_workers_in_containers_named_pytorch():
+    (doc,) = yaml.safe_load_all(kubernetes.render(make("kubernetes", kind="pytorchjob", nodes=3)))
+    replicas = doc["spec"]["pytorchReplicaSpecs"]
+    assert {role: r["replicas"] for role, r in replicas.items()} == {"Master": 1, "Worker": 2}
+    assert {r["template"]["spec"]["containers"][0]["name"] for r in replicas.values()} == {"pytorch"}
+    assert doc["spec"]["nprocPerNode"] == "8"
+
+
+def test_trainjob_brings_its_runtime_or_overrides_an_installed_one():
+    runtime, train = yaml.safe_load_all(kubernetes.render(make("kubernetes", kind="trainjob", nodes=3)))
+    assert runtime["kind"] == "TrainingRuntime" and train["spec"]["runtimeRef"] == \
+        {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime", "name": "train"}
+    (rjob,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    assert rjob["name"] == "node" and rjob["template"]["metadata"]["labels"] == {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
+    assert train["spec"]["trainer"]["numNodes"] == 3 and train["spec"]["trainer"]["image"] == IMAGE
+    (only,) = yaml.safe_load_all(kubernetes.render(make("kubernetes", kind="trainjob", cluster_runtime="torch-distributed")))
+    validate(only)
+    assert only["spec"]["runtimeRef"]["kind"] == "ClusterTrainingRuntime"
+    (override,) = only["spec"]["podTemplateOverrides"]
+    assert override["spec"]["volumes"][0]["emptyDir"]["medium"] == "Memory"
+
+
+def test_strict_validation_catches_a_misplaced_field():
+    (doc,) = yaml.safe_load_all(kubernetes.render(make("kubernetes", kind="trainjob", cluster_runtime="torch-distributed")))
+    doc["spec"]["podTemplateOverrides"][0]["spec"]["securityContext"] = {"runAsNonRoot": True}  # not in v2.1's override
+    with pytest.raises(jsonschema.ValidationError, match="securityContext"):
+        validate(doc)
+    service, job = yaml.safe_load_all(kubernetes.render(make("kubernetes", kind="indexed-job")))
+    job["spec"]["template"]["spec"]["containers"][0]["shmSize"] = "1Gi"
+    with pytest.raises(Exception):
+        validate(job)
+
+
+def test_yaml_1_2_numbers_in_the_command_stay_strings():
+    text = kubernetes.render(make("kubernetes", kind="jobset", command=("train.py", "1e-4", "0x1F", "yes", "on", ".5")))
+    for word in ("1e-4", "0x1F", "yes", "on", ".5"):
+        assert f"- '{word}'" in text
+
+
+def test_rendering_is_deterministic():
+    job = make("kubernetes", kind="trainjob")
+    assert kubernetes.render(job) == kubernetes.render(job)
