@@ -132,6 +132,8 @@ main() {
   if [ "$want_registry" = 1 ] && ! command -v newuidmap >/dev/null 2>&1; then need_pkgs+=(uidmap); fi
   # The host-list parser of pytorch-cuda-launch is checked against Slurm's own scontrol.
   if [ "$want_registry" = 1 ] && ! command -v scontrol >/dev/null 2>&1; then need_pkgs+=(slurm-client); fi
+  # The sbatch scripts `build.py job` writes are checked with shellcheck.
+  if [ "$want_registry" = 1 ] && ! command -v shellcheck >/dev/null 2>&1; then need_pkgs+=(shellcheck); fi
 
   if answers && [ ${#need_pkgs[@]} -eq 0 ]; then check_bridge; return; fi
 
