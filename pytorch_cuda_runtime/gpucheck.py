@@ -29,6 +29,7 @@ import os
 import platform
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
@@ -196,6 +197,7 @@ def compatible_ops(c, sdist, cuda_home):
         raise Stop("DeepSpeed's op builders did not run")
     ops = []
     for op, (ok, said) in json.loads(found[-1][len("COMPATIBLE "):]).items():
+        said = re.sub(r"\x1b\[[0-9;]*m", "", said)  # DeepSpeed colours its warnings
         why = " ".join(ln.strip() for ln in said.splitlines() if "WARNING" in ln or "not" in ln.lower())[:300]
         c.add(f"ops.prerequisites.{op}", PASS if ok else SKIP, actual="buildable here" if ok else None,
               detail="" if ok else f"not built: this machine lacks what DeepSpeed needs for it: {why or said.strip()[:300]}")
@@ -278,6 +280,20 @@ def effective_manifest(c, built_ops, ops_facts):
     return os.path.join(folder, "manifest.json")
 
 
+def loopback_env(c):
+    """torchrun hands its ranks the machine's hostname to meet at; on a machine without network
+    that name may not resolve (seen: `docker run --network none`), and the ranks then wait out
+    their timeout. One machine's ranks can always meet on 127.0.0.1: --local-addr (PET_LOCAL_ADDR)
+    for torchrun, the loopback interface for gloo."""
+    try:
+        socket.gethostbyname(socket.gethostname())
+        return {}
+    except OSError:
+        c.add("machine.hostname", INFO, actual=f"{socket.gethostname()} does not resolve",
+              detail="the smoke suite's ranks meet on 127.0.0.1 (PET_LOCAL_ADDR, GLOO_SOCKET_IFNAME=lo)")
+        return {"PET_LOCAL_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo"}
+
+
 def run_smoke(c, manifest, with_deepspeed, reason):
     """The smoke suite as the image gate runs it; its records join ours as smoke.<check>."""
     report = os.path.join(c.report_dir, "smoke", "report.json")
@@ -285,7 +301,7 @@ def run_smoke(c, manifest, with_deepspeed, reason):
     if not with_deepspeed:  # torch's own families still say something about this machine
         cmd += ["--only", "gpu,collectives,ddp,fsdp2,bf16,compile"]
         c.add("smoke.deepspeed", SKIP, detail=f"not run: versions, ZeRO and the ops' load test need DeepSpeed ({reason})")
-    rc, log, seconds = c.run("smoke", cmd, timeout=4 * 3600, PYTORCH_CUDA_MANIFEST=manifest)
+    rc, log, seconds = c.run("smoke", cmd, timeout=4 * 3600, PYTORCH_CUDA_MANIFEST=manifest, **loopback_env(c))
     if not os.path.exists(report):
         c.add("smoke.report", FAIL, expected="the smoke suite's report", actual=f"none (exit {rc})", detail=tail(log))
         return 0
