@@ -18,26 +18,21 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see --help)")
 
 
-def positive_int(text: str) -> int:
-    """A count of at least 1 (--jobs, --retries, --runs, --cold-runs)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"takes a whole number, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
+def _at_least(low: int):
+    """An argparse type: a whole number of at least `low`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"takes a whole number, not {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, not {value}")
+        return value
+    return parse
 
 
-def whole(text: str) -> int:
-    """A count that may be 0 (--gpus-per-node)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"takes a whole number, not {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, not {value}")
-    return value
+positive_int = _at_least(1)  # a count of at least 1 (--jobs, --retries, --runs, --cold-runs)
+whole = _at_least(0)  # a count that may be 0 (--gpus-per-node)
 
 
 # What Docker's --keep-storage takes (go-units RAMInBytes): bytes, or a number with k/m/g/t/p,
