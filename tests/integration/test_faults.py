@@ -187,7 +187,9 @@ def test_same_row_twice_at_once_is_serialized_and_the_second_reuses_the_first(bu
     second = start(root, "--torch", "2.7", "--cuda", "12.1", "--quiet")
     outs = [p.communicate(timeout=1800) for p in (first, second)]
     assert [first.returncode, second.returncode] == [0, 0], outs
-    waited = [i for i, (_, err) in enumerate(outs) if "another build of 2.7.1-cuda12.1-runtime is running; waiting" in err]
+    # one checkout, one daemon: the second waits on the first (the results lock is taken first)
+    waited = [i for i, (_, err) in enumerate(outs)
+              if "another build of 2.7.1-cuda12.1-runtime from this checkout is running" in err and "waiting for it" in err]
     assert len(waited) == 1, outs
     assert "already passed its tests" in outs[waited[0]][1] and "smoke suite" not in outs[waited[0]][1], outs
     tags = {docker_client.images.get(f"{FAULT_REPO}:{t}").id for t in DEFAULT.tags}
