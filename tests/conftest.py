@@ -27,6 +27,7 @@ import os
 import shutil
 import sys
 import tempfile
+import types
 import uuid
 from pathlib import Path
 
@@ -90,16 +91,23 @@ def docker_client():
 
 
 @pytest.fixture(scope="session")
-def default_build(docker_client):
+def default_build(docker_client, tmp_path_factory):
     """The README's build line for the default row, run once per session and shared by every
     module that needs its image. --retest: this session's own smoke and structure run, whatever
     an earlier session recorded; the modules after it reuse that tested image (build.py ends at
-    once on a row it already tested) instead of each testing it again."""
+    once on a row it already tested) instead of each testing it again.
+
+    The process (stdout, stderr) and `results`: a copy of build-results/<row> taken right after
+    this build, because every later build.py run of the row writes that folder again."""
     from helpers import run_build_py, shown
+    from pytorch_cuda_build import matrix
 
     proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.1", "--quiet", "--retest", timeout=5400)
     assert proc.returncode == 0, shown(proc)
-    return proc
+    row = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
+    results = tmp_path_factory.mktemp("default-build") / row.name
+    shutil.copytree(ROOT / "build-results" / row.name, results, symlinks=True)
+    return types.SimpleNamespace(stdout=proc.stdout, stderr=proc.stderr, results=results)
 
 
 @pytest.fixture(scope="session")

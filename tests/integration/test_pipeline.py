@@ -18,7 +18,6 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 MATRIX = matrix.load(ROOT / "matrix.yaml")
 DEFAULT = MATRIX.select("2.7", "12.1")
-RESULTS = ROOT / "build-results" / DEFAULT.name
 
 
 def tag_ids(client) -> dict[str, str | None]:
@@ -66,7 +65,7 @@ def built(default_build):
 def test_build_tags_one_tested_image(built, docker_client):
     ids = tag_ids(docker_client)
     assert None not in ids.values() and len(set(ids.values())) == 1, ids
-    summary = json.loads((RESULTS / "summary.json").read_text())
+    summary = json.loads((built.results / "summary.json").read_text())
     assert summary["image_id"] == ids["pytorch-cuda:v2.7"]
     assert summary["tags"] == DEFAULT.refs()
     assert {"build", "test", "tag"} <= set(summary["seconds"])
@@ -77,7 +76,7 @@ def test_build_tags_one_tested_image(built, docker_client):
 
 
 def test_smoke_report_proves_sharded_training_on_cpu(built):
-    report = json.loads((RESULTS / "smoke-report.json").read_text())
+    report = json.loads((built.results / "smoke-report.json").read_text())
     results = report["results"]
     failed = [r for r in results if r["status"] == "FAIL"]
     assert not failed, failed
@@ -89,7 +88,7 @@ def test_smoke_report_proves_sharded_training_on_cpu(built):
         assert exact in passed, (exact, sorted(passed))
     skipped = [r for r in results if r["status"] == "SKIPPED"]
     assert skipped and all(r["detail"] for r in skipped), "GPU-only checks must be skipped with a reason"
-    assert (RESULTS / "smoke-logs").is_dir()
+    assert (built.results / "smoke-logs").is_dir()
 
 
 def test_labels_show_platform_and_wheel_cuda(built, docker_client):
@@ -198,7 +197,7 @@ def test_gpu_smoke_on_a_gpu_host(built, gpu_runtime):
 
 
 def test_sbom_lists_torch_and_every_nvidia_library(built):
-    doc = json.loads((RESULTS / "sbom.cdx.json").read_text())
+    doc = json.loads((built.results / "sbom.cdx.json").read_text())
     assert doc["bomFormat"] == "CycloneDX"
     have = {c["purl"] for c in doc["components"]}
     pins = lock.read(ROOT, DEFAULT)["pins"]
