@@ -155,6 +155,18 @@ def prepare_sshd(environ, home, user, uid):
     return [SSHD, "-D", "-e", "-f", os.path.join(d, "sshd_config")]
 
 
+def account(uid):
+    """The login name of uid: sshd authenticates only users /etc/passwd knows, and an arbitrary
+    uid (OpenShift's, Apptainer's or enroot's caller's) has no entry there."""
+    import pwd
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        raise ServiceError(f"sshd: uid {uid} has no account in /etc/passwd, and sshd logs in only users it knows; "
+                           "run sshd mode as the image's user (uid 1000, the default), or start training with "
+                           "pytorch-cuda-launch, which needs no ssh", 1) from None
+
+
 def _write(path, text):
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -205,8 +217,7 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv[:1] == ["sshd"]:
-            import pwd
-            user = pwd.getpwuid(os.getuid()).pw_name
+            user = account(os.getuid())
             cmd = prepare_sshd(os.environ, os.path.expanduser("~"), user, os.getuid())
         elif argv[:1] == ["jupyter"] and argv[1:2] and argv[1] in JUPYTER_SERVERS:
             jupyter_checks(argv[2:], os.environ)

@@ -15,7 +15,8 @@ from pytorch_cuda_build.checks.support import run_image, shown
 pytestmark = pytest.mark.docker
 
 COMMANDS = ["python", "torchrun", "deepspeed", "ds_report", "zero_to_fp32", "pdsh", "ssh", "/usr/sbin/sshd",
-            "jupyter", "jupyter-lab", "tensorboard", "tini", "pytorch-cuda-smoke", "pytorch-cuda-banner", "pytorch-cuda-entrypoint"]
+            "jupyter", "jupyter-lab", "tensorboard", "tini", "pytorch-cuda-smoke", "pytorch-cuda-banner", "pytorch-cuda-entrypoint",
+            "pytorch-cuda-launch"]
 
 
 def test_default_user_is_non_root_with_writable_workspace(host):
@@ -24,6 +25,21 @@ def test_default_user_is_non_root_with_writable_workspace(host):
     ws = host.file("/workspace")
     assert ws.is_directory and ws.user == "trainer"
     assert host.run("touch /workspace/.probe && rm /workspace/.probe").rc == 0
+
+
+def test_group_0_may_write_what_the_default_user_may(root_host):
+    """Any uid: OpenShift runs an arbitrary uid in group 0, which gets HOME=/home/trainer and
+    /workspace as trainer has them (docker-stacks' convention: chgrp 0, chmod g=u)."""
+    where = "/home/trainer /workspace"
+    assert root_host.check_output(f"find {where} ! -group 0 | head -5") == ""
+    for bit in ("r", "w", "x"):
+        odd = root_host.check_output(f"find {where} -perm -u={bit} ! -perm -g={bit} | head -5")
+        assert odd == "", f"the owner may {bit} but group 0 may not: {odd}"
+
+
+def test_the_launch_contract_prints_a_single_node_launch(host):
+    cmd = host.run("pytorch-cuda-launch --print /etc/hostname")
+    assert cmd.rc == 0 and "source: single-node" in cmd.stdout.splitlines(), cmd.stdout + cmd.stderr
 
 
 def test_runs_as_root_when_asked(image_ref):

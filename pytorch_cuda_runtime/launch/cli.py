@@ -105,19 +105,11 @@ def render(launch: Launch) -> str:
     return "\n".join(lines)
 
 
-def _passwd_home(uid: int) -> str | None:
-    try:
-        import pwd
-        return pwd.getpwuid(uid).pw_dir
-    except (ImportError, KeyError):
-        return None
-
-
 def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     env = dict(os.environ if env is None else env)
     try:
         launch = plan(list(sys.argv[1:] if argv is None else argv), env,
-                      Machine(uid=os.getuid(), passwd_home=_passwd_home(os.getuid())))
+                      Machine(uid=os.getuid(), passwd_home=environment.passwd_home(os.getuid())))
         if launch.dry_run:
             print(render(launch))
             return 0

@@ -15,11 +15,16 @@ as an arbitrary uid in group 0 (HOME=/ and no passwd entry). So:
   unset  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
          PET_*: torchrun reads PET_* as its own options, and sets the rest for each rank.
 TORCH_EXTENSIONS_DIR is left alone: with it unset, torch finds the image's prebuilt CPU ops
-under /home/trainer/.cache (PYTORCH_CUDA_CPU_OPS).
+under /home/trainer/.cache (PYTORCH_CUDA_CPU_OPS), which group 0 may write (runtime.j2).
+
+The entrypoint applies the HOME and cache rules too, with nothing else changed:
+`python -m pytorch_cuda_runtime.launch.environment` prints them as sh `export` lines.
 """
 from __future__ import annotations
 
 import os
+import shlex
+import sys
 from collections.abc import Callable, Mapping
 
 VENV_BIN = "/opt/venv/bin"  # Dockerfile.base: python3 -m venv /opt/venv
@@ -67,19 +72,17 @@ def choose_home(env: Mapping[str, str], uid: int, passwd_home: str | None,
     return f"{tmp_dir(env, is_writable)}/pytorch-cuda-home-{uid}", "no writable home"
 
 
-def child_env(env: Mapping[str, str], uid: int, passwd_home: str | None,
-              is_writable: Callable[[str], bool] = writable) -> tuple[dict[str, str], list[str]]:
-    """torchrun's environment, and one line per change for --print."""
-    out = {k: v for k, v in env.items() if k not in CLEARED and not k.startswith("PET_")}
-    removed = sorted(k for k in env if k not in out)
-    changes = [f"unset {' '.join(removed)} (torchrun sets the ranks' own)"] if removed else []
+def home_and_caches(env: Mapping[str, str], uid: int, passwd_home: str | None,
+                    is_writable: Callable[[str], bool] = writable) -> tuple[dict[str, str], list[str]]:
+    """The variables to set so HOME and every cache are writable, and one line per change."""
+    out: dict[str, str] = {}
+    changes: list[str] = []
 
     def put(name: str, value: str, why: str) -> None:
         if env.get(name) != value:
             out[name] = value
             changes.append(f"{name}={value} ({why})")
 
-    put("PATH", image_path(env), "the image's PATH first")
     home, why = choose_home(env, uid, passwd_home, is_writable)
     put("HOME", home, why if env.get("HOME") in (None, "") else f"{why}: HOME={env['HOME']} is not a writable directory")
     cache = env.get("XDG_CACHE_HOME", "")
@@ -92,3 +95,48 @@ def child_env(env: Mapping[str, str], uid: int, passwd_home: str | None,
         if not (value.startswith("/") and is_writable(value)):
             put(name, default, "unset or not writable")
     return out, changes
+
+
+def child_env(env: Mapping[str, str], uid: int, passwd_home: str | None,
+              is_writable: Callable[[str], bool] = writable) -> tuple[dict[str, str], list[str]]:
+    """torchrun's environment, and one line per change for --print."""
+    out = {k: v for k, v in env.items() if k not in CLEARED and not k.startswith("PET_")}
+    removed = sorted(k for k in env if k not in out)
+    changes = [f"unset {' '.join(removed)} (torchrun sets the ranks' own)"] if removed else []
+    path = image_path(env)
+    if env.get("PATH") != path:
+        out["PATH"] = path
+        changes.append(f"PATH={path} (the image's PATH first)")
+    more, lines = home_and_caches(env, uid, passwd_home, is_writable)
+    out.update(more)
+    return out, changes + lines
+
+
+def passwd_home(uid: int) -> str | None:
+    try:
+        import pwd
+        return pwd.getpwuid(uid).pw_dir
+    except (ImportError, KeyError):
+        return None
+
+
+def main(env: Mapping[str, str] | None = None) -> int:
+    """The entrypoint's step: sh `export` lines on stdout, HOME made (0700) where it is new, and
+    one line on stderr when HOME moves. Never fails: a container must start even so."""
+    env = os.environ if env is None else env
+    uid = os.getuid()
+    changed, lines = home_and_caches(env, uid, passwd_home(uid))
+    home = changed.get("HOME")
+    if home:
+        try:
+            os.makedirs(home, mode=0o700, exist_ok=True)
+        except OSError as e:
+            print(f"pytorch-cuda: warning: cannot make HOME {home}: {e.strerror}", file=sys.stderr)
+        if env.get("PYTORCH_CUDA_NO_BANNER", "0") != "1":
+            print(f"pytorch-cuda: uid {uid}: {lines[0]}", file=sys.stderr)
+    print("".join(f"export {k}={shlex.quote(v)}\n" for k, v in changed.items()), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

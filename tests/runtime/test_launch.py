@@ -279,6 +279,32 @@ def test_writable_looks_at_the_nearest_existing_parent(tmp_path):
     assert not environment.writable(str(tmp_path / "f" / "x"))
 
 
+def test_the_entrypoint_step_changes_only_home_and_caches():
+    # The entrypoint must keep the user's PATH, RANK, MASTER_ADDR: only HOME and the caches move.
+    env = {"HOME": "/", "PATH": "/usr/bin", "RANK": "3", "MASTER_ADDR": "n1"}
+    changed, lines = environment.home_and_caches(env, 4242, None, lambda p: p == "/tmp" or p.startswith("/tmp/"))
+    assert changed == {"HOME": "/tmp/pytorch-cuda-home-4242", "XDG_CACHE_HOME": "/tmp/pytorch-cuda-home-4242/.cache",
+                       "HF_HOME": "/tmp/pytorch-cuda-home-4242/.cache/huggingface",
+                       "TRITON_CACHE_DIR": "/tmp/pytorch-cuda-home-4242/.cache/triton",
+                       "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_4242"}
+    assert lines[0] == "HOME=/tmp/pytorch-cuda-home-4242 (no writable home: HOME=/ is not a writable directory)"
+
+
+def test_the_entrypoint_step_prints_exports_and_makes_home(tmp_path):
+    # Run as this test's uid; a HOME that is a file is not writable, so a new one is made under TMPDIR.
+    (tmp_path / "file").write_text("")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path / "file"), "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT),
+           "PYTORCH_CUDA_NO_BANNER": "1"}
+    r = subprocess.run([sys.executable, "-m", "pytorch_cuda_runtime.launch.environment"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == "", r
+    shown = subprocess.run(["sh", "-c", r.stdout + 'echo "$HOME|$XDG_CACHE_HOME|$TORCHINDUCTOR_CACHE_DIR"'],
+                           env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=60).stdout.strip()
+    home, cache, inductor = shown.split("|")
+    assert home != str(tmp_path / "file") and os.path.isdir(home) and os.access(home, os.W_OK), r.stdout
+    assert cache == f"{home}/.cache" and inductor.startswith(str(tmp_path)), r.stdout
+
+
 # ---- nproc rules
 
 

@@ -4,6 +4,7 @@ a container: the real sshd and JupyterLab run in tests/integration/test_ways_in.
 Needs ssh-keygen (openssh-client) on the host, as the image has.
 """
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -93,6 +94,21 @@ class SshdFiles(unittest.TestCase):
         with self.assertRaises(sv.ServiceError) as e:
             sv.prepare_sshd({"SSH_PUBLIC_KEY": "x"}, "/root", "root", 0)
         self.assertIn("non-root", str(e.exception))
+
+    def test_a_uid_without_an_account_is_refused_as_the_environment(self):
+        # OpenShift's arbitrary uid, Apptainer's or enroot's caller: no /etc/passwd entry.
+        uid = 1000700000
+        while True:
+            try:
+                pwd.getpwuid(uid)
+                uid += 1
+            except KeyError:
+                break
+        with self.assertRaises(sv.ServiceError) as e:
+            sv.account(uid)
+        self.assertEqual(e.exception.code, 1)
+        self.assertIn(f"uid {uid} has no account", str(e.exception))
+        self.assertEqual(sv.account(os.getuid()), pwd.getpwuid(os.getuid()).pw_name)
 
 
 class Jupyter(unittest.TestCase):
