@@ -17,8 +17,11 @@ import sys
 import tempfile
 
 SSHD = "/usr/sbin/sshd"
-# Under $HOME, not /tmp: sshd's StrictModes refuses key files below a world-writable directory.
-SSHD_DIR = os.path.join("{home}", ".config", "pytorch-cuda", "sshd")
+# sshd's StrictModes refuses a key file below any directory that group or others may write,
+# the home directory included. /tmp is world-writable and /home/trainer group-writable (group 0
+# may write it, for an arbitrary uid), so the image makes this directory: root's parents, owned
+# by the image's user, mode 0700 (runtime.j2).
+SSHD_DIR = "/var/lib/pytorch-cuda/sshd"
 SSH_PORT, JUPYTER_PORT = 2222, 8888
 # The variables of `docker run` that describe this container's session, not the image:
 # a login gets its own, and the key and token must not be handed on to every login.
@@ -121,21 +124,18 @@ def profile_script(env):
     return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
 
 
-def prepare_sshd(environ, home, user, uid):
-    """Check everything, write this container's sshd directory; return sshd's argv."""
+def prepare_sshd(environ, d, user, uid):
+    """Check everything, write this container's sshd directory d; return sshd's argv."""
     if uid == 0:
         raise ServiceError("sshd: runs as the image's non-root user; drop --user root (root logins are refused anyway)")
     key = public_key(environ.get("SSH_PUBLIC_KEY"))
     port = port_number(environ.get("SSH_PORT"), "SSH_PORT", SSH_PORT)
     listen = environ.get("SSH_LISTEN", "0.0.0.0")
     port_free(listen, port, "sshd")
-    d = SSHD_DIR.format(home=home)
     try:
-        os.makedirs(d, mode=0o700, exist_ok=True)
-        for p in (os.path.dirname(os.path.dirname(d)), os.path.dirname(d), d):
-            os.chmod(p, 0o700)
+        os.chmod(d, 0o700)  # sshd would refuse its keys in a directory others may write
     except OSError as e:
-        raise ServiceError(f"sshd: cannot write {d}: {e.strerror}", 1) from e
+        raise ServiceError(f"sshd: cannot use {d}, which the image gives its user (uid 1000): {e.strerror}", 1) from e
     for kind in ("ed25519", "ecdsa"):
         path = os.path.join(d, f"ssh_host_{kind}_key")
         for old in (path, path + ".pub"):
@@ -218,7 +218,7 @@ def main(argv=None):
     try:
         if argv[:1] == ["sshd"]:
             user = account(os.getuid())
-            cmd = prepare_sshd(os.environ, os.path.expanduser("~"), user, os.getuid())
+            cmd = prepare_sshd(os.environ, SSHD_DIR, user, os.getuid())
         elif argv[:1] == ["jupyter"] and argv[1:2] and argv[1] in JUPYTER_SERVERS:
             jupyter_checks(argv[2:], os.environ)
             cmd = argv

@@ -325,6 +325,17 @@ def test_no_ssh_host_key_ships(root_host):
     assert not keys, f"ssh host keys in the image: {keys}"
 
 
+def test_sshd_keeps_its_keys_where_strict_modes_accepts_them(root_host):
+    """sshd's StrictModes refuses a key file below a directory that group or others may write,
+    and the home is group-writable for any uid: sshd mode's directory is the user's own, 0700,
+    below root's directories."""
+    d = root_host.file("/var/lib/pytorch-cuda/sshd")
+    assert (d.is_directory, d.uid, d.mode) == (True, 1000, 0o700)
+    for parent in ("/var/lib/pytorch-cuda", "/var/lib", "/var"):
+        f = root_host.file(parent)
+        assert f.uid == 0 and f.mode & 0o022 == 0, f"{parent}: uid {f.uid}, mode {oct(f.mode)}"
+
+
 def test_servers_are_configured_for_auth(host):
     """JupyterLab's config sets where it serves from, never its token; the login profile restores the venv."""
     conf = host.file("/opt/venv/etc/jupyter/jupyter_server_config.py").content_string

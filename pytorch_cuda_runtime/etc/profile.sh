@@ -1,6 +1,6 @@
 # /etc/profile.d/pytorch-cuda.sh: a login shell (ssh, bash -l) gets docker run's environment
 # back after /etc/profile has reset PATH. sshd mode writes the container's variables at start.
-f="$HOME/.config/pytorch-cuda/sshd/environment.sh"
+f=/var/lib/pytorch-cuda/sshd/environment.sh
 if [ -r "$f" ]; then
     . "$f"
 fi

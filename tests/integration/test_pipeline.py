@@ -114,10 +114,8 @@ def test_unchanged_rebuild_reuses_the_tested_image(built, docker_client):
     assert tag_ids(docker_client) == before
 
 
-def test_test_command_on_the_built_image(built):
-    proc = run_build_py(ROOT, "test", "--torch", "2.7", "--cuda", "12.1", timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "passed the smoke and structure tests" in proc.stdout
+# `build.py test` end to end, smoke and structure tests on an image: test_publish.py runs it on the
+# image pulled back by digest, the very image ID built here. A second run here would repeat its 5 min.
 
 
 @pytest.mark.fault
@@ -175,8 +173,9 @@ def test_a_row_on_the_same_lock_shares_the_torch_layer(built, docker_client, tmp
     assert twin.lock_key == DEFAULT.lock_key
     root = project_copy(tmp_path / "p")
     tpl = root / "templates" / "finish.j2"
-    first_row_specific = "ENV NVIDIA_VISIBLE_DEVICES=all"
-    assert tpl.read_text().count(first_row_specific) == 1
+    # finish.j2 opens with the row-specific settings: its first instruction, an ENV, is the first of them
+    first_row_specific = next(line for line in tpl.read_text().splitlines() if line.startswith("ENV "))
+    assert "NVIDIA_REQUIRE_CUDA" in tpl.read_text().split(first_row_specific, 1)[1].split("\nCOPY", 1)[0]
     tpl.write_text(tpl.read_text().replace(
         first_row_specific, f"RUN echo {uuid.uuid4().hex} > /dev/null\n{first_row_specific}", 1))
     render.write(root, MATRIX, [DEFAULT, twin], log=lambda m: None)

@@ -79,7 +79,7 @@ class SshdFiles(unittest.TestCase):
         self.assertEqual(env, {"NCCL_DEBUG": "INFO", "PATH": "/opt/venv/bin:/usr/bin", "VIRTUAL_ENV": "/opt/venv"})
 
     def test_config_is_key_only_for_one_user(self):
-        conf = sv.sshd_config("/home/u/.config/pytorch-cuda/sshd", 2222, "0.0.0.0", "trainer",
+        conf = sv.sshd_config(sv.SSHD_DIR, 2222, "0.0.0.0", "trainer",
                               sv.login_environment(self.ENV))
         for line in ("PasswordAuthentication no", "KbdInteractiveAuthentication no", "PermitRootLogin no",
                      "AllowUsers trainer", "Port 2222", "StrictModes yes",
