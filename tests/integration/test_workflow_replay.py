@@ -25,10 +25,10 @@ The runner gets three things here that a hosted one would not need:
 - the base rootfs in the engine's store. Building it needs root (debootstrap); on a hosted
   runner, build.py runs debootstrap through sudo.
 
-All three jobs run in CI. The `build` job through publish is the full pipeline on the current
-engine with the containerd store (build, smoke, structure, tag, publish, a pull back by digest):
-about 12 min with the row's layers in that engine's build cache, about 40 min cold on 2 cores.
-`-k "not build_job"` leaves it out.
+The `checks` and `matrix` jobs run in CI. The `build` job through publish is the full pipeline
+on the current engine with the containerd store (build, smoke, structure, tag, publish, a pull
+back by digest): about 12 min with the row's layers in that engine's build cache, 23 to 40 min
+cold on 2 cores, more than CI's budget leaves. It runs on request: PYTORCH_CUDA_TEST_BUILD_JOB=1.
 """
 from __future__ import annotations
 
@@ -240,6 +240,9 @@ def _action(step: dict, workspace: Path, runner_env: dict[str, str], log: Path) 
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("PYTORCH_CUDA_TEST_BUILD_JOB") != "1",
+                    reason="the full pipeline again on Docker 26 (about 12 min with its cache warm, 23 to 40 min "
+                           "cold on 2 cores): on request, PYTORCH_CUDA_TEST_BUILD_JOB=1")
 def test_the_build_job_runs_as_a_runner_user_through_publish_and_the_pushed_digest_pulls_back(
         runner, checked, current, docker_client, tmp_path):
     if BINARY is None:
