@@ -7,8 +7,10 @@ import os
 import re
 from pathlib import Path
 
-from . import bench, engine_current, matrix
+from . import matrix
 from .errors import UsageError
+from .jobs import kubernetes, slurm
+from .tools import bench, engine_current
 
 COMMANDS = ("build", "list", "matrix", "lock", "render", "test", "publish", "prune", "selftest", "bench", "sbom", "verify", "engine", "gpu-bundle", "job")
 
@@ -175,7 +177,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _job(sub) -> None:
-    from .jobs import kubernetes, slurm
     jb = sub.add_parser("job", help="write a multi-node job that runs SCRIPT through the image's launch contract: an sbatch "
                                      "script (--scheduler slurm) or manifests (--scheduler kubernetes), image pinned by digest",
                         description="After `--`, SCRIPT [ARGS] as `pytorch-cuda-launch` takes them, e.g. "

@@ -11,9 +11,12 @@ from pathlib import Path
 import docker.errors
 import requests
 
-from . import bench, build, console, docker_env, engine_current, files, inputs, lock, matrix, pipeline, publish, render, sbom, selftest, verify
+from . import ca, console, files, jobs, matrix, pipeline, scheduler
 from .arguments import COMMANDS, parser
+from .engine import docker_env
 from .errors import PipelineError
+from .stages import build, inputs, lock, publish, render, sbom
+from .tools import bench, engine_current, gpubundle, propose, selftest, verify
 from .validate import validate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,7 +34,7 @@ def cmd_list(m: matrix.Matrix, args) -> int:
 def cmd_lock(m: matrix.Matrix, args) -> int:
     images = [m.select(args.torch, args.cuda, args.flavor)] if args.torch else list(m.images)
     if args.check_security:
-        lines, found = inputs.check_security(ROOT, images, args.security_snapshot, lambda: pipeline.ca_bundle(args.ca_bundle),
+        lines, found = inputs.check_security(ROOT, images, args.security_snapshot, lambda: ca.ca_bundle(args.ca_bundle),
                                              record=args.record)
         print("\n".join(lines))
         if args.record:
@@ -41,7 +44,7 @@ def cmd_lock(m: matrix.Matrix, args) -> int:
         lock.check(ROOT, images)
         print(f"locks current for {len(images)} image(s)")
         return 0
-    moved = inputs.relock(ROOT, m, images, args.upgrade, lambda: pipeline.ca_bundle(args.ca_bundle), log)
+    moved = inputs.relock(ROOT, m, images, args.upgrade, lambda: ca.ca_bundle(args.ca_bundle), log)
     for line in [f"locks current for {len(images)} image(s); use --upgrade to re-resolve"] if moved is None else moved:
         print(line)
     return 0
@@ -57,7 +60,7 @@ def cmd_render(m: matrix.Matrix, args) -> int:
 
 
 def cmd_build(m: matrix.Matrix, args) -> int:
-    images = pipeline.select_rows(m, args.torch, args.cuda, args.flavor) if args.all else [m.select(args.torch, args.cuda, args.flavor)]
+    images = scheduler.select_rows(m, args.torch, args.cuda, args.flavor) if args.all else [m.select(args.torch, args.cuda, args.flavor)]
     reg = publish.registry(args.registry, args.retries) if args.push else None  # validated: its form was checked
     pipeline.check_inputs(ROOT, m, images)
     if args.dry_run:
@@ -65,18 +68,18 @@ def cmd_build(m: matrix.Matrix, args) -> int:
         return 0
     if args.cache_from or args.cache_to:  # before an hour of building, like a bad registry address
         build.check_cache_options(docker_env.build_client(args.docker), tuple(args.cache_from), tuple(args.cache_to))
-    opts = pipeline.Options(docker=args.docker, matrix_path=args.matrix, ca_path=pipeline.ca_bundle(args.ca_bundle), no_test=args.no_test, retest=args.retest,
+    opts = pipeline.Options(docker=args.docker, matrix_path=args.matrix, ca_path=ca.ca_bundle(args.ca_bundle), no_test=args.no_test, retest=args.retest,
                             no_cache=args.no_cache, require_gpu=args.require_gpu, registry=reg, retries=args.retries,
                             allow_vulnerable=tuple(args.allow_vulnerable), cache_from=tuple(args.cache_from), cache_to=tuple(args.cache_to))
     with console.make(args.verbose, args.quiet) as con:  # a bad CA failed above, not after waiting for the row lock
         if args.all:
-            results = pipeline.build_many(ROOT, m, args.matrix, images, opts, args.jobs, con, ["--quiet"] * args.quiet + ["--verbose"] * args.verbose)
+            results = scheduler.build_many(ROOT, m, args.matrix, images, opts, args.jobs, con, ["--quiet"] * args.quiet + ["--verbose"] * args.verbose)
         else:
             results = [pipeline.recorded(args.result_json, images[0], lambda: pipeline.build_row(ROOT, images[0], opts, con))]
         con.summary(results, ROOT / "build-results" if args.all else pipeline.results_dir(ROOT, images[0]))
     if reg and not args.all:
         print("\n".join(publish.table(results[0].moves, reg, True)))
-    if failed := pipeline.failures(results):
+    if failed := scheduler.failures(results):
         raise failed
     return 0
 
@@ -94,7 +97,7 @@ def cmd_publish(m: matrix.Matrix, args) -> int:
     images = list(m.images) if args.all else [m.select(args.torch, args.cuda, args.flavor)]
     c = docker_env.ensure_engine(log)
     publish.screen(c, images, lambda i: pipeline.results_dir(ROOT, i), set(args.allow_vulnerable))
-    moves = pipeline.publish_rows(c, images, reg, args.push, pipeline.ca_bundle(args.ca_bundle), args.retries, log,
+    moves = pipeline.publish_rows(c, images, reg, args.push, ca.ca_bundle(args.ca_bundle), args.retries, log,
                                   lambda i: pipeline.results_dir(ROOT, i))
     print("\n".join(publish.table(moves, reg, args.push)))
     return 0
@@ -104,8 +107,7 @@ def cmd_matrix(m: matrix.Matrix, args) -> int:
     if args.json:
         print(json.dumps(matrix.as_json(m), indent=2))
         return 0
-    from . import propose
-    print(propose.render(propose.candidates(m, pipeline.ca_bundle(args.ca_bundle), log)), end="")
+    print(propose.render(propose.candidates(m, ca.ca_bundle(args.ca_bundle), log)), end="")
     return 0
 
 
@@ -121,7 +123,7 @@ def cmd_prune(m: matrix.Matrix, args) -> int:
 def cmd_verify(m: matrix.Matrix, args) -> int:
     image = m.select(args.torch, args.cuda, args.flavor)
     pipeline.check_inputs(ROOT, m, [image])
-    comparison, note = verify.run(ROOT, image, pipeline.results_dir(ROOT, image) / "verify", args.docker, pipeline.ca_bundle(args.ca_bundle), log,
+    comparison, note = verify.run(ROOT, image, pipeline.results_dir(ROOT, image) / "verify", args.docker, ca.ca_bundle(args.ca_bundle), log,
                                   compile_ops=args.compile_ops)
     print(verify.verdict(comparison, note))
     return 0 if comparison.reproducible else 1
@@ -142,7 +144,7 @@ def cmd_bench(m: matrix.Matrix, args) -> int:
     only = bench.parse_only(args.only)  # validated, with --yes for the cold measures
     c = docker_env.ensure_engine(log)
     print(bench.run(c, m, image, ROOT, only, args.runs, args.cold_runs, args.full, args.yes, args.docker,
-                    lambda: pipeline.ca_bundle(args.ca_bundle), log))
+                    lambda: ca.ca_bundle(args.ca_bundle), log))
     return 0
 
 
@@ -150,16 +152,15 @@ def cmd_engine(m: matrix.Matrix, args) -> int:
     if args.down:
         log(f"engine ({args.store} store): {'stopped' if engine_current.down(args.store) else 'was not running'}")
         return 0
-    env = engine_current.up(args.store, pipeline.ca_bundle(args.ca_bundle), log=lambda msg: log(msg.removeprefix("engine: ")))
+    env = engine_current.up(args.store, ca.ca_bundle(args.ca_bundle), log=lambda msg: log(msg.removeprefix("engine: ")))
     sys.stdout.write(engine_current.exports(env))
     return 0
 
 
 def cmd_gpu_bundle(m: matrix.Matrix, args) -> int:
-    from . import gpubundle
     image = m.select(args.torch, args.cuda, args.flavor)  # DIR, --python and --limit-mib: validated
     pipeline.check_inputs(ROOT, m, [image])  # the locks it reads are current
-    described = gpubundle.write(ROOT, image, args.dir, args.python or image.python, pipeline.ca_bundle(args.ca_bundle),
+    described = gpubundle.write(ROOT, image, args.dir, args.python or image.python, ca.ca_bundle(args.ca_bundle),
                                 args.limit_mib, log)
     print(f"{args.dir}: {image.name} for Python {described['python']}, {len(described['files'])} files, "
           f"{described['size'] / 2**20:.1f} MiB; on the GPU machine: bash {args.dir}/run.sh")
@@ -167,7 +168,6 @@ def cmd_gpu_bundle(m: matrix.Matrix, args) -> int:
 
 
 def cmd_job(m: matrix.Matrix, args) -> int:
-    from . import jobs
     image = m.select(args.torch, args.cuda, args.flavor)
     ref = jobs.parse_image(args.image) if args.image else jobs.published(pipeline.results_dir(ROOT, image), image.name)
     job = jobs.from_args(args, image.name, ref)

@@ -178,8 +178,8 @@ class Live(CI):
 
     def __init__(self, err=None, out=None) -> None:
         super().__init__(err, out)
-        from rich.console import Console as RichConsole
-        from rich.live import Live as RichLive
+        from rich.console import Console as RichConsole  # here: rich only where a terminal shows it
+        from rich.live import Live as RichLive  # here: rich only where a terminal shows it
 
         self.con = RichConsole(file=self.err)
         self.stdout = RichConsole(file=self.out)
@@ -192,7 +192,7 @@ class Live(CI):
         self.live.start()
 
     def say(self, text: str) -> None:
-        from rich.text import Text
+        from rich.text import Text  # here: rich only where a terminal shows it
         self.con.print(Text(text), soft_wrap=True)
 
     def stage_start(self, name: str) -> None:
@@ -230,9 +230,9 @@ class Live(CI):
         self.rows.pop(name, None)
 
     def _render(self):
-        from rich.console import Group
-        from rich.spinner import Spinner
-        from rich.text import Text
+        from rich.console import Group  # here: rich only where a terminal shows it
+        from rich.spinner import Spinner  # here: rich only where a terminal shows it
+        from rich.text import Text  # here: rich only where a terminal shows it
 
         now = time.monotonic()
         parts = []
@@ -251,7 +251,7 @@ class Live(CI):
 
     def summary(self, results: list, logs: Path | None = None) -> None:
         self.close()
-        from rich.table import Table
+        from rich.table import Table  # here: rich only where a terminal shows it
 
         stages = _stage_names(results)
         table = Table("row", "result", "size", *stages, "total", "tags", title="pytorch-cuda")

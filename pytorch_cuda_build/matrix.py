@@ -18,6 +18,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import MatrixError, Problem, UsageError
 
+# SOURCE_DATE_EPOCH for BuildKit: 2026-01-01T00:00:00Z, one fixed time for every build, never the
+# commit's. rewrite-timestamp clamps only the file times later than it, and a cached layer keeps
+# the times of the build that made it. With the commit's time, a layer cached before the commit
+# was made kept its own times while a cold build of that commit clamped them, so a build with a
+# warm cache (CI's) and a user's cold rebuild of the same commit gave different digests (seen on
+# Docker 26.1.5). Every build after this time clamps alike, cached or not. A recent time leaves
+# most dates that packages ship their files with alone (Debian's timestamp-based .pyc files
+# compare them); 0 would rewrite all. It is also the image config's `created` (docker images'
+# CREATED); the commit's time is the org.opencontainers.image.created label. Changing this value
+# changes the bytes of every image.
+REPRODUCIBLE_EPOCH = 1767225600
+
 # runtime: what users train in (with the compilers torch.compile needs); devel: runtime plus
 # the CUDA toolkit (nvcc, headers, link libraries) that the row's DeepSpeed ops were built with.
 FLAVORS = ("runtime", "devel")

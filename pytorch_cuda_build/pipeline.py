@@ -1,25 +1,17 @@
-"""The pipeline of the README's diagram, for one row and for many.
+"""The pipeline of the README's diagram, for one row.
 
-One row (`build_row`): engine and base -> build (BuildKit) -> smoke + structure tests ->
+`build_row`: engine and base -> build (BuildKit) -> smoke + structure tests ->
 record the pass -> SBOM -> vulnerability report -> tag -> publish (with --push). Each stage is a call into the
 module named after it; this module only orders them, times them and tells the console.
 
-Many rows (`build_many`): a scheduler runs `--jobs` rows at once, each as its own
-`build.py build` process (its own signal handling, its own container cleanup, its log in
-build-results/<image>/run.log), and gets a typed RowResult back from each, through a JSON
-file the child writes. BuildKit merges the steps concurrent builds share, so a layer
-common to several rows is built once.
+Many rows: scheduler.py, which runs this pipeline once per row, each in its own process.
 """
 from __future__ import annotations
 
-import concurrent.futures as futures
 import contextlib
 import hashlib
 import json
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -28,42 +20,17 @@ from typing import Callable
 
 from filelock import FileLock, Timeout
 
-from . import base, build, docker_env, files, lock, publish, render, sbom, security, tag, test
+from . import files, paths
+from .engine import docker_env
 from .errors import BuildError, PipelineError, UsageError
 from .matrix import Image, Matrix
+from .stages import base, build, gate, lock, publish, registry, render, sbom, security, tag
 
 
 def results_dir(root: Path, image: Image) -> Path:
     return root / "build-results" / image.name
 
 
-def default_ca_bundle() -> str | None:
-    """The CA file pip or requests is configured with, if any: corporate proxies need it."""
-    for var in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
-        if os.environ.get(var):
-            return os.environ[var]
-    try:
-        out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    for line in out.splitlines():
-        key, _, value = line.partition("=")
-        if key.endswith(".cert"):
-            return value.strip("'\"")
-    return None
-
-
-def ca_bundle(given: str | None) -> str | None:
-    """The CA bundle to use (given, else pip's), checked readable now rather than an hour in."""
-    path = given or default_ca_bundle()
-    if path is None:
-        return None
-    try:
-        with open(path, "rb") as f:
-            f.read(1)
-    except OSError as e:
-        raise UsageError(f"cannot read CA bundle {path}: {e.strerror}") from None
-    return path
 
 
 @dataclass
@@ -76,7 +43,7 @@ class Options:
     retest: bool = False
     no_cache: bool = False
     require_gpu: bool = False
-    registry: publish.Registry | None = None  # set: publish after tagging
+    registry: registry.Registry | None = None  # set: publish after tagging
     retries: int = 4
     matrix_path: Path | None = None  # the gate checks the row against the matrix the user gave
     allow_vulnerable: tuple[str, ...] = ()  # critical advisories the user lets publish past
@@ -155,13 +122,13 @@ def build_row(root: Path, image: Image, opts: Options, console) -> RowResult:
 
 def row_lock_path(image: Image, daemon: str) -> Path:
     """The lock of a row's candidate tag on one daemon (docker_env.daemon_key)."""
-    return base.STATE_DIR / f"build-{image.name}-{daemon}.lock"
+    return paths.STATE_DIR / f"build-{image.name}-{daemon}.lock"
 
 
 def results_lock_path(root: Path, image: Image) -> Path:
     """The lock of a row's results folder in one checkout."""
     where = hashlib.sha256(str(results_dir(root, image).resolve()).encode()).hexdigest()[:12]
-    return base.STATE_DIR / f"results-{image.name}-{where}.lock"
+    return paths.STATE_DIR / f"results-{image.name}-{where}.lock"
 
 
 @contextlib.contextmanager
@@ -249,14 +216,14 @@ class _Row:
                 raise
 
     def test(self, c, image_id: str) -> None:
-        code = test.code_hash(self.root)  # hashed before the run: the record names the code that ran
+        code = gate.code_hash(self.root)  # hashed before the run: the record names the code that ran
         prior = None if self.opts.retest else tag.reusable_pass(image_id, self.opts.require_gpu, code)
         if prior:
             self.console.log(f"image {image_id[:19]} already passed its tests ({prior['mode']}) and the test code is "
                              "unchanged; not re-testing (--retest to force)")
             return
         with self.stage("test"), following_smoke(c, image_id, self.console):
-            report = test.run(c, self.root, self.image, image_id, self.results, self.opts.require_gpu, self.console.log,
+            report = gate.run(c, self.root, self.image, image_id, self.results, self.opts.require_gpu, self.console.log,
                               matrix_path=self.opts.matrix_path)
         tag.record_pass(self.image, image_id, report, code)
 
@@ -268,7 +235,7 @@ class _Row:
 
 @contextlib.contextmanager
 def following_smoke(c, image_id: str, console):
-    """Show the smoke container's steps as they finish. Display only: test.run is the gate,
+    """Show the smoke container's steps as they finish. Display only: gate.run is the gate,
     and anything going wrong here (no container yet, the daemon busy) is ignored."""
     if not console.follows_smoke:
         yield
@@ -276,7 +243,7 @@ def following_smoke(c, image_id: str, console):
     stop = threading.Event()
 
     def follow() -> None:
-        filters = {"label": [f"{test.RUN_LABEL}={test.RUN_ID}", "pytorch-cuda.test=smoke"]}
+        filters = {"label": [f"{gate.RUN_LABEL}={gate.RUN_ID}", "pytorch-cuda.test=smoke"]}
         seen: set[str] = set()
         while not stop.is_set():
             try:
@@ -307,7 +274,7 @@ def _stream_lines(chunks, sink: Callable[[str], None], stop: threading.Event) ->
             return
 
 
-def publish_rows(c, images: list[Image], reg: publish.Registry, push: bool, ca_path: str | None, retries: int,
+def publish_rows(c, images: list[Image], reg: registry.Registry, push: bool, ca_path: str | None, retries: int,
                  log, results: Callable[[Image], Path]) -> list[publish.Move]:
     """Publish tested rows; with push, record where each went in build-results/<image>/published.json."""
     backoff = float(os.environ.get("PYTORCH_CUDA_RETRY_BACKOFF", "2"))
@@ -326,8 +293,8 @@ def test_image(root: Path, image: Image, ref: str, require_gpu: bool, log, matri
         image_id = c.images.get(ref).id
     except Exception:
         raise UsageError(f"no image {ref} on this daemon; build it first (python build.py --torch {image.torch_minor} --cuda {image.cuda})") from None
-    code = test.code_hash(root)
-    report = test.run(c, root, image, image_id, results_dir(root, image), require_gpu, log, matrix_path=matrix_path)
+    code = gate.code_hash(root)
+    report = gate.run(c, root, image, image_id, results_dir(root, image), require_gpu, log, matrix_path=matrix_path)
     return image_id, tag.record_pass(image, image_id, report, code)
 
 
@@ -354,116 +321,3 @@ def recorded(path: Path | None, image: Image, run: Callable[[], RowResult]) -> R
     return result
 
 
-# ---- many rows -----------------------------------------------------------------
-
-
-def select_rows(m: Matrix, torch: str | None, cuda: str | None, flavor: str) -> list[Image]:
-    images = [i for i in m.images if i.flavor == flavor and torch in (None, i.torch, i.torch_minor) and cuda in (None, i.cuda)]
-    if not images:
-        raise UsageError(f"no rows match --torch {torch} --cuda {cuda} --flavor {flavor}")
-    return images
-
-
-class RowProcesses:
-    """A scheduler's worker: each row as its own `build.py build` process, its stdout and
-    stderr in build-results/<image>/run.log, its RowResult read from the JSON it writes."""
-
-    def __init__(self, root: Path, matrix_path: Path, child_argv: list[str]) -> None:
-        self.root, self.matrix_path, self.child_argv = root, matrix_path, child_argv
-        self.running: set[subprocess.Popen] = set()
-        self._lock = threading.Lock()
-
-    def log_path(self, image: Image) -> Path:
-        return results_dir(self.root, image) / "run.log"
-
-    def __call__(self, image: Image) -> RowResult:
-        results = results_dir(self.root, image)
-        results.mkdir(parents=True, exist_ok=True)
-        result_file = results / "result.json"
-        result_file.unlink(missing_ok=True)  # never read an earlier run's answer
-        cmd = [sys.executable, str(self.root / "build.py"), "--matrix", str(self.matrix_path), "build", "--torch", image.torch,
-               "--cuda", image.cuda, "--flavor", image.flavor, "--result-json", str(result_file), *self.child_argv]
-        with open(self.log_path(image), "w") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-            with self._lock:
-                self.running.add(proc)
-            try:
-                rc = proc.wait()
-            finally:
-                with self._lock:
-                    self.running.discard(proc)
-        try:
-            result = RowResult.from_json(result_file.read_text())
-        except (OSError, ValueError, TypeError):
-            return RowResult(image.name, False, rc or 1, error=[f"exit {rc} without a result (see {self.log_path(image)})"])
-        if rc != 0 and result.ok:  # the process's own word is final
-            result.ok, result.exit_code = False, rc
-        return result
-
-    def stop(self) -> None:
-        """SIGTERM every running row: each removes its containers and moves no tag."""
-        with self._lock:
-            procs = list(self.running)
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=300)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-
-def schedule(images: list[Image], worker: Callable[[Image], RowResult], jobs: int, console,
-             log_path: Callable[[Image], Path], stop: Callable[[], None] = lambda: None) -> list[RowResult]:
-    """Run worker on every row, `jobs` at once; the results in the rows' order.
-
-    A worker's typed error (PipelineError) is that row's failed result; any other exception
-    is a bug: the other rows are stopped and it goes up. On Ctrl-C or SIGTERM the rows not
-    started never start and the running ones are stopped before the interrupt goes up.
-    """
-    done: dict[str, RowResult] = {}
-
-    def one(image: Image) -> RowResult:
-        console.log(f"{image.name}: started (log: {log_path(image)})")
-        console.row_started(image.name, log_path(image))
-        t0 = time.monotonic()
-        try:
-            result = worker(image)
-        except PipelineError as e:
-            result = RowResult(image.name, False, e.exit_code, error=e.lines())
-        finally:
-            console.row_done(image.name)
-        console.log(f"{image.name}: {'ok' if result.ok else 'FAILED'} after {time.monotonic() - t0:.0f} s")
-        return result
-
-    pool = futures.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="row")
-    pending = {pool.submit(one, image): image for image in images}
-    try:
-        while pending:
-            finished, _ = futures.wait(pending, timeout=0.5, return_when=futures.FIRST_COMPLETED)
-            for f in finished:
-                done[pending.pop(f).name] = f.result()
-    except BaseException:
-        for f in pending:
-            f.cancel()
-        stop()
-        pool.shutdown(wait=True)
-        raise
-    pool.shutdown(wait=True)
-    return [done[i.name] for i in images]
-
-
-def failures(results: list[RowResult]) -> PipelineError | None:
-    failed = [r.image for r in results if not r.ok]
-    if not failed:
-        return None
-    return PipelineError(f"{len(failed)} of {len(results)} rows failed: {', '.join(failed)} (each row's run.log under build-results/)")
-
-
-def build_many(root: Path, m: Matrix, matrix_path: Path, images: list[Image], opts: Options, jobs: int,
-               console, child_flags: list[str]) -> list[RowResult]:
-    """Every row of images through its own pipeline, `jobs` at a time."""
-    check_inputs(root, m, images)
-    docker_env.ensure_engine(console.log)
-    worker = RowProcesses(root, matrix_path, opts.argv() + child_flags)
-    return schedule(images, worker, jobs, console, worker.log_path, worker.stop)

@@ -25,6 +25,7 @@ import datetime as dt
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 PLAIN, RAWJSON = "plain", "rawjson"
 
@@ -294,3 +295,8 @@ def readable(text: str) -> str:
         lines += [f"#{r.step.id[7:19]} {ln}" for ln in r.output]
         lines.append(f"#{r.step.id[7:19]} {r.end}")
     return "\n".join(lines) + "\n"
+
+
+def log_tail(log_path: Path, n: int = 25) -> str:
+    """The last lines of a build log worth showing: failure_tail of the file."""
+    return failure_tail(log_path.read_text(errors="replace"), n)

@@ -15,8 +15,10 @@ import shutil
 import ssl
 from pathlib import Path
 
-from . import bench, publish
+from . import jobs
 from .errors import UsageError
+from .stages import publish
+from .tools import bench, gpubundle
 
 # Given as None by the parser, so that a flag given where it does nothing can be told from
 # its default; filled in once the checks pass.
@@ -131,7 +133,6 @@ SCRIPT = r"[\w./+@%:,=-]+"
 
 
 def _job_values(args: argparse.Namespace) -> None:
-    from . import jobs
     if args.image is not None:
         jobs.parse_image(args.image)
     if args.name is not None and not (jobs.NAME.fullmatch(args.name) and len(args.name) <= jobs.NAME_MAX):
@@ -179,7 +180,6 @@ def _files(args: argparse.Namespace) -> None:
         if getattr(args, dest, None) is not None:
             _writable_file(flag(dest), getattr(args, dest), dir_ok=args.command == "job")
     if args.command == "gpu-bundle":
-        from . import gpubundle
         gpubundle.check_target(args.dir)
 
 

@@ -45,7 +45,7 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # commit time no longer gave the locks back. Resolving at this time does.
 LOCKS_RESOLVED_AT = "2026-11-17T20:04:00Z"
 
-# Set before any test module imports the product: base.STATE_DIR and tag.TESTED are read at import.
+# Set before any test module imports the product: paths.STATE_DIR and tag.TESTED are read at import.
 STATE_DIR = Path(tempfile.mkdtemp(prefix="pytorch-cuda-test-state-"))
 os.environ["PYTORCH_CUDA_STATE"] = str(STATE_DIR)
 os.environ.setdefault("PYTORCH_CUDA_EXCLUDE_NEWER", LOCKS_RESOLVED_AT)
@@ -56,12 +56,7 @@ def pytest_unconfigure(config):
     shutil.rmtree(STATE_DIR, ignore_errors=True)
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "network: reads the real package index (frozen by PYTORCH_CUDA_EXCLUDE_NEWER)")
-    config.addinivalue_line("markers", "docker: needs a Docker daemon (a failure in CI when absent)")
-    config.addinivalue_line("markers", "gpu: needs the NVIDIA container runtime and a GPU")
-    config.addinivalue_line("markers", "slow: builds an image")
-    config.addinivalue_line("markers", "fault: a fault-injection scenario (counted at the end of the run)")
+# The markers (network, docker, gpu, slow, fault) are declared in pyproject.toml.
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -99,8 +94,9 @@ def default_build(docker_client, tmp_path_factory):
 
     The process (stdout, stderr) and `results`: a copy of build-results/<row> taken right after
     this build, because every later build.py run of the row writes that folder again."""
-    from helpers import run_build_py, shown
     from pytorch_cuda_build import matrix
+
+    from helpers import run_build_py, shown
 
     proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.1", "--quiet", "--retest", timeout=5400)
     assert proc.returncode == 0, shown(proc)
@@ -112,7 +108,7 @@ def default_build(docker_client, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def gpu_runtime(docker_client):
-    from pytorch_cuda_build import docker_env
+    from pytorch_cuda_build.engine import docker_env
     if docker_env.gpu_request(docker_client) is None:
         pytest.skip("no NVIDIA container runtime or CDI GPU device in this Docker daemon: GPU checks need a GPU host")
     return True

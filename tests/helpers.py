@@ -168,9 +168,9 @@ def free_port() -> int:
 def serving(image: str, cmd: list[str], opts: tuple[str, ...] = ()):
     """`docker run -d --network host` of the image's entrypoint; yields the container ID and
     removes the container afterwards, whatever happened."""
-    from pytorch_cuda_build import test as stage
+    from pytorch_cuda_build.stages import gate
 
-    proc = subprocess.run(["docker", "run", "-d", "--network", "host", "--label", f"{stage.RUN_LABEL}={stage.RUN_ID}",
+    proc = subprocess.run(["docker", "run", "-d", "--network", "host", "--label", f"{gate.RUN_LABEL}={gate.RUN_ID}",
                            "--label", "pytorch-cuda.test=service", *opts, image, *cmd],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, shown(proc)
@@ -326,7 +326,7 @@ def current_engine(store: str = "containerd"):
 def base_in_current_engine(current: dict[str, str], docker_client, row, tmp: Path) -> str:
     """The row's base rootfs in the current engine's store: built by 20.10's debootstrap (root)
     if need be, then carried over with docker save | docker load. Its reference."""
-    from pytorch_cuda_build import base, render
+    from pytorch_cuda_build.stages import base, render
 
     ref = render.base_ref(row)
     tmp.mkdir(exist_ok=True)

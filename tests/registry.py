@@ -16,8 +16,8 @@ import signal
 import subprocess
 import threading
 import time
-import urllib.parse
 import urllib.error
+import urllib.parse
 import urllib.request
 import warnings
 from pathlib import Path

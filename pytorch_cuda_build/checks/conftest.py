@@ -1,6 +1,6 @@
 """Fixtures of the structure checks, run against one image: `--image` (ID or reference),
 `--image-name` (its matrix row), `--matrix` (the matrix file) and `--root` (the project
-holding `images/<image>/`, which the image must equal). `test.structure` passes all four
+holding `images/<image>/`, which the image must equal). `gate.structure` passes all four
 for each candidate before tagging it."""
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import docker.errors
 import pytest
 import testinfra
 
-from pytorch_cuda_build import lock, matrix, render, test
+from pytorch_cuda_build import matrix
 from pytorch_cuda_build.checks import support
+from pytorch_cuda_build.stages import gate, lock, render
 
 
 def pytest_addoption(parser):
@@ -64,7 +65,7 @@ def container(docker_client, image_ref):
     """A long-running container of the image, removed at the end."""
     c = docker_client.containers.run(
         image_ref, ["sleep", "infinity"], detach=True, environment={"PYTORCH_CUDA_NO_BANNER": "1"},
-        labels={"pytorch-cuda.test": "structure", test.RUN_LABEL: test.RUN_ID},
+        labels={"pytorch-cuda.test": "structure", gate.RUN_LABEL: gate.RUN_ID},
     )
     yield c
     c.remove(force=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 
+import docker
+
 
 def run_image(image_ref: str, cmd: list[str], opts: tuple[str, ...] = (), timeout: int = 120) -> subprocess.CompletedProcess:
     """`docker run --rm` with a timeout; output captured for the assertion message."""
@@ -17,8 +19,6 @@ def shown(proc: subprocess.CompletedProcess) -> str:
 def daemon():
     """A Docker client whose daemon answers, or (None, why not): the checks skip without one
     (the gate then counts 0 run as a failure), the repository's tests fail in CI."""
-    import docker
-
     try:
         c = docker.from_env(timeout=900)
         c.ping()

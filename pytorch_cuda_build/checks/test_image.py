@@ -11,6 +11,9 @@ import shlex
 import pytest
 
 from pytorch_cuda_build.checks.support import run_image, shown
+from pytorch_cuda_build.matrix import REPRODUCIBLE_EPOCH
+from pytorch_cuda_build.stages import render, resolve_pypi
+from pytorch_cuda_runtime import ninjalogs
 
 pytestmark = pytest.mark.docker
 
@@ -79,7 +82,6 @@ def test_labels_equal_the_lock(image_attrs, expected_labels):
 
 
 def test_manifest_equals_rendered(host, row, lock_meta, project_root):
-    from pytorch_cuda_build import render
 
     baked = json.loads(host.file("/opt/pytorch-cuda/manifest.json").content_string)
     committed = json.loads((project_root / "images" / row.name / "manifest.json").read_text())
@@ -89,13 +91,12 @@ def test_manifest_equals_rendered(host, row, lock_meta, project_root):
 
 def test_installed_versions_come_from_the_lock(host, row, lock_meta, project_root):
     """Every package pip reports installed is the version the lock pins (and nothing unpinned)."""
-    from pytorch_cuda_build import resolve
 
     out = host.check_output("pip list --format=json --disable-pip-version-check")
     installed = {p["name"].lower().replace("_", "-"): p["version"] for p in json.loads(out)}
     pins = dict(lock_meta["pins"])
     if row.flavor == "devel" and row.toolkit.source == "pypi":  # nvcc & co. from toolkit.lock
-        pins.update(resolve.pins((project_root / "images" / row.name / "toolkit.lock").read_text()))
+        pins.update(resolve_pypi.pins((project_root / "images" / row.name / "toolkit.lock").read_text()))
     # The venv's own pip and setuptools predate the lock; everything else must be pinned.
     extra = {n: v for n, v in installed.items() if n not in pins and n not in ("pip", "setuptools")}
     assert not extra, f"installed but not in the lock: {extra}"
@@ -191,7 +192,6 @@ def test_no_caches_or_secrets_left(root_host, path):
 
 
 def test_trainer_cache_holds_only_the_prebuilt_cpu_ops(root_host, host, row):
-    from pytorch_cuda_build import render
 
     """DeepSpeed's CPU-accelerator ops, compiled at build time, are the only thing in ~trainer/.cache."""
     assert root_host.check_output("ls -A /home/trainer/.cache") == "torch_extensions"
@@ -226,9 +226,6 @@ def test_cpu_accelerator_ops_are_built_for_the_cpu_baseline(root_host, row):
 def test_ninja_logs_of_the_baked_ops_are_in_their_reproducible_form(root_host):
     """ninja's logs beside the baked ops hold no build times (ninjalogs.py), or two builds of
     the image differ in them and `verify` finds different digests."""
-    from pytorch_cuda_build import render
-    from pytorch_cuda_runtime import ninjalogs
-
     ext = root_host.environment()["PYTORCH_CUDA_CPU_OPS"]
     for op in render.CPU_OPS.values():
         log = root_host.file(f"{ext}/{op}/.ninja_log").content_string
@@ -240,14 +237,10 @@ def test_ninja_logs_of_the_baked_ops_are_in_their_reproducible_form(root_host):
 def test_files_the_baked_ops_compiled_from_carry_the_reproducible_epoch(root_host):
     """Every file under a site-packages include/ directory (torch's headers, read through
     -isystem, which .ninja_deps leaves out) and every DeepSpeed csrc file the CPU ops' compiles
-    read (their .ninja_deps) has build.REPRODUCIBLE_EPOCH as its mtime. pip gives installed files
+    read (their .ninja_deps) has matrix.REPRODUCIBLE_EPOCH as its mtime. pip gives installed files
     the time of the install; GCC's #pragma once takes two headers of equal size, mtime (seconds)
     and contents for one, and torch ships such twins, so with install times the ops' objects
     depended on whether pip wrote a pair within one second."""
-    from pytorch_cuda_build import render
-    from pytorch_cuda_build.build import REPRODUCIBLE_EPOCH
-    from pytorch_cuda_runtime import ninjalogs
-
     ext = root_host.environment()["PYTORCH_CUDA_CPU_OPS"]
     read = set()
     for op in render.CPU_OPS.values():

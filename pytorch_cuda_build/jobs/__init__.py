@@ -132,7 +132,7 @@ class Job:
 
 
 def render(job: Job) -> str:
-    from . import kubernetes, slurm
+    from . import kubernetes, slurm  # here: both import Job from this module
     return slurm.render(job) if job.scheduler == "slurm" else kubernetes.render(job)
 
 

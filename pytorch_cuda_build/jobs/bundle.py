@@ -21,6 +21,9 @@ import json
 import sys
 from pathlib import Path
 
+from ..errors import UsageError
+from . import shm_mib
+
 DROPPED = ("network", "uts")
 HOST_FILES = ("/etc/hosts", "/etc/resolv.conf")
 
@@ -42,8 +45,6 @@ def patch(config: dict, shm_mib: int, binds: tuple[str, ...] = ()) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import shm_mib
-    from ..errors import UsageError
     p = argparse.ArgumentParser(prog="python3 -m pytorch_cuda_build.jobs.bundle", description=__doc__.splitlines()[0])
     p.add_argument("bundle", type=Path, help="the directory umoci unpack wrote (holds config.json and rootfs/)")
     p.add_argument("--shm-size", default="16Gi", help="size of the /dev/shm tmpfs (default 16Gi)")

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import requests
+
 from helpers import default_image, free_port, one_error_line, serving, shown, ssh_keypair, wait_until
 
 pytestmark = pytest.mark.docker
@@ -42,9 +43,9 @@ def image(docker_client) -> str:
 
 
 def run_once(image: str, user: str, cmd: list[str], opts: tuple[str, ...] = (), timeout: int = 300):
-    from pytorch_cuda_build import test as stage
+    from pytorch_cuda_build.stages import gate
 
-    return subprocess.run(["docker", "run", "--rm", "--label", f"{stage.RUN_LABEL}={stage.RUN_ID}",
+    return subprocess.run(["docker", "run", "--rm", "--label", f"{gate.RUN_LABEL}={gate.RUN_ID}",
                            "--label", "pytorch-cuda.test=any-uid", *USERS[user], *opts, image, *cmd],
                           capture_output=True, text=True, timeout=timeout)
 

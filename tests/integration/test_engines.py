@@ -16,10 +16,14 @@ import uuid
 from pathlib import Path
 
 import pytest
+
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.engine import docker_env
+from pytorch_cuda_build.stages import publish, registry
+from pytorch_cuda_build.tools import engine_current, verify
+
 from helpers import ROOT, base_in_current_engine, current_engine, run_build_py
 from registry import LocalRegistry, require_binary
-
-from pytorch_cuda_build import build, docker_env, engine_current, matrix, publish, verify
 
 pytestmark = [pytest.mark.docker]
 
@@ -88,14 +92,14 @@ def test_a_layer_cached_before_a_commit_exports_as_a_cold_build_of_it_does(curre
         out = tmp_path / f"{name}.oci.tar"
         cmd = [*bc.argv, *flags, *(["--network", bc.network] if bc.network else []), "--provenance=false",
                "--output", f"type=oci,dest={out},rewrite-timestamp=true", str(context)]
-        proc = subprocess.run(cmd, env={**build.build_env(bc), "SOURCE_DATE_EPOCH": str(epoch)},
+        proc = subprocess.run(cmd, env={**docker_env.build_env(bc), "SOURCE_DATE_EPOCH": str(epoch)},
                               capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-2000:]
         with tarfile.open(out) as tar:
             return json.load(tar.extractfile("index.json"))["manifests"][0]["digest"]
 
-    ours = int(build.build_env(bc)["SOURCE_DATE_EPOCH"])
-    assert ours == build.REPRODUCIBLE_EPOCH
+    ours = int(docker_env.build_env(bc)["SOURCE_DATE_EPOCH"])
+    assert ours == matrix.REPRODUCIBLE_EPOCH
     cached = digest("cache", ours)
     time.sleep(2)  # a later commit: the cache above is older than it
     assert digest("warm", ours) == digest("cold", ours, "--no-cache") == cached
@@ -123,7 +127,7 @@ def test_on_the_classic_store_the_image_id_is_the_config_digest_from_build_to_sa
     (context / "Dockerfile").write_text(f"FROM {ref}\nRUN echo {made} > /made\n")
     name, iid = f"pcb-classic-test:{made[:12]}", tmp_path / "iid"
     proc = subprocess.run([*bc.argv, *(["--network", bc.network] if bc.network else []), "--iidfile", str(iid),
-                           "-t", name, str(context)], env=build.build_env(bc), capture_output=True, text=True, timeout=600)
+                           "-t", name, str(context)], env=docker_env.build_env(bc), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     image_id = iid.read_text().strip()
     reg = LocalRegistry(tmp_path / "registry").start()
@@ -132,10 +136,10 @@ def test_on_the_classic_store_the_image_id_is_the_config_digest_from_build_to_sa
         layers = verify.layer_index(name, docker_cli=classic["PYTORCH_CUDA_DOCKER"])
         assert len(layers) == len(c.images.get(name).attrs["RootFS"]["Layers"]) >= 2
         assert layers[-1]["made"][0][5] == hashlib.sha256(f"{made}\n".encode()).hexdigest()
-        target = publish.Registry.parse(reg.address("classic"))
+        target = registry.Registry.parse(reg.address("classic"))
         mv = publish.Move(ROW, image_id, f"classic-{made[:8]}", immutable=False, by_manifest=False)
         pushed = publish.push_one(c, mv, target, None)
-        remote = publish.RegistryAPI(target, None, None).manifest(ROW, mv.tag)
+        remote = registry.RegistryAPI(target, None, None).manifest(ROW, mv.tag)
         assert remote is not None and remote.digest == pushed, (remote, pushed)
         assert remote.config == image_id and mv.holds(remote)
         assert remote.digest != image_id and not dataclasses.replace(mv, by_manifest=True).holds(remote)

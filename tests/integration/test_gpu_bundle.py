@@ -14,9 +14,10 @@ import subprocess
 import uuid
 
 import pytest
-from helpers import ROOT, run_build_py, run_image, shown
 
 from pytorch_cuda_build import matrix
+
+from helpers import ROOT, run_build_py, run_image, shown
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.network]
 

@@ -10,9 +10,11 @@ import json
 import os
 
 import pytest
-from helpers import ROOT, run_build_py, run_image, shown
 
-from pytorch_cuda_build import lock, matrix
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.stages import lock
+
+from helpers import ROOT, run_build_py, run_image, shown
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

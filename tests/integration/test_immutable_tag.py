@@ -16,10 +16,12 @@ import uuid
 
 import docker.errors
 import pytest
+
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.stages import render
+
 from helpers import project_copy, run_build_py, shown
 from registry import LocalRegistry, require_binary
-
-from pytorch_cuda_build import matrix, render
 
 pytestmark = [pytest.mark.docker]
 
@@ -49,7 +51,7 @@ def _tested(state, image_ids: list[str], name: str) -> None:
 
 def _reported(project, name: str) -> None:
     """A clean vulnerabilities.json, as the pipeline writes it after the SBOM (publish reads it)."""
-    from pytorch_cuda_build import security
+    from pytorch_cuda_build.stages import security
 
     security.write_report(name, [], [], project / "build-results" / name / security.REPORT, {"test": "no advisories"})
 

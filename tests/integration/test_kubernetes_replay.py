@@ -36,6 +36,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from helpers import ROOT, free_port, one_error_line, owned_by_image_user, run_cli, shown
 
 pytestmark = pytest.mark.docker
@@ -170,11 +171,11 @@ def docker_options(pod: dict, container: dict) -> list[str]:
 
 
 def start(pod: dict, container: dict, env: dict[str, str], job_dir: Path, label: str) -> str:
-    from pytorch_cuda_build import test as stage
+    from pytorch_cuda_build.stages import gate
 
     command = container["command"]
     env = {**env, "DS_ACCELERATOR": "cpu"}
-    proc = subprocess.run(["docker", "run", "-d", "--network", "host", "--label", f"{stage.RUN_LABEL}={stage.RUN_ID}",
+    proc = subprocess.run(["docker", "run", "-d", "--network", "host", "--label", f"{gate.RUN_LABEL}={gate.RUN_ID}",
                            "--label", f"pytorch-cuda.test={label}", *docker_options(pod, container),
                            "-v", f"{job_dir}:{JOB_DIR}", *[a for k, v in env.items() for a in ("-e", f"{k}={v}")],
                            "--entrypoint", command[0], IMAGE, *command[1:]], capture_output=True, text=True, timeout=120)

@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from helpers import default_image, free_port, logs, owned_by_image_user, serving, shown, ssh_keypair, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

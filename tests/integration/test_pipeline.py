@@ -10,9 +10,12 @@ import uuid
 
 import docker.errors
 import pytest
-from helpers import PRIVATE_KEYS, ROOT, SECRET_FILES, insert_before_user, project_copy, run_build_py, scan_layers
 
-from pytorch_cuda_build import bench, lock, matrix, render, test
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.stages import gate, lock, render
+from pytorch_cuda_build.tools import bench
+
+from helpers import PRIVATE_KEYS, ROOT, SECRET_FILES, insert_before_user, project_copy, run_build_py, scan_layers
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -32,7 +35,7 @@ def tag_ids(client) -> dict[str, str | None]:
 
 def leftover_containers(client) -> list:
     """This test session's containers still on the daemon (never another run's)."""
-    return client.containers.list(all=True, filters={"label": f"{test.RUN_LABEL}={test.RUN_ID}"})
+    return client.containers.list(all=True, filters={"label": f"{gate.RUN_LABEL}={gate.RUN_ID}"})
 
 
 @pytest.fixture(scope="module", autouse=True)

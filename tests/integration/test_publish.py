@@ -15,10 +15,13 @@ import sys
 
 import docker.errors
 import pytest
+
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.stages import publish as publishing
+from pytorch_cuda_build.stages import tag
+
 from helpers import ROOT, run_build_py, shown
 from registry import LocalRegistry, require_binary
-
-from pytorch_cuda_build import matrix, publish as publishing, tag
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -67,9 +70,9 @@ def publish(address: str, *extra: str, env: dict | None = None) -> subprocess.Co
 def remote_state(reg: LocalRegistry, namespace: str, tags: list[str]) -> dict[str, str | None]:
     """tag -> config digest (the image ID it holds) in the registry, None if absent."""
     out = {}
-    for tag in tags:
-        found = reg.manifest(f"{namespace}/{DEFAULT.repository}", tag)
-        out[tag] = found[1]["config"]["digest"] if found else None
+    for name in tags:
+        found = reg.manifest(f"{namespace}/{DEFAULT.repository}", name)
+        out[name] = found[1]["config"]["digest"] if found else None
     return out
 
 

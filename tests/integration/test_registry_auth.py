@@ -5,11 +5,13 @@ the image read back is pushed over the distribution API with a token."""
 from __future__ import annotations
 
 import pytest
+
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.errors import UsageError
+from pytorch_cuda_build.stages import registry
+
 from helpers import ROOT
 from registry import LocalRegistry, TokenIssuer, push_small_image, require_binary
-
-from pytorch_cuda_build import matrix, publish
-from pytorch_cuda_build.errors import UsageError
 
 DEFAULT = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
 SECRET = "t0ken-flow-Pa55word"
@@ -27,16 +29,16 @@ def token_registry(tmp_path_factory):
     issuer.stop()
 
 
-def api(reg: LocalRegistry, password: str | None) -> publish.RegistryAPI:
+def api(reg: LocalRegistry, password: str | None) -> registry.RegistryAPI:
     creds = {"username": "ci", "password": password} if password else None
-    return publish.RegistryAPI(publish.Registry.parse(reg.address("ml")), creds, None, timeout=10)
+    return registry.RegistryAPI(registry.Registry.parse(reg.address("ml")), creds, None, timeout=10)
 
 
 def test_read_back_gets_a_token_for_the_repository_and_the_digests_it_pushed(token_registry):
     reg, issuer, (digest, config) = token_registry
     client = api(reg, SECRET)
     client.ping(DEFAULT)
-    assert client.manifest(DEFAULT, "v2.7") == publish.Remote(digest, config)
+    assert client.manifest(DEFAULT, "v2.7") == registry.Remote(digest, config)
     assert client.manifest(DEFAULT, "never-pushed") is None
     asked = [r for r in issuer.requests if r["user"] == "ci"]
     assert {"user": "ci", "basic": True, "scope": [f"repository:ml/{DEFAULT.repository}:pull"],
@@ -64,7 +66,7 @@ def test_a_token_service_that_is_down_is_a_transient_error(tmp_path):
     issuer.server.server_close()  # never started: its port refuses connections
     reg = LocalRegistry(tmp_path / "registry").start(tokens=issuer)
     try:
-        with pytest.raises(publish.Transient, match="token service of 127.0.0.1"):
+        with pytest.raises(registry.Transient, match="token service of 127.0.0.1"):
             api(reg, SECRET).ping(DEFAULT)
     finally:
         reg.stop()

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import docker.errors
 import pytest
-from helpers import ROOT, missing
 
-from pytorch_cuda_build import matrix, test
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.stages import gate
+
+from helpers import ROOT, missing
 
 pytestmark = pytest.mark.docker
 
@@ -21,8 +23,8 @@ def test_packaged_checks_pass_on_the_default_image(docker_client, tmp_path):
         image_id = docker_client.images.get(ref).id
     except docker.errors.ImageNotFound:
         missing(f"image {ref} is not built here; build it with build.py first")
-    test.structure(ROOT, DEFAULT, image_id, tmp_path, ROOT / "matrix.yaml")  # raises TestFailure on any failure
-    counts = test.junit_counts(tmp_path / "structure.xml")
+    gate.structure(ROOT, DEFAULT, image_id, tmp_path, ROOT / "matrix.yaml")  # raises TestFailure on any failure
+    counts = gate.junit_counts(tmp_path / "structure.xml")
     assert counts.passed > 20 and counts.failed == 0, counts
-    left = docker_client.containers.list(all=True, filters={"label": f"{test.RUN_LABEL}={test.RUN_ID}"})
+    left = docker_client.containers.list(all=True, filters={"label": f"{gate.RUN_LABEL}={gate.RUN_ID}"})
     assert not left, [c.name for c in left]

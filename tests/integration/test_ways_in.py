@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 import requests
-from helpers import (default_image, free_port, logs, one_error_line, owned_by_image_user, serving, shown, ssh_keypair,
-                     wait_until)
+
+from helpers import default_image, free_port, logs, one_error_line, owned_by_image_user, serving, shown, ssh_keypair, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

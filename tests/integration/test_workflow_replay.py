@@ -43,10 +43,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.stages import build, publish
+
 from helpers import ROOT, base_in_current_engine, current_engine
 from registry import BINARY, LocalRegistry
-
-from pytorch_cuda_build import build, matrix, publish
 
 pytestmark = [pytest.mark.docker]
 

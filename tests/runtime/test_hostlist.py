@@ -8,9 +8,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import require
 
 from pytorch_cuda_runtime import hostlist
+
+from helpers import require
 
 EXPANDS = {
     "node[01-04,07]": ["node01", "node02", "node03", "node04", "node07"],

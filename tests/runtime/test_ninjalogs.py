@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from helpers import require
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))

@@ -11,7 +11,8 @@ import unittest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from pytorch_cuda_runtime import banner, manifest as mf  # noqa: E402
+from pytorch_cuda_runtime import banner  # noqa: E402
+from pytorch_cuda_runtime import manifest as mf
 from pytorch_cuda_runtime.smoke import cli, launch, nocompile, ops, results, versions, zero  # noqa: E402
 
 MANIFEST = {"image": "2.7.1-cuda12.1-runtime", "torch": "2.7.1", "cuda_platform": "12.1",

@@ -16,8 +16,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
+from pytorch_cuda_runtime import banner  # noqa: E402
+from pytorch_cuda_runtime import services as sv
+
 from helpers import free_port  # noqa: E402
-from pytorch_cuda_runtime import banner, services as sv  # noqa: E402
 
 
 def a_public_key():

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytorch_cuda_build import base
 from pytorch_cuda_build.errors import EnvironmentProblem
+from pytorch_cuda_build.stages import base
 
 
 def fake_sudo(tmp_path, code: int):
@@ -63,8 +63,10 @@ def test_without_root_mmdebstrap_builds_it(monkeypatch, tmp_path):
 def test_a_failing_mmdebstrap_is_one_error_naming_its_log_and_loads_nothing(monkeypatch, tmp_path):
     """mmdebstrap refused (no user namespaces, no /etc/subuid range): a BuildError with the log's
     tail, and BuildKit never asked to load a half-written tarball."""
-    from pytorch_cuda_build import docker_env, matrix
+    from pytorch_cuda_build import matrix
+    from pytorch_cuda_build.engine import docker_env
     from pytorch_cuda_build.errors import BuildError
+
     from helpers import ROOT
 
     bin_dir = tmp_path / "bin"

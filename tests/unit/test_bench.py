@@ -5,10 +5,14 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from helpers import ROOT
 
-from pytorch_cuda_build import bench, cli, docker_env, tag
+from pytorch_cuda_build import cli
+from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import CommandFailed, UsageError
+from pytorch_cuda_build.stages import tag
+from pytorch_cuda_build.tools import bench
+
+from helpers import ROOT
 
 LOG = """\
 #1 [internal] load build definition from Dockerfile

@@ -6,7 +6,9 @@ import io
 import json
 from types import SimpleNamespace
 
-from pytorch_cuda_build import bench, build, console, progress
+from pytorch_cuda_build import console, progress
+from pytorch_cuda_build.stages import build
+from pytorch_cuda_build.tools import bench
 
 # Recorded: the start of a real build.log of 2.7.1-cuda12.1-runtime (Docker 20.10's built-in
 # BuildKit), long RUN lines cut; #9 and #13 ran side by side, so BuildKit re-announced #9.
@@ -122,13 +124,13 @@ def test_the_tail_shown_after_a_failure_is_the_failed_steps_own_output(tmp_path)
     log = tmp_path / "build.log"
     log.write_text(text)
     assert "unpacked deb 39" in progress.readable(text).splitlines()[-2]  # what the plain tail would have shown
-    assert build.tail(log).splitlines() == ["[python-env 2/2] RUN pip download",
+    assert progress.log_tail(log).splitlines() == ["[python-env 2/2] RUN pip download",
                                             "WARNING: Retrying after SSLError(CERTIFICATE_VERIFY_FAILED)",
                                             "ERROR: process did not complete successfully: exit code: 1"]
     plain = tmp_path / "plain.log"
     plain.write_text(PLAIN + FAILED)
-    assert build.tail(plain).splitlines()[0] == "[ops-builder 5/5] RUN python /opt/pytorch-cuda/opsbuild.py /wheelhouse/deepspeed-0.17.6.tar.gz"
-    assert build.tail(plain).splitlines()[-1].startswith("ERROR: ")
+    assert progress.log_tail(plain).splitlines()[0] == "[ops-builder 5/5] RUN python /opt/pytorch-cuda/opsbuild.py /wheelhouse/deepspeed-0.17.6.tar.gz"
+    assert progress.log_tail(plain).splitlines()[-1].startswith("ERROR: ")
 
 
 def test_ci_console_prints_one_line_per_finished_step():
@@ -229,4 +231,4 @@ def test_a_rawjson_step_that_never_ended_reads_not_finished_never_done_0s(tmp_pa
     assert f"#{ran[7:19]} NOT FINISHED after 12.3s" in readable.splitlines() and "DONE 0.0s" not in readable
     log = tmp_path / "build.log"
     log.write_text(text)
-    assert build.tail(log).splitlines()[-1] == f"#{ran[7:19]} NOT FINISHED after 12.3s"  # what a user sees after Ctrl-C
+    assert progress.log_tail(log).splitlines()[-1] == f"#{ran[7:19]} NOT FINISHED after 12.3s"  # what a user sees after Ctrl-C

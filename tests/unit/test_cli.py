@@ -7,12 +7,18 @@ committed locks' time by tests/conftest.py (PYTORCH_CUDA_EXCLUDE_NEWER).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import certifi
 import pytest
-from helpers import ROOT, one_error_line, project_copy, run_build_py, run_cli, tmpfs, tree_snapshot
 
-from pytorch_cuda_build import bench, build, docker_env, files, matrix
+from pytorch_cuda_build import files, matrix
+from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import EnvironmentProblem
+from pytorch_cuda_build.stages import build
+from pytorch_cuda_build.tools import bench
+
+from helpers import ROOT, one_error_line, project_copy, run_build_py, run_cli, tmpfs, tree_snapshot
 
 NO_DOCKER = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}
 
@@ -173,7 +179,7 @@ def test_source_date_epoch_is_one_fixed_time_and_the_created_label_is_the_commit
     commit differ on Docker 26 (tests/integration/test_engines.py shows why)."""
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "42")  # the caller's own is not taken either
     bc = docker_env.build_client(fake_docker(tmp_path, "26.1.5", buildx=True, store=CONTAINERD_STORE))
-    assert build.build_env(bc)["SOURCE_DATE_EPOCH"] == str(build.REPRODUCIBLE_EPOCH) == "1767225600"
+    assert docker_env.build_env(bc)["SOURCE_DATE_EPOCH"] == str(matrix.REPRODUCIBLE_EPOCH) == "1767225600"
     image = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
     src = build.Source("abc", 1763942400)  # 2025-11-24
     cmd = build.command(bc, ROOT, image, tmp_path, tmp_path / "iid", src, None, False)

@@ -1,4 +1,4 @@
-"""The gate's containers (test.py, throwaway_container), with a fake Docker client: every
+"""The gate's containers (stages/gate.py, throwaway_container), with a fake Docker client: every
 container the smoke step creates is removed, on every way out, and each gets the resolver
 the engine names."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import docker.errors
 import pytest
 import requests
 
-from pytorch_cuda_build import test as stage
 from pytorch_cuda_build.errors import EnvironmentProblem
+from pytorch_cuda_build.stages import gate
 
 ROW = SimpleNamespace(name="row")
 
@@ -71,11 +71,11 @@ class FakeDaemon:
 
 @pytest.fixture(autouse=True)
 def cpu_daemon(monkeypatch):
-    monkeypatch.setattr(stage.docker_env, "gpu_request", lambda c: None)
+    monkeypatch.setattr(gate.docker_env, "gpu_request", lambda c: None)
 
 
 def smoke(daemon: FakeDaemon, tmp_path: Path, logs: list | None = None):
-    return stage.smoke(daemon, ROW, "sha256:img", tmp_path, False, log=(logs if logs is not None else []).append)
+    return gate.smoke(daemon, ROW, "sha256:img", tmp_path, False, log=(logs if logs is not None else []).append)
 
 
 def test_start_failure_removes_the_created_container(tmp_path):
@@ -104,7 +104,7 @@ def test_create_whose_answer_was_lost_is_found_by_name_and_removed(tmp_path):
 def test_timeout_kills_then_removes(tmp_path):
     daemon = FakeDaemon(wait_error=requests.exceptions.ReadTimeout("read timed out"),
                         kill_error=docker.errors.APIError("409 Conflict: container is not running"))
-    with pytest.raises(stage.TestFailure, match="timed out"):
+    with pytest.raises(gate.TestFailure, match="timed out"):
         smoke(daemon, tmp_path)
     assert len(daemon.killed) == 1 and daemon.alive == {}
 
@@ -132,10 +132,10 @@ def test_containers_carry_the_runs_label(tmp_path, monkeypatch):
     daemon = FakeDaemon()
     create = daemon.containers.create
     daemon.containers.create = lambda *a, **kw: seen.append(kw["labels"]) or create(*a, **kw)
-    with pytest.raises(stage.TestFailure):  # the fake writes no report: 0 checks passed
+    with pytest.raises(gate.TestFailure):  # the fake writes no report: 0 checks passed
         smoke(daemon, tmp_path)
-    assert seen == [{"pytorch-cuda.test": "smoke", stage.RUN_LABEL: stage.RUN_ID}]
-    assert stage.RUN_ID == os.environ["PYTORCH_CUDA_RUN_ID"]  # the session's own (tests/conftest.py)
+    assert seen == [{"pytorch-cuda.test": "smoke", gate.RUN_LABEL: gate.RUN_ID}]
+    assert gate.RUN_ID == os.environ["PYTORCH_CUDA_RUN_ID"]  # the session's own (tests/conftest.py)
     assert daemon.alive == {}
 
 
@@ -154,11 +154,11 @@ def test_containers_get_the_resolver_the_engine_names_and_host_network_ones_keep
     monkeypatch.setenv("PYTORCH_CUDA_CONTAINER_DNS", "127.0.0.1, 10.0.0.2")
     for opts in ({}, {"network_mode": "host"}):
         with pytest.raises(RuntimeError, match="stop here"):
-            with stage.throwaway_container(client, "img", ["true"], "smoke", log=lambda m: None, **opts):
+            with gate.throwaway_container(client, "img", ["true"], "smoke", log=lambda m: None, **opts):
                 pass
     monkeypatch.delenv("PYTORCH_CUDA_CONTAINER_DNS")
     with pytest.raises(RuntimeError, match="stop here"):
-        with stage.throwaway_container(client, "img", ["true"], "smoke", log=lambda m: None):
+        with gate.throwaway_container(client, "img", ["true"], "smoke", log=lambda m: None):
             pass
     assert len(made) == 3
     assert made[0]["dns"] == ["127.0.0.1", "10.0.0.2"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytorch_cuda_build import resolve
 from pytorch_cuda_build.errors import ResolveError
+from pytorch_cuda_build.stages import resolve_debian
 
 MAIN = {
     "libc6": {"Version": "2.36-9+deb12u10", "Priority": "required"},
@@ -32,9 +32,9 @@ UPDATES = {"base-files": {"Version": "12.4+deb12u12"}}
 
 @pytest.fixture
 def suites(monkeypatch):
-    monkeypatch.setattr(resolve, "_DEBIAN_INDEX", {("m", "bookworm"): MAIN, ("s", "bookworm-security"): SECURITY,
+    monkeypatch.setattr(resolve_debian, "_DEBIAN_INDEX", {("m", "bookworm"): MAIN, ("s", "bookworm-security"): SECURITY,
                                                    ("m", "bookworm-updates"): UPDATES})
-    return resolve.DebianSuites("m", "bookworm", (("s", "bookworm-security"), ("m", "bookworm-updates")), None)
+    return resolve_debian.DebianSuites("m", "bookworm", (("s", "bookworm-security"), ("m", "bookworm-updates")), None)
 
 
 def test_each_named_package_is_pinned_at_the_newest_version_of_any_suite(suites):
@@ -59,11 +59,11 @@ def test_fixes_cover_dependencies_and_the_required_set_but_not_the_rest(suites):
 
 
 def test_closure_follows_alternatives_providers_and_arch_qualifiers():
-    got = resolve.closure(MAIN, ["openssh-server"])
+    got = resolve_debian.closure(MAIN, ["openssh-server"])
     assert got == {"openssh-server", "openssh-client", "libssl3", "libc6", "init-system-helpers",
                    "libpam-systemd", "systemd-logind-impl"}
 
 
 def test_debian_version_order_is_debians():
-    assert resolve._newer("1:1.0", "9.9") and resolve._newer("3.0.22-1~deb12u2", "3.0.20-1~deb12u2")
-    assert not resolve._newer("1.0~rc1", "1.0") and resolve._newer("1.0-2", "1.0-1+b1")
+    assert resolve_debian._newer("1:1.0", "9.9") and resolve_debian._newer("3.0.22-1~deb12u2", "3.0.20-1~deb12u2")
+    assert not resolve_debian._newer("1.0~rc1", "1.0") and resolve_debian._newer("1.0-2", "1.0-1+b1")

@@ -7,10 +7,14 @@ from types import SimpleNamespace
 
 import docker.errors
 import pytest
-from helpers import ROOT
 
-from pytorch_cuda_build import base, bench, docker_env, matrix, verify
+from pytorch_cuda_build import matrix, paths
+from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import EnvironmentProblem
+from pytorch_cuda_build.stages import base
+from pytorch_cuda_build.tools import bench, verify
+
+from helpers import ROOT
 
 DEFAULT = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
 
@@ -93,7 +97,7 @@ def test_base_imports_the_rootfs_through_the_chosen_cli(monkeypatch, tmp_path):
 
         def wait(self):
             return 0
-    monkeypatch.setattr(base, "STATE_DIR", tmp_path / "state")
+    monkeypatch.setattr(paths, "STATE_DIR", tmp_path / "state")
     monkeypatch.setattr(base.os, "geteuid", lambda: 0)
     monkeypatch.setattr(base.shutil, "which", lambda name, **kw: f"/usr/sbin/{name}")
     monkeypatch.setattr(base.subprocess, "run", run)

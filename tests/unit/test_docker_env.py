@@ -7,7 +7,7 @@ import docker.errors
 import pytest
 import requests
 
-from pytorch_cuda_build import docker_env
+from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import DockerRefused, EnvironmentProblem
 
 

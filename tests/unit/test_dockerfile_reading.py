@@ -6,9 +6,11 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers import ROOT
 
-from pytorch_cuda_build import lock, matrix, render
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.stages import lock, render
+
+from helpers import ROOT
 
 MATRIX = matrix.load(ROOT / "matrix.yaml")
 DOCKERFILES = sorted((ROOT / "images").glob("*/Dockerfile"))

@@ -14,10 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, run_cli
 
-from pytorch_cuda_build import arguments, files, matrix, render
+from pytorch_cuda_build import arguments, files, matrix
 from pytorch_cuda_build.errors import RenderError, UsageError
+from pytorch_cuda_build.stages import render
+
+from helpers import ROOT, run_cli
 
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.rglob("*.md"))

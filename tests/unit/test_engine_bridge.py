@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytorch_cuda_build.docker_env import ENGINE_SCRIPT
+from pytorch_cuda_build.engine.docker_env import ENGINE_SCRIPT
 
 GONE = "engine: the Docker daemon answers but its bridge docker0 is gone; restart dockerd"
 

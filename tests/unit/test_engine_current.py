@@ -7,9 +7,9 @@ from __future__ import annotations
 import shlex
 import subprocess
 
-from helpers import ROOT, run_cli
+from pytorch_cuda_build.tools import engine_current
 
-from pytorch_cuda_build import engine_current
+from helpers import ROOT, run_cli
 
 U = engine_current.Unpacked(engine_current.HOME / "packages" / "k", {"docker.io": "26.1.5+dfsg1-9+deb13u1"})
 

@@ -1,4 +1,4 @@
-"""The test gate (test.py) passes only when a check passed and none failed: a run where
+"""The test gate (stages/gate.py) passes only when a check passed and none failed: a run where
 everything was skipped, or nothing was collected, proves nothing about the image."""
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from pytorch_cuda_build import errors, test
+from pytorch_cuda_build import errors
+from pytorch_cuda_build.stages import gate
 
 SKIP_REASON = "no Docker daemon: Error while fetching server API version"
 
@@ -34,26 +35,26 @@ def failed(kind="failure", message="AssertionError: assert 'root' == 'trainer'")
             f'<{kind} message="{message}">long traceback\nmore</{kind}></testcase>')
 
 
-def gate(tmp_path, rc, path):
+def structure_gate(tmp_path, rc, path):
     log = tmp_path / "structure.log"
     log.write_text("= 1 passed in 0.1s =\n")
-    test.gate_structure(rc, path, log)
+    gate.gate_structure(rc, path, log)
 
 
 def test_counts(tmp_path):
-    counts = test.junit_counts(junit(tmp_path, ok(), ok("b"), skipped(), failed(), failed("error", "fixture broke")))
+    counts = gate.junit_counts(junit(tmp_path, ok(), ok("b"), skipped(), failed(), failed("error", "fixture broke")))
     assert (counts.passed, counts.failed, counts.skipped) == (2, 2, 1)
     assert counts.first_skip == SKIP_REASON
     assert counts.first_failure == "test_user: AssertionError: assert 'root' == 'trainer'"
 
 
 def test_normal_pass(tmp_path):
-    gate(tmp_path, 0, junit(tmp_path, ok(), ok("b"), skipped("gpu only")))
+    structure_gate(tmp_path, 0, junit(tmp_path, ok(), ok("b"), skipped("gpu only")))
 
 
 def test_all_skipped_is_a_failure_naming_the_first_reason(tmp_path):
     with pytest.raises(errors.TestFailure) as e:
-        gate(tmp_path, 0, junit(tmp_path, skipped(), skipped("other")))
+        structure_gate(tmp_path, 0, junit(tmp_path, skipped(), skipped("other")))
     assert e.value.suite == "structure tests"
     assert e.value.detail == f"0 tests ran (2 skipped): {SKIP_REASON}"
     assert str(e.value).startswith(f"structure tests failed: 0 tests ran (2 skipped): {SKIP_REASON}; full log: ")
@@ -62,24 +63,24 @@ def test_all_skipped_is_a_failure_naming_the_first_reason(tmp_path):
 @pytest.mark.parametrize("rc", [0, 5])
 def test_nothing_collected_is_a_failure(tmp_path, rc):
     with pytest.raises(errors.TestFailure) as e:
-        gate(tmp_path, rc, junit(tmp_path))
+        structure_gate(tmp_path, rc, junit(tmp_path))
     assert e.value.detail == "0 tests ran (0 skipped)"
 
 
 def test_failures_fail_with_the_first_one(tmp_path):
     with pytest.raises(errors.TestFailure) as e:
-        gate(tmp_path, 1, junit(tmp_path, ok(), failed()))
+        structure_gate(tmp_path, 1, junit(tmp_path, ok(), failed()))
     assert e.value.detail == "1 failed, 1 passed: test_user: AssertionError: assert 'root' == 'trainer'"
 
 
 def test_a_failure_counts_even_when_pytest_exited_0(tmp_path):
     with pytest.raises(errors.TestFailure, match="1 failed"):
-        gate(tmp_path, 0, junit(tmp_path, ok(), failed("error")))
+        structure_gate(tmp_path, 0, junit(tmp_path, ok(), failed("error")))
 
 
 def test_nonzero_exit_without_counted_failures_fails(tmp_path):
     with pytest.raises(errors.TestFailure, match=r"0 failed, 1 passed \(pytest exit 3\)"):
-        gate(tmp_path, 3, junit(tmp_path, ok()))
+        structure_gate(tmp_path, 3, junit(tmp_path, ok()))
 
 
 @pytest.mark.parametrize("content", [None, "", "<testsuites><testsuite>", "not xml"])
@@ -88,12 +89,12 @@ def test_missing_or_broken_report_fails(tmp_path, content):
     if content is not None:
         path.write_text(content)
     with pytest.raises(errors.TestFailure, match="no junit report"):
-        gate(tmp_path, 4, path)
+        structure_gate(tmp_path, 4, path)
 
 
 def test_timeout(tmp_path):
     with pytest.raises(errors.TestFailure, match="timed out after"):
-        gate(tmp_path, 124, tmp_path / "absent.xml")
+        structure_gate(tmp_path, 124, tmp_path / "absent.xml")
 
 
 def test_counts_of_a_real_pytest_run(tmp_path):
@@ -105,7 +106,7 @@ def test_counts_of_a_real_pytest_run(tmp_path):
     rc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", str(tmp_path)],
                         cwd=tmp_path, capture_output=True, timeout=120).returncode
     with pytest.raises(errors.TestFailure) as e:
-        test.gate_structure(rc, xml, tmp_path / "log")
+        gate.gate_structure(rc, xml, tmp_path / "log")
     assert e.value.detail == "0 tests ran (2 skipped): no Docker daemon: gone"
 
 
@@ -116,17 +117,17 @@ def report(passes=5, skipped=0, gpus=0):
 
 
 def test_smoke_report_with_passes_is_accepted():
-    test.check_smoke_report(report(), require_gpu=False, log_path="smoke.log")
-    test.check_smoke_report(report(gpus=2), require_gpu=True, log_path="smoke.log")
+    gate.check_smoke_report(report(), require_gpu=False, log_path="smoke.log")
+    gate.check_smoke_report(report(gpus=2), require_gpu=True, log_path="smoke.log")
 
 
 @pytest.mark.parametrize("rep", [report(passes=0, skipped=7), {}, {"summary": None}, {"summary": {"PASS": "3"}}, []])
 def test_smoke_report_without_a_pass_fails_despite_exit_0(rep):
     with pytest.raises(errors.TestFailure, match="0 checks passed") as e:
-        test.check_smoke_report(rep, require_gpu=False, log_path="smoke.log")
+        gate.check_smoke_report(rep, require_gpu=False, log_path="smoke.log")
     assert e.value.suite == "smoke suite"
 
 
 def test_smoke_report_without_gpus_fails_when_required():
     with pytest.raises(errors.TestFailure, match="--require-gpu: the suite ran on no GPU"):
-        test.check_smoke_report(report(gpus=0), require_gpu=True, log_path="smoke.log")
+        gate.check_smoke_report(report(gpus=0), require_gpu=True, log_path="smoke.log")

@@ -2,7 +2,7 @@
 (`--device nvidia.com/gpu=all`, Docker >= 25 with `nvidia-ctk cdi generate`). No daemon: info() is faked."""
 from __future__ import annotations
 
-from pytorch_cuda_build import docker_env
+from pytorch_cuda_build.engine import docker_env
 
 CDI_SPEC = """cdiVersion: 0.5.0
 kind: nvidia.com/gpu

@@ -10,10 +10,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, missing, one_error_line, run_cli
 
-from pytorch_cuda_build import gpubundle, lock, matrix
+from pytorch_cuda_build import matrix
 from pytorch_cuda_build.errors import BundleTooLarge
+from pytorch_cuda_build.stages import lock
+from pytorch_cuda_build.tools import gpubundle
+
+from helpers import ROOT, missing, one_error_line, run_cli
 
 MATRIX = matrix.load(ROOT / "matrix.yaml")
 DEFAULT = MATRIX.select("2.7", "12.1")

@@ -14,9 +14,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, USER_LINE, venv_tool
 
 from pytorch_cuda_build import matrix
+
+from helpers import ROOT, USER_LINE, venv_tool
 
 MATRIX = matrix.load(ROOT / "matrix.yaml")
 THRESHOLD = "warning"  # hadolint's levels: error > warning > info > style

@@ -17,11 +17,12 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from helpers import ROOT, one_error_line, require, run_cli
 
 from pytorch_cuda_build import jobs, pipeline
 from pytorch_cuda_build.errors import UsageError
 from pytorch_cuda_build.jobs import bundle, kubernetes, slurm
+
+from helpers import ROOT, one_error_line, require, run_cli
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 REPO = "127.0.0.1:5000/ml/pytorch-cuda"

@@ -5,10 +5,12 @@ import json
 import shutil
 
 import pytest
-from helpers import ROOT, project_copy, tree_snapshot
 
-from pytorch_cuda_build import build, lock, matrix, render, resolve
+from pytorch_cuda_build import matrix
 from pytorch_cuda_build.errors import LockError, RenderError
+from pytorch_cuda_build.stages import lock, render, resolve_pypi
+
+from helpers import ROOT, project_copy, tree_snapshot
 
 MATRIX = matrix.load(ROOT / "matrix.yaml")
 DEFAULT = MATRIX.select("2.7", "12.1")
@@ -21,7 +23,7 @@ def committed_lock_text(image) -> str:
 
 @pytest.mark.parametrize("image", MATRIX.images, ids=lambda i: i.name)
 def test_every_lock_agrees_with_its_torch_wheel(image):
-    facts = resolve.wheel_facts(committed_lock_text(image))
+    facts = resolve_pypi.wheel_facts(committed_lock_text(image))
     assert (facts.torch, facts.torch_cuda, facts.cudnn, facts.nccl) == (image.torch, image.wheel_cuda, image.cudnn, image.nccl)
     assert not lock.problems(ROOT, image)
 
@@ -96,11 +98,11 @@ def test_rendered_dockerfile_shape():
     # nvcc records the mtime of each header it reads, and GCC's #pragma once compares them: the
     # headers pip installs take one fixed time where they are installed, before any compile, so
     # two builds' ops are the same bytes
-    touch = f"-path '*/site-packages/*/include/*' -type f -exec touch -d @{build.REPRODUCIBLE_EPOCH} {{}} +"
+    touch = f"-path '*/site-packages/*/include/*' -type f -exec touch -d @{matrix.REPRODUCIBLE_EPOCH} {{}} +"
     assert text.count(touch) == 1
     assert text.index("AS python-env") < text.index(touch) < text.index("AS cuda-toolkit")
     deepspeed = text.index("pip install --quiet --no-index --no-deps --no-compile /dist/deepspeed-")
-    ds_touch = text.index(f"-type f -exec touch -d @{build.REPRODUCIBLE_EPOCH} {{}} +", deepspeed)
+    ds_touch = text.index(f"-type f -exec touch -d @{matrix.REPRODUCIBLE_EPOCH} {{}} +", deepspeed)
     # after compileall, whose byte-code files under include/ would otherwise carry the build's time
     assert text.index("python -m compileall", deepspeed) < ds_touch < text.index("DS_ACCELERATOR=cpu")
     assert text.index("python -m compileall") < text.index(touch)
@@ -120,10 +122,10 @@ def test_pypi_toolkit_rows_install_nvcc_wheels_and_devel_keeps_them():
     assert "AS cuda-toolkit" not in text and "toolkit.py wheels --prefix /usr/local/cuda" in text
     # nvcc records header mtimes: the nvcc wheels' headers, installed after python-env, take the
     # epoch too, and only they (-newermt), so no header of python-env is copied up again
-    wheels_touch = (f"-path '*/site-packages/*/include/*' -type f -newermt @{build.REPRODUCIBLE_EPOCH} \\\n"
-                    f"        -exec touch -d @{build.REPRODUCIBLE_EPOCH} {{}} +")
+    wheels_touch = (f"-path '*/site-packages/*/include/*' -type f -newermt @{matrix.REPRODUCIBLE_EPOCH} \\\n"
+                    f"        -exec touch -d @{matrix.REPRODUCIBLE_EPOCH} {{}} +")
     assert text.index("-r /opt/pytorch-cuda/toolkit.lock") < text.index(wheels_touch) < text.index("opsbuild.py /wheelhouse")
-    assert resolve.pins((lock.image_dir(ROOT, cu13) / "toolkit.lock").read_text())["nvidia-cuda-nvcc"].startswith("13.0.")
+    assert resolve_pypi.pins((lock.image_dir(ROOT, cu13) / "toolkit.lock").read_text())["nvidia-cuda-nvcc"].startswith("13.0.")
     devel = (lock.image_dir(ROOT, MATRIX.select("2.7", "12.1", "devel")) / "Dockerfile").read_text()
     final = devel[devel.index("AS devel"):]
     assert "COPY --from=cuda-toolkit /usr/local/cuda /usr/local/cuda" in final and "ENV PATH=/usr/local/cuda/bin:$PATH" in final

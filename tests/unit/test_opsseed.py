@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pytorch_cuda_build import build, matrix, opsseed
+from pytorch_cuda_build import matrix, paths
 from pytorch_cuda_build.errors import BuildError
+from pytorch_cuda_build.stages import build, opsseed
 
 ROOT = Path(__file__).resolve().parents[2]
 M = matrix.load(ROOT / "matrix.yaml")
@@ -18,7 +19,7 @@ TWIN = M.select("2.7", "12.6")
 
 @pytest.fixture(autouse=True)
 def own_store(monkeypatch, tmp_path):
-    monkeypatch.setattr(opsseed.base, "STATE_DIR", tmp_path / "state")
+    monkeypatch.setattr(paths, "STATE_DIR", tmp_path / "state")
 
 
 def exported(key: str = "a" * 64, wheel: bytes = b"wheel") -> Path:

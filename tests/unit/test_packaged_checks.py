@@ -9,29 +9,31 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import ROOT
 
 import pytorch_cuda_build
-from pytorch_cuda_build import matrix, test
+from pytorch_cuda_build import matrix
 from pytorch_cuda_build.errors import TestFailure as GateFailure  # not Test*: pytest would try to collect it
+from pytorch_cuda_build.stages import gate
+
+from helpers import ROOT
 
 ROW = matrix.load(ROOT / "matrix.yaml").by_name("2.7.1-cuda12.1-runtime")
 
 
 def defined_checks() -> set[str]:
-    return {f"{f.name}::{name}" for f in test.CHECKS.glob("test_*.py")
+    return {f"{f.name}::{name}" for f in gate.CHECKS.glob("test_*.py")
             for name in re.findall(r"^def (test_\w+)", f.read_text(), re.MULTILINE)}
 
 
 def test_the_checks_live_in_the_package():
-    assert test.CHECKS == Path(pytorch_cuda_build.__file__).resolve().parent / "checks"
-    assert {"__init__.py", "conftest.py", "test_image.py", "test_devel.py"} <= {f.name for f in test.CHECKS.iterdir()}
+    assert gate.CHECKS == Path(pytorch_cuda_build.__file__).resolve().parent / "checks"
+    assert {"__init__.py", "conftest.py", "test_image.py", "test_devel.py"} <= {f.name for f in gate.CHECKS.iterdir()}
     assert not list((ROOT / "tests").glob("structure/*.py")), "the checks moved to pytorch_cuda_build/checks"
 
 
 def test_the_gate_command_collects_every_check_from_anywhere(tmp_path):
     """Another current directory and a project root without the package: the same checks."""
-    cmd = test.structure_command(tmp_path / "project", ROW, "sha256:" + "0" * 64, tmp_path / "s.xml", ROOT / "matrix.yaml")
+    cmd = gate.structure_command(tmp_path / "project", ROW, "sha256:" + "0" * 64, tmp_path / "s.xml", ROOT / "matrix.yaml")
     proc = subprocess.run([*cmd, "--collect-only"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     collected = {re.sub(r"\[.*\]$", "", ln) for ln in proc.stdout.splitlines() if "::" in ln}
@@ -41,20 +43,20 @@ def test_the_gate_command_collects_every_check_from_anywhere(tmp_path):
 
 def test_the_gate_command_passes_the_users_matrix_and_root(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cmd = test.structure_command(Path("proj"), ROW, "sha256:abc", tmp_path / "s.xml", Path("other/m.yaml"))
-    assert str(test.CHECKS) in cmd
+    cmd = gate.structure_command(Path("proj"), ROW, "sha256:abc", tmp_path / "s.xml", Path("other/m.yaml"))
+    assert str(gate.CHECKS) in cmd
     assert f"--matrix={tmp_path / 'other/m.yaml'}" in cmd and f"--root={tmp_path / 'proj'}" in cmd
     assert "--image=sha256:abc" in cmd and f"--image-name={ROW.name}" in cmd
-    default = test.structure_command(tmp_path / "proj", ROW, "sha256:abc", tmp_path / "s.xml")
+    default = gate.structure_command(tmp_path / "proj", ROW, "sha256:abc", tmp_path / "s.xml")
     assert f"--matrix={tmp_path / 'proj' / 'matrix.yaml'}" in default
 
 
 def test_run_threads_the_matrix_path_to_the_structure_checks(tmp_path, monkeypatch):
     seen = []
-    monkeypatch.setattr(test, "smoke", lambda *a: {"summary": {"PASS": 1}})
-    monkeypatch.setattr(test, "structure", lambda *a: seen.append(a))
-    test.run(None, ROOT, ROW, "sha256:abc", tmp_path, log=lambda m: None, matrix_path=tmp_path / "m.yaml")
-    test.run(None, ROOT, ROW, "sha256:abc", tmp_path, log=lambda m: None)
+    monkeypatch.setattr(gate, "smoke", lambda *a: {"summary": {"PASS": 1}})
+    monkeypatch.setattr(gate, "structure", lambda *a: seen.append(a))
+    gate.run(None, ROOT, ROW, "sha256:abc", tmp_path, log=lambda m: None, matrix_path=tmp_path / "m.yaml")
+    gate.run(None, ROOT, ROW, "sha256:abc", tmp_path, log=lambda m: None)
     assert [a[4] for a in seen] == [tmp_path / "m.yaml", None]  # None: structure() takes root/matrix.yaml
 
 
@@ -63,7 +65,7 @@ def test_the_gate_runs_the_packaged_checks_and_fails_when_none_could_run(tmp_pat
     skipped, and the gate says so and why (0 run is a failure, never a pass)."""
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-daemon.sock")
     with pytest.raises(GateFailure) as e:
-        test.structure(ROOT, ROW, "sha256:" + "0" * 64, tmp_path, ROOT / "matrix.yaml")
+        gate.structure(ROOT, ROW, "sha256:" + "0" * 64, tmp_path, ROOT / "matrix.yaml")
     assert "0 tests ran" in str(e.value) and "no Docker daemon" in str(e.value), str(e.value)
-    counts = test.junit_counts(tmp_path / "structure.xml")
+    counts = gate.junit_counts(tmp_path / "structure.xml")
     assert counts.passed == counts.failed == 0 and counts.skipped > 20

@@ -6,9 +6,10 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from helpers import ROOT
 
-from pytorch_cuda_build import tag, test
+from pytorch_cuda_build.stages import gate, tag
+
+from helpers import ROOT
 
 ID = "sha256:" + "a" * 64
 ROW = SimpleNamespace(name="2.7.1-cuda12.1-runtime")
@@ -117,7 +118,7 @@ def test_other_images_records_survive_a_new_pass(tested):
 
 def fake_tree(root, order=("a", "b")):
     """A project whose package and smoke suite both live under root (a checkout)."""
-    files = {"pytorch_cuda_build/test.py": "gate", "pytorch_cuda_build/checks/conftest.py": "fixtures",
+    files = {"pytorch_cuda_build/stages/gate.py": "gate", "pytorch_cuda_build/checks/conftest.py": "fixtures",
              "pytorch_cuda_runtime/smoke/cli.py": "smoke"}
     files.update({f"pytorch_cuda_build/checks/test_{n}.py": f"def test_{n}(): pass\n" for n in order})
     for rel, text in files.items():
@@ -127,7 +128,7 @@ def fake_tree(root, order=("a", "b")):
 
 
 def code_hash(root):
-    return test.code_hash(root, package_home=root)
+    return gate.code_hash(root, package_home=root)
 
 
 def test_code_hash_is_stable_and_independent_of_creation_order(tmp_path):
@@ -137,7 +138,7 @@ def test_code_hash_is_stable_and_independent_of_creation_order(tmp_path):
 
 
 @pytest.mark.parametrize("rel", ["pytorch_cuda_build/checks/test_a.py", "pytorch_cuda_build/checks/conftest.py",
-                                 "pytorch_cuda_build/test.py", "pytorch_cuda_runtime/smoke/cli.py"])
+                                 "pytorch_cuda_build/stages/gate.py", "pytorch_cuda_runtime/smoke/cli.py"])
 def test_code_hash_changes_with_any_test_file(tmp_path, rel):
     root = fake_tree(tmp_path)
     before = code_hash(root)
@@ -163,19 +164,19 @@ def test_code_hash_reads_the_checks_from_the_package_not_the_project(tmp_path):
     """An installed tool: the package (gate and checks) in one place, the project (smoke suite) in another."""
     home = fake_tree(tmp_path / "site-packages")
     project = fake_tree(tmp_path / "project")
-    before = test.code_hash(project, package_home=home)
+    before = gate.code_hash(project, package_home=home)
     (project / "pytorch_cuda_build/checks/test_a.py").write_text("a copy the gate never runs\n")
-    assert test.code_hash(project, package_home=home) == before
+    assert gate.code_hash(project, package_home=home) == before
     (home / "pytorch_cuda_build/checks/test_a.py").write_text("the check the gate runs, edited\n")
-    assert test.code_hash(project, package_home=home) != before
+    assert gate.code_hash(project, package_home=home) != before
     (project / "pytorch_cuda_runtime/smoke/cli.py").write_text("smoke, edited\n")
-    assert test.code_hash(project, package_home=home) != test.code_hash(home, package_home=home)
+    assert gate.code_hash(project, package_home=home) != gate.code_hash(home, package_home=home)
 
 
 def test_code_hash_of_this_project_covers_the_packaged_checks():
-    assert len(test.code_hash(ROOT)) == 64
-    names = {rel for rel, _ in test._test_files(ROOT)}
-    assert {"pytorch_cuda_build/test.py", "pytorch_cuda_build/checks/conftest.py",
+    assert len(gate.code_hash(ROOT)) == 64
+    names = {rel for rel, _ in gate._test_files(ROOT)}
+    assert {"pytorch_cuda_build/stages/gate.py", "pytorch_cuda_build/checks/conftest.py",
             "pytorch_cuda_build/checks/test_image.py", "pytorch_cuda_build/checks/test_devel.py"} <= names
     assert any(n.startswith("pytorch_cuda_runtime/smoke/") for n in names)
     assert not any(n.startswith("tests/") for n in names), "the gate runs nothing from the repository's tests/"

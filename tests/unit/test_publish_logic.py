@@ -11,10 +11,13 @@ import sys
 
 import docker.errors
 import pytest
-from helpers import ROOT, run_build_py
 
-from pytorch_cuda_build import matrix, propose, publish, render
+from pytorch_cuda_build import matrix
 from pytorch_cuda_build.errors import EnvironmentProblem, ImmutableTagTaken, PublishError, UsageError
+from pytorch_cuda_build.stages import publish, registry, render
+from pytorch_cuda_build.tools import propose
+
+from helpers import ROOT, run_build_py
 
 MATRIX = matrix.load(ROOT / "matrix.yaml")
 ROW = MATRIX.select("2.7", "12.1")
@@ -33,7 +36,7 @@ BASE_TAG = render.base_ref(ROW).split(":")[1] + "-" + "b" * 12
     ("[::1]:5000/ml", "[::1]:5000", "ml", "http://[::1]:5000/v2/"),
 ])
 def test_registry_addresses(text, host, ns, api):
-    reg = publish.Registry.parse(text)
+    reg = registry.Registry.parse(text)
     assert (reg.host, reg.namespace, reg.loopback) == (host, ns, api.startswith("http:"))  # loopback: plain HTTP, as Docker
     assert reg.repository(MATRIX.images[0]) == f"{host}/{ns}/pytorch-cuda"
 
@@ -42,30 +45,30 @@ def test_registry_addresses(text, host, ns, api):
                                   "ghcr.io//acme", "ghcr.io/acme/", "-bad.io/acme", "host:0/ml", "host:70000/ml", "host:x/ml"])
 def test_malformed_registry_addresses_are_usage_errors(text):
     with pytest.raises(UsageError, match="malformed registry address"):
-        publish.Registry.parse(text)
+        registry.Registry.parse(text)
 
 
 def test_credentials_from_the_environment_need_both(monkeypatch, tmp_path):
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))  # no docker login here
-    reg = publish.Registry.parse("ghcr.io/acme")
-    monkeypatch.delenv(publish.USER_ENV, raising=False)
-    monkeypatch.delenv(publish.PASSWORD_ENV, raising=False)
-    assert publish.credentials(reg) is None
-    monkeypatch.setenv(publish.USER_ENV, "bot")
+    reg = registry.Registry.parse("ghcr.io/acme")
+    monkeypatch.delenv(registry.USER_ENV, raising=False)
+    monkeypatch.delenv(registry.PASSWORD_ENV, raising=False)
+    assert registry.credentials(reg) is None
+    monkeypatch.setenv(registry.USER_ENV, "bot")
     with pytest.raises(UsageError, match="set both"):
-        publish.credentials(reg)
-    monkeypatch.setenv(publish.PASSWORD_ENV, "pw")
-    assert publish.credentials(reg) == {"username": "bot", "password": "pw"}
+        registry.credentials(reg)
+    monkeypatch.setenv(registry.PASSWORD_ENV, "pw")
+    assert registry.credentials(reg) == {"username": "bot", "password": "pw"}
 
 
 def test_credentials_from_docker_login(monkeypatch, tmp_path):
-    monkeypatch.delenv(publish.USER_ENV, raising=False)
-    monkeypatch.delenv(publish.PASSWORD_ENV, raising=False)
+    monkeypatch.delenv(registry.USER_ENV, raising=False)
+    monkeypatch.delenv(registry.PASSWORD_ENV, raising=False)
     auth = base64.b64encode(b"robot:t0ken").decode()
     (tmp_path / "config.json").write_text(json.dumps({"auths": {"registry.example.com:8443": {"auth": auth}}}))
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
-    assert publish.credentials(publish.Registry.parse("registry.example.com:8443/ml")) == {"username": "robot", "password": "t0ken"}
-    assert publish.credentials(publish.Registry.parse("ghcr.io/acme")) is None
+    assert registry.credentials(registry.Registry.parse("registry.example.com:8443/ml")) == {"username": "robot", "password": "t0ken"}
+    assert registry.credentials(registry.Registry.parse("ghcr.io/acme")) is None
 
 
 def test_matrix_json_is_the_fan_out():
@@ -129,7 +132,7 @@ def test_publish_usage_errors_are_one_line(args, text):
 
 
 def test_a_frozen_index_proposes_only_what_was_uploaded_by_then():
-    from pytorch_cuda_build import propose
+    from pytorch_cuda_build.tools import propose
 
     data = {"name": "torch", "versions": ["2.15.0", "2.15.1"], "files": [
         {"filename": "torch-2.15.0-cp311-cp311-manylinux_2_28_x86_64.whl", "upload-time": "2026-10-01T10:00:00.000Z"},
@@ -140,7 +143,7 @@ def test_a_frozen_index_proposes_only_what_was_uploaded_by_then():
 
 # ---- the read-back client (skopeo): what its messages mean, and where credentials go ----------
 
-REG = publish.Registry.parse("127.0.0.1:5000/ml")
+REG = registry.Registry.parse("127.0.0.1:5000/ml")
 
 
 def skopeo_said(msg: str) -> str:
@@ -150,21 +153,21 @@ def skopeo_said(msg: str) -> str:
 
 
 @pytest.mark.parametrize(("msg", "creds", "kind", "needle"), [
-    ("reading manifest nope in 127.0.0.1:5000/ml/pytorch-cuda: manifest unknown: manifest unknown", True, publish._Absent, "manifest unknown"),
-    ("reading manifest v2.7 in ghcr.io/acme/pytorch-cuda: name unknown: repository name not known to registry", True, publish._Absent, "name unknown"),
+    ("reading manifest nope in 127.0.0.1:5000/ml/pytorch-cuda: manifest unknown: manifest unknown", True, registry._Absent, "manifest unknown"),
+    ("reading manifest v2.7 in ghcr.io/acme/pytorch-cuda: name unknown: repository name not known to registry", True, registry._Absent, "name unknown"),
     ("reading manifest v2.7 in 127.0.0.1:5000/ml/pytorch-cuda: unauthorized: authentication required", False, UsageError, "needs credentials: `docker login 127.0.0.1:5000`"),
     ("reading manifest v2.7 in 127.0.0.1:5000/ml/pytorch-cuda: unauthorized: authentication required", True, UsageError, "refused the credentials given: reading"),
     ("unable to retrieve auth token: invalid username/password: unauthorized: authentication required", True, UsageError, "refused the credentials given (token)"),
-    ('pinging container registry 127.0.0.1:5000: Get "http://127.0.0.1:5000/v2/": dial tcp 127.0.0.1:5000: connect: connection refused', True, publish.Transient, "registry 127.0.0.1:5000 unreachable"),
-    ('Get "http://127.0.0.1:6000/token?scope=repository%3Aml%3Apull": dial tcp 127.0.0.1:6000: connect: connection refused', True, publish.Transient, "token service of 127.0.0.1:5000 unreachable"),
-    ("pinging container registry 127.0.0.1:5000: invalid status code from registry 503 (Service Unavailable)", True, publish.Transient, "unreachable"),
-    ("reading manifest v2.7 in 127.0.0.1:5000/ml/pytorch-cuda: toomanyrequests: rate limit", True, publish.Transient, "unreachable"),
+    ('pinging container registry 127.0.0.1:5000: Get "http://127.0.0.1:5000/v2/": dial tcp 127.0.0.1:5000: connect: connection refused', True, registry.Transient, "registry 127.0.0.1:5000 unreachable"),
+    ('Get "http://127.0.0.1:6000/token?scope=repository%3Aml%3Apull": dial tcp 127.0.0.1:6000: connect: connection refused', True, registry.Transient, "token service of 127.0.0.1:5000 unreachable"),
+    ("pinging container registry 127.0.0.1:5000: invalid status code from registry 503 (Service Unavailable)", True, registry.Transient, "unreachable"),
+    ("reading manifest v2.7 in 127.0.0.1:5000/ml/pytorch-cuda: toomanyrequests: rate limit", True, registry.Transient, "unreachable"),
     ("pinging container registry 127.0.0.1:5000: invalid status code from registry 404 (Not Found)", True, EnvironmentProblem, "is not a container registry"),
     ("can't talk to a V1 container registry", True, EnvironmentProblem, "is not a container registry"),
     ("reading manifest v2.7 in 127.0.0.1:5000/ml/pytorch-cuda: something new", True, PublishError, "skopeo could not read from 127.0.0.1:5000: reading manifest"),
 ])
 def test_skopeo_messages_become_the_right_error(msg, creds, kind, needle):
-    client = publish.RegistryAPI(REG, {"username": "ci", "password": "pw"} if creds else None, None)
+    client = registry.RegistryAPI(REG, {"username": "ci", "password": "pw"} if creds else None, None)
     err = client._failure(skopeo_said(msg))
     assert type(err) is kind and needle in str(err), err
     assert "Error parsing image name" not in str(err)
@@ -178,9 +181,9 @@ def test_credentials_reach_skopeo_in_a_private_file_never_on_its_command_line(mo
         seen.update(cmd=cmd, auth=json.loads(open(authfile).read()), path=authfile, home=kw["env"]["HOME"])
         return subprocess.CompletedProcess(cmd, 0, stdout=b'{"schemaVersion": 2, "config": {"digest": "sha256:c0"}}', stderr=b"")
 
-    monkeypatch.setattr(publish.shutil, "which", lambda name: "/usr/bin/skopeo")
-    monkeypatch.setattr(publish.subprocess, "run", run)
-    client = publish.RegistryAPI(REG, {"username": "ci", "password": "s3cret"}, None)
+    monkeypatch.setattr(registry.shutil, "which", lambda name: "/usr/bin/skopeo")
+    monkeypatch.setattr(registry.subprocess, "run", run)
+    client = registry.RegistryAPI(REG, {"username": "ci", "password": "s3cret"}, None)
     remote = client.manifest(MATRIX.images[0], "v2.7")
     assert remote.config == "sha256:c0" and remote.digest.startswith("sha256:")
     assert not any("s3cret" in a for a in seen["cmd"])
@@ -190,15 +193,15 @@ def test_credentials_reach_skopeo_in_a_private_file_never_on_its_command_line(mo
 
 
 def test_without_skopeo_the_read_back_says_what_to_install(monkeypatch):
-    monkeypatch.setattr(publish.shutil, "which", lambda name: None)
+    monkeypatch.setattr(registry.shutil, "which", lambda name: None)
     with pytest.raises(EnvironmentProblem, match="skopeo is not installed"):
-        publish.RegistryAPI(REG, None, None).manifest(MATRIX.images[0], "v2.7")
+        registry.RegistryAPI(REG, None, None).manifest(MATRIX.images[0], "v2.7")
 
 
 def test_ping_reads_the_repository_published_to_not_a_made_up_one(monkeypatch):
     """A registry like Docker Hub denies a token for a repository the account cannot see."""
     asked = []
-    client = publish.RegistryAPI(REG, None, None)
+    client = registry.RegistryAPI(REG, None, None)
     monkeypatch.setattr(client, "_read", lambda name, tag: asked.append((name, tag)))
     client.ping(MATRIX.images[0])
     assert asked == [("ml/pytorch-cuda", "pytorch-cuda-ping")]
@@ -256,8 +259,8 @@ class FakeClient:
 
 
 class FakeAPI:
-    def __init__(self, remote: dict[str, publish.Remote]):
-        self.reg = publish.Registry.parse("127.0.0.1:5000/ml")
+    def __init__(self, remote: dict[str, registry.Remote]):
+        self.reg = registry.Registry.parse("127.0.0.1:5000/ml")
         self.remote = remote
 
     def ping(self, image):
@@ -284,11 +287,11 @@ def test_plan_pushes_the_base_and_the_dated_tag_first_then_the_moving_tags(teste
         ("", "2.7.1-cuda12.1-runtime-20261122-7904bf67", True), ("", "2.7.1-cuda12.1-runtime", False),
         ("", "v2.7-cuda12.1", False), ("", "v2.7", False)]
     assert moves[0].image_id == BASE_ID
-    assert moves[0].target(publish.Registry.parse("127.0.0.1:5000/ml")) == f"127.0.0.1:5000/ml/pytorch-cuda-rootfs:{BASE_TAG}"
+    assert moves[0].target(registry.Registry.parse("127.0.0.1:5000/ml")) == f"127.0.0.1:5000/ml/pytorch-cuda-rootfs:{BASE_TAG}"
 
 
 def test_a_base_tag_holding_another_base_is_refused_like_a_dated_tag(tested):
-    other = publish.Remote("sha256:" + "d" * 64, "sha256:" + "c" * 64)
+    other = registry.Remote("sha256:" + "d" * 64, "sha256:" + "c" * 64)
     with pytest.raises(ImmutableTagTaken) as e:
         _plan({f"pytorch-cuda-rootfs:{BASE_TAG}": other})
     line, = e.value.lines()
@@ -296,10 +299,10 @@ def test_a_base_tag_holding_another_base_is_refused_like_a_dated_tag(tested):
 
 
 def test_the_record_and_the_table_name_the_base_apart_from_the_row(tested, tmp_path):
-    reg = publish.Registry.parse("127.0.0.1:5000/ml")
+    reg = registry.Registry.parse("127.0.0.1:5000/ml")
     moves = _plan({})
     for i, mv in enumerate(moves):
-        mv.after = publish.Remote(f"sha256:{i}" + "0" * 63, None)
+        mv.after = registry.Remote(f"sha256:{i}" + "0" * 63, None)
     publish.write_record(tmp_path, reg, ROW, moves)
     record = json.loads((tmp_path / "published.json").read_text())
     assert record["digest"] == moves[1].after.digest and record["image_id"] == "sha256:" + "a" * 64
@@ -322,7 +325,7 @@ def test_a_row_whose_base_cannot_be_published_is_refused_before_any_push(tested,
 
 
 def test_plan_refuses_a_dated_tag_held_by_another_image(tested):
-    other = publish.Remote("sha256:" + "d" * 64, "sha256:" + "b" * 64)
+    other = registry.Remote("sha256:" + "d" * 64, "sha256:" + "b" * 64)
     with pytest.raises(ImmutableTagTaken) as e:
         _plan({"2.7.1-cuda12.1-runtime-20261122-7904bf67": other})
     assert e.value.exit_code == 2
@@ -332,16 +335,16 @@ def test_plan_refuses_a_dated_tag_held_by_another_image(tested):
 
 
 def test_plan_lets_moving_tags_move_and_skips_a_dated_tag_already_in_place(tested):
-    here = publish.Remote("sha256:" + "d" * 64, "sha256:" + "a" * 64)
-    elsewhere = publish.Remote("sha256:" + "e" * 64, "sha256:" + "b" * 64)
+    here = registry.Remote("sha256:" + "d" * 64, "sha256:" + "a" * 64)
+    elsewhere = registry.Remote("sha256:" + "e" * 64, "sha256:" + "b" * 64)
     base, *moves = _plan({"2.7.1-cuda12.1-runtime-20261122-7904bf67": here, "2.7.1-cuda12.1-runtime": elsewhere})
     assert moves[0].in_place and not moves[1].in_place and not base.in_place
 
 
 def test_on_the_containerd_store_the_local_id_is_compared_with_the_manifest_digest(tested):
     """There the image ID is the manifest's digest, and a registry's config digest never equals it."""
-    here = publish.Remote("sha256:" + "a" * 64, "sha256:" + "c" * 64)  # manifest digest = local ID
-    config_only = publish.Remote("sha256:" + "e" * 64, "sha256:" + "a" * 64)  # a classic-store match, not this one
+    here = registry.Remote("sha256:" + "a" * 64, "sha256:" + "c" * 64)  # manifest digest = local ID
+    config_only = registry.Remote("sha256:" + "e" * 64, "sha256:" + "a" * 64)  # a classic-store match, not this one
     base, *moves = _plan({"2.7.1-cuda12.1-runtime-20261122-7904bf67": here, "2.7.1-cuda12.1-runtime": config_only}, "containerd")
     assert base.by_manifest and moves[0].by_manifest and moves[0].in_place and not moves[1].in_place
     with pytest.raises(ImmutableTagTaken):
@@ -377,11 +380,11 @@ class PushingClient:
 def test_the_pushed_digest_is_read_from_what_each_engine_says(events, by_manifest, expected):
     mv = publish.Move(ROW, "sha256:" + "a" * 64, "t", True, by_manifest=by_manifest)
     c = PushingClient(events)
-    assert publish.push_one(c, mv, publish.Registry.parse("127.0.0.1:5000/ml"), None) == expected
+    assert publish.push_one(c, mv, registry.Registry.parse("127.0.0.1:5000/ml"), None) == expected
     assert c.removed == ["127.0.0.1:5000/ml/pytorch-cuda:t"]  # the local registry-named tag goes again
 
 
 def test_a_classic_store_push_that_names_no_digest_is_retried():
     mv = publish.Move(ROW, "sha256:" + "a" * 64, "t", True)
-    with pytest.raises(publish.Transient, match="reported no digest"):
-        publish.push_one(PushingClient([{"status": "Pushed"}]), mv, publish.Registry.parse("127.0.0.1:5000/ml"), None)
+    with pytest.raises(registry.Transient, match="reported no digest"):
+        publish.push_one(PushingClient([{"status": "Pushed"}]), mv, registry.Registry.parse("127.0.0.1:5000/ml"), None)

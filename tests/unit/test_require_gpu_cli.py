@@ -9,8 +9,10 @@ from types import SimpleNamespace
 import certifi
 import pytest
 
-from pytorch_cuda_build import base, build, cli, docker_env, lock, render, sbom, security, tag, test
+from pytorch_cuda_build import cli, paths
 from pytorch_cuda_build import pipeline as row_pipeline
+from pytorch_cuda_build.engine import docker_env
+from pytorch_cuda_build.stages import base, build, gate, lock, render, sbom, security, tag
 
 ID = "sha256:" + "c" * 64
 ROW = SimpleNamespace(name="2.7.1-cuda12.1-runtime", repository="pytorch-cuda", refs=lambda: ["pytorch-cuda:2.7.1-cuda12.1-runtime"])
@@ -37,7 +39,7 @@ def pipeline(tmp_path, monkeypatch):
     monkeypatch.setattr(cli.matrix, "load", lambda path: SimpleNamespace(select=lambda *a: ROW))
     monkeypatch.setattr(lock, "check", lambda *a: None)
     monkeypatch.setattr(render, "check", lambda *a: None)
-    monkeypatch.setattr(base, "STATE_DIR", tmp_path / "state")
+    monkeypatch.setattr(paths, "STATE_DIR", tmp_path / "state")
     monkeypatch.setattr(row_pipeline, "results_dir", lambda root, image: tmp_path / "results")
     monkeypatch.setattr(docker_env, "ensure_engine", lambda log: daemon)
     monkeypatch.setattr(docker_env, "build_client", lambda d: SimpleNamespace(description="a fake client", argv=("docker", "build")))
@@ -47,17 +49,17 @@ def pipeline(tmp_path, monkeypatch):
     monkeypatch.setattr(sbom, "generate", lambda c, i: {"components": []})
     monkeypatch.setattr(security, "record", lambda *a: {"python": [], "counts": {}})  # no network in a unit test
     monkeypatch.setattr(tag, "promote", lambda c, image, i: seen["promoted"].append(i) or image.refs())
-    real_run = test.run
+    real_run = gate.run
 
     def counted_run(*a, **kw):
         seen["tested"] += 1
         return real_run(*a, **kw)
-    monkeypatch.setattr(test, "run", counted_run)
+    monkeypatch.setattr(gate, "run", counted_run)
     return seen
 
 
 def test_require_gpu_after_a_cpu_pass_fails_without_a_gpu(pipeline, capsys):
-    tag.record_pass(ROW, ID, {"gpus": 0}, test.code_hash(cli.ROOT))
+    tag.record_pass(ROW, ID, {"gpus": 0}, gate.code_hash(cli.ROOT))
     before = tag.TESTED.read_text()
     assert cli.main([*ARGS, "--require-gpu"]) == 2
     errors = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error: ")]
@@ -68,7 +70,7 @@ def test_require_gpu_after_a_cpu_pass_fails_without_a_gpu(pipeline, capsys):
 
 
 def test_unchanged_image_and_tests_are_not_tested_again(pipeline, capsys):
-    tag.record_pass(ROW, ID, {"gpus": 0}, test.code_hash(cli.ROOT))
+    tag.record_pass(ROW, ID, {"gpus": 0}, gate.code_hash(cli.ROOT))
     assert cli.main(ARGS) == 0
     err = capsys.readouterr().err
     assert "already passed its tests (cpu) and the test code is unchanged" in err
@@ -77,9 +79,9 @@ def test_unchanged_image_and_tests_are_not_tested_again(pipeline, capsys):
 
 def test_edited_tests_run_again(pipeline, monkeypatch):
     tag.record_pass(ROW, ID, {"gpus": 2}, "the hash of older test code")
-    monkeypatch.setattr(test, "smoke", lambda *a: {"gpus": 0, "summary": {"PASS": 3}})
-    monkeypatch.setattr(test, "structure", lambda *a: None)
+    monkeypatch.setattr(gate, "smoke", lambda *a: {"gpus": 0, "summary": {"PASS": 3}})
+    monkeypatch.setattr(gate, "structure", lambda *a: None)
     assert cli.main(ARGS) == 0
     assert pipeline == {"promoted": [ID], "tested": 1}
     recs = json.loads(tag.TESTED.read_text())[ID]
-    assert [(r["mode"], r["code"]) for r in recs] == [("gpu", "the hash of older test code"), ("cpu", test.code_hash(cli.ROOT))]
+    assert [(r["mode"], r["code"]) for r in recs] == [("gpu", "the hash of older test code"), ("cpu", gate.code_hash(cli.ROOT))]

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from pytorch_cuda_build import docker_env, matrix, pipeline
+from pytorch_cuda_build import matrix, paths, pipeline
+from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import EnvironmentProblem
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,7 +20,7 @@ ROW = matrix.load(ROOT / "matrix.yaml").images[0]
 
 @pytest.fixture(autouse=True)
 def own_state(monkeypatch, tmp_path):
-    monkeypatch.setattr(pipeline.base, "STATE_DIR", tmp_path / "state")
+    monkeypatch.setattr(paths, "STATE_DIR", tmp_path / "state")
 
 
 class Daemon:
@@ -74,8 +75,8 @@ def test_a_dead_daemon_fails_at_once_while_another_daemon_builds_the_row(monkeyp
     held = [FileLock(str(p)) for p in (pipeline.row_lock_path(ROW, docker_env.daemon_key(Daemon("other"))),
                                        pipeline.results_lock_path(tmp_path, ROW),  # even this checkout's results
                                        pipeline.results_lock_path(other, ROW),
-                                       pipeline.base.STATE_DIR / f"build-{ROW.name}.lock")]  # the lock before this change
-    pipeline.base.STATE_DIR.mkdir(parents=True)
+                                       paths.STATE_DIR / f"build-{ROW.name}.lock")]  # the lock before this change
+    paths.STATE_DIR.mkdir(parents=True)
     for lock in held:
         lock.acquire()
     dead = tmp_path / "dead.sock"
@@ -105,7 +106,7 @@ def test_a_dead_daemon_fails_at_once_while_another_daemon_builds_the_row(monkeyp
 def test_a_build_on_another_daemon_from_another_checkout_does_not_wait(monkeypatch, tmp_path):
     monkeypatch.setattr(pipeline._Row, "engine", lambda self: (Daemon("mine"), None))
     monkeypatch.setattr(pipeline._Row, "run", lambda self, c, bc: pipeline.RowResult(ROW.name, ok=True))
-    pipeline.base.STATE_DIR.mkdir(parents=True)
+    paths.STATE_DIR.mkdir(parents=True)
     held = [FileLock(str(pipeline.row_lock_path(ROW, docker_env.daemon_key(Daemon("other"))))),
             FileLock(str(pipeline.results_lock_path(tmp_path / "other-checkout", ROW)))]
     for lock in held:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytorch_cuda_build import console, errors, pipeline
+from pytorch_cuda_build import console, errors, pipeline, scheduler
 from pytorch_cuda_build.errors import BuildError
 
 ROWS = [SimpleNamespace(name=n, torch="2.7.1", cuda=c, flavor="runtime") for n, c in
@@ -32,18 +32,18 @@ def test_typed_results_come_back_in_row_order_and_failures_are_named():
             return pipeline.RowResult(image.name, False, 1, error=[str(errors.TestFailure("smoke suite", "zero3 FAILED", "smoke.log"))])
         return pipeline.RowResult(image.name, True, seconds={"build": 3.0}, tags=["pytorch-cuda:v2.7"])
     con = quiet()
-    results = pipeline.schedule(ROWS, worker, 2, con, log_path)
+    results = scheduler.schedule(ROWS, worker, 2, con, log_path)
     assert [r.image for r in results] == [r.name for r in ROWS]
     assert [(r.ok, r.exit_code) for r in results] == [(True, 0), (False, 1), (False, 1)]
     assert results[1].error == ["build failed at step [python-env 2/2] RUN pip download; full log: build-results/x/build.log",
                                 "--- last lines of the log ---", "tail"]
-    err = pipeline.failures(results)
+    err = scheduler.failures(results)
     assert err.exit_code == 1 and str(err) == ("2 of 3 rows failed: 2.7.1-cuda12.6-runtime, 2.7.1-cuda12.8-runtime "
                                                "(each row's run.log under build-results/)")
     said = con.err.getvalue()
     assert "==> 2.7.1-cuda12.1-runtime: started (log: build-results/2.7.1-cuda12.1-runtime/run.log)" in said
     assert "==> 2.7.1-cuda12.1-runtime: ok after 0 s" in said and "==> 2.7.1-cuda12.6-runtime: FAILED after 0 s" in said
-    assert pipeline.failures(results[:1]) is None
+    assert scheduler.failures(results[:1]) is None
 
 
 def test_no_more_than_jobs_rows_run_at_once():
@@ -57,7 +57,7 @@ def test_no_more_than_jobs_rows_run_at_once():
         with lock:
             now[0] -= 1
         return pipeline.RowResult(image.name, True)
-    assert all(r.ok for r in pipeline.schedule(ROWS * 2, worker, 2, quiet(), log_path)[:1])
+    assert all(r.ok for r in scheduler.schedule(ROWS * 2, worker, 2, quiet(), log_path)[:1])
     assert most[0] == 2
 
 
@@ -72,7 +72,7 @@ def test_an_interrupt_or_a_bug_stops_the_running_rows_and_goes_up(raised):
         time.sleep(0.2)
         return pipeline.RowResult(image.name, True)
     with pytest.raises(raised):
-        pipeline.schedule(ROWS, worker, 1, quiet(), log_path, stop=lambda: stopped.append(True))
+        scheduler.schedule(ROWS, worker, 1, quiet(), log_path, stop=lambda: stopped.append(True))
     assert stopped == [True]
     assert ROWS[2].name not in ran  # a row not started never starts
 
@@ -97,8 +97,8 @@ else:
 
 def test_row_processes_read_each_childs_json_result(tmp_path):
     (tmp_path / "build.py").write_text(FAKE_CHILD)
-    worker = pipeline.RowProcesses(tmp_path, tmp_path / "matrix.yaml", pipeline.Options(no_test=True, no_cache=True).argv())
-    results = pipeline.schedule(ROWS, worker, 3, quiet(), worker.log_path)
+    worker = scheduler.RowProcesses(tmp_path, tmp_path / "matrix.yaml", pipeline.Options(no_test=True, no_cache=True).argv())
+    results = scheduler.schedule(ROWS, worker, 3, quiet(), worker.log_path)
     assert (results[0].ok, results[0].seconds, results[0].tags, results[0].size_bytes) == (True, {"build": 2.5}, ["t:1"], 5)
     assert (results[1].ok, results[1].exit_code, results[1].error) == (False, 2, ["no disk space for a build"])
     log = tmp_path / "build-results" / ROWS[2].name / "run.log"

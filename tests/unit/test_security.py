@@ -10,10 +10,13 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
-from helpers import ROOT, run_cli
 
-from pytorch_cuda_build import docker_env, matrix, pipeline, publish, security
+from pytorch_cuda_build import matrix, pipeline
+from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import AdvisoryLookupError, VulnerableImage
+from pytorch_cuda_build.stages import publish, security
+
+from helpers import ROOT, run_cli
 
 DATA = ROOT / "tests" / "data" / "security"
 ROW = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")

@@ -6,10 +6,12 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 import pytest
-from helpers import ROOT
 
-from pytorch_cuda_build import matrix, render, resolve
+from pytorch_cuda_build import matrix
 from pytorch_cuda_build.errors import MatrixError, ResolveError
+from pytorch_cuda_build.stages import render, resolve_debian
+
+from helpers import ROOT
 
 LIVE = ("http://deb.debian.org/debian", "http://deb.debian.org/debian-security")
 AT = "20261120T000000Z"
@@ -68,16 +70,16 @@ RELEASE = "Origin: Debian\nSuite: stable-security\nDate: Sat, 14 Nov 2026 00:53:
 def test_an_expired_live_index_is_refused_as_apt_would():
     text = RELEASE.format(valid="Valid-Until: Sat, 21 Nov 2026 00:53:02 UTC\n")
     with pytest.raises(ResolveError, match=r"expired at Sat, 21 Nov 2026 00:53:02 UTC \(Valid-Until\): a stale mirror or a replayed index"):
-        resolve.check_valid_until(text, "http://deb.debian.org/debian-security/dists/bookworm-security/InRelease",
+        resolve_debian.check_valid_until(text, "http://deb.debian.org/debian-security/dists/bookworm-security/InRelease",
                                   snapshot=False, now=NOW)
 
 
 def test_a_current_index_an_index_without_expiry_and_a_snapshot_pass():
-    resolve.check_valid_until(RELEASE.format(valid="Valid-Until: Sat, 28 Nov 2026 00:53:02 UTC\n"), "u", snapshot=False, now=NOW)
-    resolve.check_valid_until(RELEASE.format(valid=""), "u", snapshot=False, now=NOW)  # bookworm main has none
-    resolve.check_valid_until(RELEASE.format(valid="Valid-Until: Sat, 21 Nov 2026 00:53:02 UTC\n"), "u", snapshot=True, now=NOW)
+    resolve_debian.check_valid_until(RELEASE.format(valid="Valid-Until: Sat, 28 Nov 2026 00:53:02 UTC\n"), "u", snapshot=False, now=NOW)
+    resolve_debian.check_valid_until(RELEASE.format(valid=""), "u", snapshot=False, now=NOW)  # bookworm main has none
+    resolve_debian.check_valid_until(RELEASE.format(valid="Valid-Until: Sat, 21 Nov 2026 00:53:02 UTC\n"), "u", snapshot=True, now=NOW)
 
 
 def test_an_unreadable_valid_until_is_an_error_not_a_pass():
     with pytest.raises(ResolveError, match="unreadable Valid-Until"):
-        resolve.check_valid_until(RELEASE.format(valid="Valid-Until: next week\n"), "u", snapshot=False, now=NOW)
+        resolve_debian.check_valid_until(RELEASE.format(valid="Valid-Until: next week\n"), "u", snapshot=False, now=NOW)

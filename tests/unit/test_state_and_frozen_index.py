@@ -7,36 +7,38 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, run_build_py
 
-from pytorch_cuda_build import base, resolve, tag
+from pytorch_cuda_build import paths
 from pytorch_cuda_build.errors import ResolveError
+from pytorch_cuda_build.stages import resolve_pypi, tag
+
+from helpers import ROOT, run_build_py
 
 USER_STATE = Path.home() / ".cache" / "pytorch-cuda"
 
 
 def test_the_session_has_its_own_state_directory():
-    assert base.STATE_DIR == Path(os.environ["PYTORCH_CUDA_STATE"])
-    assert base.STATE_DIR.is_dir() and base.STATE_DIR != USER_STATE
-    assert tag.TESTED.parent == base.STATE_DIR
+    assert paths.STATE_DIR == Path(os.environ["PYTORCH_CUDA_STATE"])
+    assert paths.STATE_DIR.is_dir() and paths.STATE_DIR != USER_STATE
+    assert tag.TESTED.parent == paths.STATE_DIR
 
 
 def test_build_py_inherits_it_and_never_writes_the_users_state(tmp_path):
     """`lock --check` takes the images lock in the state directory; with HOME elsewhere it lands in ours."""
     proc = run_build_py(ROOT, "lock", "--check", env={"HOME": str(tmp_path), "DOCKER_HOST": "unix:///nonexistent"})
     assert proc.returncode == 0, proc.stderr
-    assert any(p.name.startswith("images-") for p in base.STATE_DIR.iterdir()), list(base.STATE_DIR.iterdir())
+    assert any(p.name.startswith("images-") for p in paths.STATE_DIR.iterdir()), list(paths.STATE_DIR.iterdir())
     assert not (tmp_path / ".cache").exists()
 
 
 def test_unset_or_empty_state_means_the_users_cache_never_the_current_directory(tmp_path):
-    """One interpreter re-imports base under each value (STATE_DIR is read at import)."""
+    """One interpreter re-imports paths under each value (STATE_DIR is read at import)."""
     code = (
         "import importlib, os, sys\n"
-        "from pytorch_cuda_build import base\n"
+        "from pytorch_cuda_build import paths\n"
         "for value in sys.argv[1:]:\n"
         "    os.environ.pop('PYTORCH_CUDA_STATE', None) if value == 'UNSET' else os.environ.update(PYTORCH_CUDA_STATE=value)\n"
-        "    print(importlib.reload(base).STATE_DIR)\n"
+        "    print(importlib.reload(paths).STATE_DIR)\n"
     )
     env = {**os.environ, "HOME": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code, "UNSET", "", "~/elsewhere"], capture_output=True, text=True,
@@ -45,17 +47,17 @@ def test_unset_or_empty_state_means_the_users_cache_never_the_current_directory(
 
 
 def test_the_index_is_frozen_for_the_session():
-    assert resolve.frozen_at() == os.environ["PYTORCH_CUDA_EXCLUDE_NEWER"]
+    assert resolve_pypi.frozen_at() == os.environ["PYTORCH_CUDA_EXCLUDE_NEWER"]
 
 
 def test_exclude_newer_reaches_uv_and_is_checked(monkeypatch):
-    monkeypatch.setattr(resolve, "uv_binary", lambda: "uv")
+    monkeypatch.setattr(resolve_pypi, "uv_binary", lambda: "uv")
     image = type("I", (), {"python": "3.11", "index": "https://pypi.org/simple"})()
-    assert resolve._uv_compile(image, "2026-11-22T21:30:00Z")[-2:] == ["--exclude-newer", "2026-11-22T21:30:00Z"]
-    assert "--exclude-newer" not in resolve._uv_compile(image, None)
-    assert resolve.frozen_at("2025-01-31") == "2025-01-31"
-    monkeypatch.delenv(resolve.EXCLUDE_NEWER_ENV)
-    assert resolve.frozen_at() is None
-    monkeypatch.setenv(resolve.EXCLUDE_NEWER_ENV, "last tuesday")
+    assert resolve_pypi._uv_compile(image, "2026-11-22T21:30:00Z")[-2:] == ["--exclude-newer", "2026-11-22T21:30:00Z"]
+    assert "--exclude-newer" not in resolve_pypi._uv_compile(image, None)
+    assert resolve_pypi.frozen_at("2025-01-31") == "2025-01-31"
+    monkeypatch.delenv(resolve_pypi.EXCLUDE_NEWER_ENV)
+    assert resolve_pypi.frozen_at() is None
+    monkeypatch.setenv(resolve_pypi.EXCLUDE_NEWER_ENV, "last tuesday")
     with pytest.raises(ResolveError, match="PYTORCH_CUDA_EXCLUDE_NEWER='last tuesday' is not an ISO 8601"):
-        resolve.frozen_at()
+        resolve_pypi.frozen_at()

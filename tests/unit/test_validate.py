@@ -15,10 +15,13 @@ import certifi
 import filelock
 import pytest
 import requests
-from helpers import ROOT, one_error_line, run_cli
 
-from pytorch_cuda_build import arguments, docker_env, files, pipeline, publish
+from pytorch_cuda_build import arguments, files, pipeline
 from pytorch_cuda_build import validate as stage
+from pytorch_cuda_build.engine import docker_env
+from pytorch_cuda_build.stages import registry
+
+from helpers import ROOT, one_error_line, run_cli
 
 NO_DOCKER = {"DOCKER_HOST": "unix:///nonexistent/docker.sock", "PYTORCH_CUDA_REGISTRY": ""}
 REG = ["--push", "--registry", "127.0.0.1:5000/ml"]
@@ -284,7 +287,7 @@ def test_good_arguments_pass_and_are_completed(monkeypatch, argv, completed):
     assert {k: getattr(args, k) for k in completed} == completed
 
 
-@pytest.mark.parametrize("registry", [None, publish.Registry.parse("127.0.0.1:5000/ml")])
+@pytest.mark.parametrize("registry", [None, registry.Registry.parse("127.0.0.1:5000/ml")])
 def test_a_child_of_all_gets_arguments_that_validate(tmp_path, monkeypatch, registry):
     """--all's rows run as `build.py build ... --result-json F` with the parent's options: those must pass too."""
     monkeypatch.delenv("PYTORCH_CUDA_REGISTRY", raising=False)

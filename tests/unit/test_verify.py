@@ -7,10 +7,13 @@ import json
 import tarfile
 
 import pytest
-from helpers import ROOT
 
-from pytorch_cuda_build import docker_env, matrix, verify
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import ArchiveLayoutError, CommandFailed
+from pytorch_cuda_build.tools import verify
+
+from helpers import ROOT
 
 
 def entry(content="a", mode=0o644, size=1):

@@ -5,9 +5,10 @@ import re
 import subprocess
 
 import yaml
-from helpers import ROOT, venv_tool
 
 from pytorch_cuda_build import cli, matrix
+
+from helpers import ROOT, venv_tool
 
 WORKFLOW = ROOT / ".github" / "workflows" / "images.yml"
 

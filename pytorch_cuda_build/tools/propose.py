@@ -17,9 +17,10 @@ from typing import Callable
 
 from packaging.version import InvalidVersion, Version
 
-from . import resolve
-from .errors import ResolveError
-from .matrix import Image, Matrix
+from ..errors import ResolveError
+from ..matrix import Image, Matrix
+from ..stages import resolve_pypi
+
 
 def stable(version: str) -> Version | None:
     """A final X.Y.Z release (no pre, post, dev or local part), else None: what a row may pin."""
@@ -41,7 +42,7 @@ def index_versions(index: str, project: str, ca_bundle: str | None) -> list[str]
         raise ResolveError(f"cannot list {project} releases at {url}: {getattr(e, 'reason', e)}") from None
     if "versions" not in data:
         raise ResolveError(f"{url} does not serve the PEP 700 JSON API (no 'versions'); cannot propose rows")
-    return released_by(data, resolve.frozen_at())
+    return released_by(data, resolve_pypi.frozen_at())
 
 
 def released_by(data: dict, when: str | None) -> list[str]:
@@ -84,7 +85,7 @@ def candidates(m: Matrix, ca_bundle: str | None, log: Callable[[str], None]) -> 
     for v in new_releases(m, index_versions(template.index, "torch", ca_bundle)):
         log(f"resolving torch {v} with deepspeed {template.deepspeed} from {template.index}")
         probe: Image = dataclasses.replace(template, torch=v, default=False, note=None)
-        facts = resolve.wheel_facts(resolve.compile_lock(probe, ca_bundle))
+        facts = resolve_pypi.wheel_facts(resolve_pypi.compile_lock(probe, ca_bundle))
         out.append({"torch": v, "cuda": facts.torch_cuda, "wheel_cuda": facts.torch_cuda, "cudnn": facts.cudnn,
                     "nccl": facts.nccl, "deepspeed": template.deepspeed,
                     "platform_known": facts.torch_cuda in m.platforms, "index": template.index})

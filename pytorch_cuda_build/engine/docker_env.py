@@ -18,7 +18,8 @@ import docker
 import docker.errors
 import requests
 
-from .errors import DockerRefused, EnvironmentProblem
+from ..errors import DockerRefused, EnvironmentProblem
+from ..matrix import REPRODUCIBLE_EPOCH
 
 ENGINE_SCRIPT = Path(__file__).with_name("engine.sh")
 DOCKER_ENV = "PYTORCH_CUDA_DOCKER"
@@ -289,3 +290,9 @@ def gpu_request(c: docker.DockerClient) -> docker.types.DeviceRequest | None:
 
 def root_dir(c: docker.DockerClient) -> str:
     return c.info().get("DockerRootDir", "/var/lib/docker")
+
+
+def build_env(bc: BuildClient) -> dict[str, str]:
+    """The environment of a build: buildx passes SOURCE_DATE_EPOCH on to BuildKit (20.10's docker
+    build ignores it)."""
+    return {**os.environ, **bc.env, "SOURCE_DATE_EPOCH": str(REPRODUCIBLE_EPOCH)}

@@ -31,9 +31,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import resolve
-from .docker_env import CONTAINER_DNS_ENV, NETWORK_ENV
-from .errors import EnvironmentProblem
+from ..engine.docker_env import CONTAINER_DNS_ENV, NETWORK_ENV
+from ..errors import EnvironmentProblem
+from ..stages import resolve_debian
 
 MIRROR = "http://deb.debian.org/debian"
 SUITE = "trixie"
@@ -102,7 +102,7 @@ class Unpacked:
 
 def unpack(ca_bundle: str | None, log=print) -> Unpacked:
     """The packages at trixie's current versions, unpacked once per set of versions."""
-    debs = resolve.debian_toolkit(MIRROR, SUITE, ("main",), PACKAGES, ca_bundle)
+    debs = resolve_debian.debian_toolkit(MIRROR, SUITE, ("main",), PACKAGES, ca_bundle)
     versions = {d.package: d.version for d in debs}
     key = hashlib.sha256(json.dumps(sorted((d.package, d.sha256) for d in debs)).encode()).hexdigest()[:12]
     root = HOME / "packages" / key
@@ -116,7 +116,7 @@ def unpack(ca_bundle: str | None, log=print) -> Unpacked:
         staging = Path(tmp) / "root"
         for d in debs:
             log(f"engine: {d.package} {d.version} ({d.size / 1e6:.0f} MB) from {MIRROR} {SUITE}")
-            data = resolve.fetch_verified(f"{MIRROR}/{d.filename}", d.sha256, ca_bundle)
+            data = resolve_debian.fetch_verified(f"{MIRROR}/{d.filename}", d.sha256, ca_bundle)
             deb = Path(tmp) / f"{d.package}.deb"
             deb.write_bytes(data)
             subprocess.run(["dpkg-deb", "-x", str(deb), str(staging)], check=True)

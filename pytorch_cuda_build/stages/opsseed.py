@@ -20,9 +20,9 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from . import base
-from .errors import BuildError
-from .matrix import Image
+from .. import paths
+from ..errors import BuildError
+from ..matrix import Image
 
 CONTEXT_DIR = "ops-seed"  # in the build context; the Dockerfile binds it at /opsseed
 KEY_FILE = "ops-cache-key"  # written by opsbuild.py beside the wheel
@@ -30,7 +30,7 @@ TARGET = "ops-dist"
 
 
 def store() -> Path:
-    return base.STATE_DIR / "ops-seed"
+    return paths.STATE_DIR / "ops-seed"
 
 
 def _pointer(image: Image) -> Path:

@@ -15,7 +15,7 @@ stops a publish. With PyPI's live answers as they are today every advisory is UN
 the report lists each for a person to judge, and the gate alone stops none of them.
 
 Debian: the OS's security suite (matrix.yaml `updates`), read as `lock` reads it
-(resolve.debian_index: InRelease checked with gpgv, Packages.xz against its sha256 there),
+(resolve_debian.debian_index: InRelease checked with gpgv, Packages.xz against its sha256 there),
 gives each package's newest version. An
 installed version older by Debian's ordering (epochs, `~`, revisions: python-debian) is
 behind.
@@ -33,10 +33,10 @@ import requests
 import tenacity
 from debian.debian_support import Version
 
-from . import lock, resolve
-from .errors import AdvisoryLookupError, ResolveError, UsageError, VulnerableImage
-from .files import write_atomic
-from .matrix import AptSource, Image
+from ..errors import AdvisoryLookupError, ResolveError, UsageError, VulnerableImage
+from ..files import write_atomic
+from ..matrix import AptSource, Image
+from . import lock, resolve_debian, resolve_pypi
 
 PYPI = "https://pypi.org/pypi"
 # Plain HTTP, as apt uses it: the signed InRelease vouches for the index, not the transport.
@@ -123,7 +123,7 @@ class Online:
 
     def security_index(self, source: AptSource) -> dict[str, str]:
         try:
-            index = resolve.debian_index(source.mirror, source.suite, self.ca_bundle)
+            index = resolve_debian.debian_index(source.mirror, source.suite, self.ca_bundle)
         except ResolveError as e:
             raise AdvisoryLookupError(str(e)) from None
         self._read.add(f"{source.mirror}/dists/{source.suite}/InRelease (signature checked)")
@@ -182,7 +182,7 @@ def python_packages(root: Path, image: Image) -> dict[str, str]:
     """Every Python package the image's lock pins: lock.json's pins and deepspeed.lock's sdists."""
     pins = dict(lock.read(root, image).get("pins", {}))
     sdists = lock.image_dir(root, image) / "deepspeed.lock"
-    return {**pins, **(resolve.pins(sdists.read_text()) if sdists.exists() else {})}
+    return {**pins, **(resolve_pypi.pins(sdists.read_text()) if sdists.exists() else {})}
 
 
 def python_advisories(packages: Iterable[tuple[str, str]], sources: Sources) -> tuple[list[Advisory], list[str]]:
@@ -218,9 +218,9 @@ def _version(package: str, text: str) -> Version:
 
 
 def newest(packages_text: str) -> dict[str, str]:
-    """name -> newest version in a Debian Packages index (resolve.newest_stanzas, as `lock` reads one)."""
+    """name -> newest version in a Debian Packages index (resolve_debian.newest_stanzas, as `lock` reads one)."""
     try:
-        return {name: f["Version"] for name, f in resolve.newest_stanzas(packages_text).items()}
+        return {name: f["Version"] for name, f in resolve_debian.newest_stanzas(packages_text).items()}
     except ValueError as e:
         raise UsageError(f"a Debian index holds a version Debian's ordering cannot read ({e})") from None
 

@@ -25,10 +25,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from . import progress
-from .docker_env import DOCKER_ENV
-from .errors import CommandFailed, PipelineError, UsageError
-from .matrix import Image
+from .. import files, progress
+from ..engine import docker_env
+from ..engine.docker_env import DOCKER_ENV
+from ..errors import CommandFailed, PipelineError, UsageError
+from ..matrix import Image
+from ..stages import build, render, tag
 
 MEASURES = ("size", "cold", "opscache", "rebuild", "rows", "matrix", "banner")
 EMPTIES_CACHE = ("cold", "matrix")  # measured from an empty build cache
@@ -211,7 +213,6 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
 
     yes: the user allowed emptying the daemon's whole build cache (cold, matrix)."""
     check_consent(only, yes)
-    from . import build, files, render
     buildpy = [sys.executable, str(root / "build.py")]
     chosen = {DOCKER_ENV: bc.argv[0]}  # the build.py runs measured here use the same Docker CLI
     row = ["--torch", image.torch, "--cuda", image.cuda]
@@ -317,7 +318,6 @@ def _cold(c, image: Image, root: Path, bc, ca: str | None, cold_runs: int, build
           log, chosen: dict) -> tuple[dict, dict]:
     """Cold builds from an empty build cache: this tool (through build.py, no tests), the naive
     Dockerfile, and the naive Dockerfile that prebuilds the same ops with DS_BUILD_*."""
-    from . import build, render
     r: dict = {}
     r["cold"] = {"ours_s": [], "ours_ops_s": [], "ours_cpu_ops_s": [], "ours_python_env_s": [], "naive_s": [],
                  "naive_ops_s": []}
@@ -372,7 +372,6 @@ def _matrix(c, m, image: Image, root: Path, bc, buildpy: list[str], r: dict, log
     """`--all --jobs N` over the rows of this torch minor, from an empty build cache: wall
     time against the one-row cold build, how busy the machine was, and how many rows ran
     the locked-wheels step themselves (BuildKit should run a step shared by rows once)."""
-    from . import build
     rows = [i for i in m.images if i.torch_minor == image.torch_minor and i.flavor == image.flavor]
     _empty_build_cache(bc)
     log(f"bench: matrix build of {len(rows)} rows ({', '.join(i.name for i in rows)}), --jobs {len(rows)}, empty build cache")
@@ -508,7 +507,6 @@ def parse_only(text: str | None) -> set[str]:
 def run(c, m, image: Image, root: Path, only: set[str], runs: int, cold_runs: int, every: bool, yes: bool,
         docker: str | None, ca: Callable[[], str | None], log) -> str:
     """`build.py bench`: the banner alone, or (every: --full) each measure of `only`; the report as markdown."""
-    from . import build, docker_env, tag
 
     ref = image.refs()[0]
     if tag.current(c, image)[ref] is None:

@@ -18,12 +18,12 @@ import docker
 import docker.errors
 from filelock import FileLock
 
-from .base import STATE_DIR
-from .files import write_atomic
-from .matrix import Image
-from .test import gpus_used
+from .. import paths
+from ..files import write_atomic
+from ..matrix import Image
+from .gate import gpus_used
 
-TESTED = STATE_DIR / "tested.json"
+TESTED = paths.STATE_DIR / "tested.json"
 MODES = ("cpu", "gpu")
 KEEP_PER_ID = 8  # enough for a few test-code versions in both modes; the file stays small
 

@@ -18,27 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from . import lock, opsseed, progress
-from .docker_env import BuildClient
-from .errors import BuildError, EnvironmentProblem, UsageError
-from .matrix import Image
+from .. import progress
+from ..engine import docker_env
+from ..engine.docker_env import BuildClient
+from ..errors import BuildError, EnvironmentProblem, UsageError
+from ..matrix import Image
+from . import lock, opsseed
 
 RUNTIME_PACKAGE = "pytorch_cuda_runtime"
 CONTEXT_FILES = ("requirements.lock", "deepspeed.lock", "toolkit.lock", "manifest.json")
 # A cold build of one row needs the torch layer twice over (layer + extraction) and
 # the wheelhouse; refuse early rather than fail half-way with a full disk.
 MIN_FREE_BYTES = 25 * 1024**3
-# SOURCE_DATE_EPOCH for BuildKit: 2026-01-01T00:00:00Z, one fixed time for every build, never the
-# commit's. rewrite-timestamp clamps only the file times later than it, and a cached layer keeps
-# the times of the build that made it. With the commit's time, a layer cached before the commit
-# was made kept its own times while a cold build of that commit clamped them, so a build with a
-# warm cache (CI's) and a user's cold rebuild of the same commit gave different digests (seen on
-# Docker 26.1.5). Every build after this time clamps alike, cached or not. A recent time leaves
-# most dates that packages ship their files with alone (Debian's timestamp-based .pyc files
-# compare them); 0 would rewrite all. It is also the image config's `created` (docker images'
-# CREATED); the commit's time is the org.opencontainers.image.created label. Changing this value
-# changes the bytes of every image.
-REPRODUCIBLE_EPOCH = 1767225600
 
 
 @dataclass(frozen=True)
@@ -117,12 +108,6 @@ def command(bc: BuildClient, root: Path, image: Image, context: Path, iidfile: P
     return cmd + [str(context)]
 
 
-def build_env(bc: BuildClient) -> dict[str, str]:
-    """The environment of a build: buildx passes SOURCE_DATE_EPOCH on to BuildKit (20.10's docker
-    build ignores it)."""
-    return {**os.environ, **bc.env, "SOURCE_DATE_EPOCH": str(REPRODUCIBLE_EPOCH)}
-
-
 def export_command(bc: BuildClient, root: Path, image: Image, context: Path, dest: Path, ca_bundle: str | None,
                    cache_args: list[str] | tuple[str, ...] = ()) -> list[str]:
     """The ops-dist stage to a host directory: every step is the build's, so all of them are cached."""
@@ -145,7 +130,7 @@ def export_ops(bc: BuildClient, root: Path, image: Image, context: Path, env: di
     dest = opsseed.export_dir()
     try:
         if _stream(export_command(bc, root, image, context, dest, ca_bundle, cache_args), env, log_path, False) != 0:
-            raise BuildError(f"exporting the compiled ops ({opsseed.TARGET}) to {opsseed.store()}", str(log_path), tail(log_path))
+            raise BuildError(f"exporting the compiled ops ({opsseed.TARGET}) to {opsseed.store()}", str(log_path), progress.log_tail(log_path))
         return opsseed.save(dest, image)
     finally:
         shutil.rmtree(dest, ignore_errors=True)
@@ -182,10 +167,10 @@ def run(bc: BuildClient, root: Path, image: Image, log_path: Path, ca_bundle: st
         seeded = opsseed.stage(image, context, use=no_cache and ops_seed)
         iidfile = Path(tmp) / "iid"
         cmd = command(bc, root, image, context, iidfile, src, ca_bundle, no_cache, tag, base_id, cache_args)
-        env = build_env(bc)
+        env = docker_env.build_env(bc)
         rc = _stream(cmd, env, log_path, echo)
         if rc != 0:
-            raise BuildError(failed_step(log_path), str(log_path), tail(log_path))
+            raise BuildError(failed_step(log_path), str(log_path), progress.log_tail(log_path))
         if not seeded:  # a seeded build took the wheel the host has already
             export_ops(bc, root, image, context, env, ca_bundle, cache_args, log_path.with_name("ops-export.log"))
         if getattr(bc, "export", "load") == "oci":
@@ -244,10 +229,6 @@ def failed_step(log_path: Path) -> str:
     if "buildx component is missing" in text:
         return "starting BuildKit (this docker client needs the buildx plugin; use --docker)"
     return "docker build"
-
-
-def tail(log_path: Path, n: int = 25) -> str:
-    return progress.failure_tail(log_path.read_text(errors="replace"), n)
 
 
 def prune(bc: BuildClient, c, repository: str, keep_storage: str) -> int:

@@ -26,21 +26,21 @@ import docker
 import docker.errors
 import requests
 
-from . import docker_env
-from .errors import EnvironmentProblem, TestFailure
-from .matrix import Image
+from ..engine import docker_env
+from ..errors import EnvironmentProblem, TestFailure
+from ..matrix import Image
 
 SMOKE_TIMEOUT_S = int(os.environ.get("PYTORCH_CUDA_SMOKE_TIMEOUT", "2400"))
 STRUCTURE_TIMEOUT_S = 900
 # The structure checks ship with this package and are found from its own location, so an
 # installed tool runs the same checks as a checkout, whatever project it builds.
-CHECKS = Path(__file__).resolve().parent / "checks"
+CHECKS = Path(__file__).resolve().parent.parent / "checks"
 # Where this package lives (a checkout, or site-packages): the parent of pytorch_cuda_build/.
-PACKAGE_HOME = Path(__file__).resolve().parent.parent
+PACKAGE_HOME = Path(__file__).resolve().parents[2]
 # The test code a pass record vouches for: the gate and its checks, read from this package
 # wherever it is installed, and the smoke suite, read from the project. The smoke suite is
 # baked into the image (its ID covers it) but is hashed too.
-TEST_CODE = ("pytorch_cuda_build/test.py", "pytorch_cuda_build/checks", "pytorch_cuda_runtime/smoke")
+TEST_CODE = ("pytorch_cuda_build/stages/gate.py", "pytorch_cuda_build/checks", "pytorch_cuda_runtime/smoke")
 
 
 def code_hash(root: Path, package_home: Path = PACKAGE_HOME) -> str:

@@ -7,10 +7,10 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from . import test
-from .errors import PipelineError, UsageError
+from ..errors import PipelineError, UsageError
+from . import gate
 
-SCRIPT = Path(__file__).resolve().parent.parent / "pytorch_cuda_runtime" / "sbom.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "pytorch_cuda_runtime" / "sbom.py"
 
 
 def generate(c: docker.DockerClient, ref: str) -> dict:
@@ -23,7 +23,7 @@ def generate(c: docker.DockerClient, ref: str) -> dict:
         "exec $p /sbom.py --subject \"$0\"; done; echo 'no python in this image' >&2; exit 3"
     )
     # A throwaway container: removed on every way out, a failed start included.
-    with test.throwaway_container(
+    with gate.throwaway_container(
         c, ref, ["-c", script, ref], "sbom", entrypoint="/bin/sh", user="0",
         volumes={str(SCRIPT): {"bind": "/sbom.py", "mode": "ro"}}, network_disabled=True,
         environment={"PYTORCH_CUDA_NO_BANNER": "1"},

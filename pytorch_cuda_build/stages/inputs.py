@@ -4,19 +4,20 @@ what advisories its locked packages have."""
 from __future__ import annotations
 
 import datetime as dt
-
 from pathlib import Path
 from typing import Callable
 
-from . import base, docker_env, files, lock, render, security, tag
-from .errors import EnvironmentProblem
-from .matrix import Image, Matrix
+from .. import files, paths
+from ..engine import docker_env
+from ..errors import EnvironmentProblem
+from ..matrix import Image, Matrix
+from . import lock, render, security, tag
 
 
 def relock(root: Path, m: Matrix, images: list[Image], upgrade: bool, ca: Callable[[], str | None], log) -> list[str] | None:
     """Re-resolve the stale rows (every row with upgrade) and render them; the pins that moved,
     one line each, or None when every lock was current."""
-    with files.writer_lock(root, base.STATE_DIR):
+    with files.writer_lock(root, paths.STATE_DIR):
         before = {i.name: lock.read(root, i).get("pins", {}) for i in images if (lock.image_dir(root, i) / "lock.json").exists()}
         stale = images if upgrade else [i for i in images if lock.problems(root, i)]
         if not stale:
@@ -52,7 +53,7 @@ def check_security(root: Path, images: list[Image], snapshot: Path | None, ca: C
 
 
 def rerender(root: Path, m: Matrix, log) -> None:
-    with files.writer_lock(root, base.STATE_DIR):
+    with files.writer_lock(root, paths.STATE_DIR):
         render.write(root, m, list(m.images), log=log)
 
 

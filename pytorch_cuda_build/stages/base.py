@@ -21,15 +21,12 @@ import docker
 import docker.errors
 from filelock import FileLock
 
-from . import build, docker_env, render
-from .errors import BuildError, EnvironmentProblem
-from .matrix import Image
-
-# Machine-wide state shared by every run: pass records (tag.TESTED) and the locks that keep
-# two runs off one row. Read once, at import: a caller that wants its own (the test suite
-# does, tests/conftest.py) sets PYTORCH_CUDA_STATE before importing the package. Empty
-# means unset, never the current directory.
-STATE_DIR = Path(os.environ.get("PYTORCH_CUDA_STATE") or Path.home() / ".cache" / "pytorch-cuda").expanduser()
+from .. import paths
+from ..engine import docker_env
+from ..errors import BuildError, EnvironmentProblem
+from ..matrix import REPRODUCIBLE_EPOCH, Image
+from ..progress import log_tail
+from . import render
 
 
 def image_id(c: docker.DockerClient, ref: str) -> str | None:
@@ -48,8 +45,8 @@ def ensure(c: docker.DockerClient, image: Image, log_dir: Path, log=print, *, do
         return found
     if image.os.kind == "registry":
         raise EnvironmentProblem(f"base {ref} is not present locally; pull it first (docker pull {ref})")
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(STATE_DIR / "rootfs.lock")):  # two builds never debootstrap at once
+    paths.STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(paths.STATE_DIR / "rootfs.lock")):  # two builds never debootstrap at once
         return image_id(c, ref) or _rootfs(c, image, ref, log_dir, log, docker_cli)
 
 
@@ -89,7 +86,7 @@ def _debootstrap(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, 
         try:
             cmd = [*root, debootstrap, f"--variant={os_.variant}", os_.suite, str(target), os_.mirror]
             if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
-                raise BuildError("debootstrap of the base rootfs", str(log_path), build.tail(log_path))
+                raise BuildError("debootstrap of the base rootfs", str(log_path), log_tail(log_path))
             # Debootstrap leaves apt lists and caches; they are not part of the base's identity.
             junk = [target / "var/lib/apt/lists", target / "var/cache/apt/archives"]
             subprocess.run([*root, "rm", "-rf", *map(str, junk)], check=True)
@@ -98,7 +95,7 @@ def _debootstrap(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, 
             imp = subprocess.run([docker_cli, "import", "-", ref], stdin=tar.stdout, stdout=out, stderr=subprocess.STDOUT)
             tar.wait()
             if tar.returncode != 0 or imp.returncode != 0:
-                raise BuildError("importing the base rootfs into Docker", str(log_path), build.tail(log_path))
+                raise BuildError("importing the base rootfs into Docker", str(log_path), log_tail(log_path))
         finally:
             if root:  # the tree is root's: the temporary directory's own clean-up cannot remove it
                 subprocess.run([*root, "rm", "-rf", str(target)], check=False)
@@ -124,16 +121,16 @@ def _mmdebstrap(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, l
         cmd = ["mmdebstrap", "--mode=unshare", f"--variant={os_.variant}", "--skip=cleanup/apt/lists",
                "--skip=cleanup/apt/cache", f"--customize-hook={clean}", os_.suite, str(ctx / "rootfs.tar"), os_.mirror]
         # File times and the tar's order fixed: the same tarball from the same mirror state.
-        env = {**os.environ, "SOURCE_DATE_EPOCH": str(build.REPRODUCIBLE_EPOCH)}
+        env = {**os.environ, "SOURCE_DATE_EPOCH": str(REPRODUCIBLE_EPOCH)}
         if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode != 0:
             raise BuildError("mmdebstrap of the base rootfs (as a user: it needs user namespaces and a "
-                             "/etc/subuid range)", str(log_path), build.tail(log_path))
+                             "/etc/subuid range)", str(log_path), log_tail(log_path))
         (ctx / "Dockerfile").write_text("FROM scratch\nADD rootfs.tar /\n")  # ADD unpacks it, owners and modes kept
         argv = [*bc.argv, "--progress=plain", "--tag", ref]
         if "buildx" in bc.argv:
             argv.append("--provenance=false")  # a plain image, as `docker import` gives
         out.flush()
-        if subprocess.run([*argv, str(ctx)], stdout=out, stderr=subprocess.STDOUT, env=build.build_env(bc)).returncode != 0:
-            raise BuildError("loading the base rootfs into Docker (BuildKit)", str(log_path), build.tail(log_path))
+        if subprocess.run([*argv, str(ctx)], stdout=out, stderr=subprocess.STDOUT, env=docker_env.build_env(bc)).returncode != 0:
+            raise BuildError("loading the base rootfs into Docker (BuildKit)", str(log_path), log_tail(log_path))
     log(f"base {ref} ready")
     return c.images.get(ref).id

@@ -17,16 +17,9 @@ base, and a rebuild from the commit has one digest with the publisher's only on 
 """
 from __future__ import annotations
 
-import base64
 import datetime as dt
-import hashlib
-import ipaddress
 import json
-import os
 import re
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -37,180 +30,23 @@ import docker.errors
 import requests
 import tenacity
 
-from . import docker_env, render, security
+from ..engine import docker_env
+from ..errors import EnvironmentProblem, ImmutableTagTaken, PublishError, TagTaken, UsageError
+from ..files import write_atomic
+from ..matrix import Image
+from . import render, security
 from . import tag as tags
-from .errors import EnvironmentProblem, ImmutableTagTaken, PublishError, TagTaken, UsageError
-from .files import write_atomic
-from .matrix import Image
+from .registry import Registry, RegistryAPI, Remote, Transient, credentials
 from .render import LABEL_PREFIX
 
-_LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
-_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"  # the distribution spec's path component
-_ADDRESS = re.compile(rf"^(?P<host>{_LABEL}(?:\.{_LABEL})*|\[[0-9a-fA-F:]+\])(?::(?P<port>[0-9]+))?/(?P<ns>{_PATH}(?:/{_PATH})*)$")
 _PUSHED_DIGEST = re.compile(r"\bdigest: (sha256:[0-9a-f]{64})\b")
 # Push errors worth retrying: the registry or the network hiccuped. Anything else
 # (unauthorized, denied, a malformed name) fails the same way every time.
 _PERMANENT = re.compile(r"unauthori[sz]ed|denied|authentication required|invalid reference|name unknown", re.I)
-USER_ENV, PASSWORD_ENV = "PYTORCH_CUDA_REGISTRY_USER", "PYTORCH_CUDA_REGISTRY_PASSWORD"
 BASE_LABEL = "org.opencontainers.image.base.digest"  # the local image ID of the base the row was built on
-CREATED_LABEL = "org.opencontainers.image.created"  # the source commit's time (not SOURCE_DATE_EPOCH: build.REPRODUCIBLE_EPOCH)
+CREATED_LABEL = "org.opencontainers.image.created"  # the source commit's time (not SOURCE_DATE_EPOCH: matrix.REPRODUCIBLE_EPOCH)
 LOCK_LABEL = f"{LABEL_PREFIX}.lock-sha256"
 _LOCK_HASH = re.compile(r"^[0-9a-f]{64}$")
-
-
-class Transient(Exception):
-    """Worth another attempt: connection refused/reset, 5xx, a push stream error."""
-
-
-@dataclass(frozen=True)
-class Registry:
-    host: str  # as written, with the port: what docker tags and pushes carry
-    namespace: str
-
-    @classmethod
-    def parse(cls, text: str) -> "Registry":
-        m = _ADDRESS.match(text or "")
-        if not m:
-            raise UsageError(f"malformed registry address {text!r}: expected HOST[:PORT]/NAMESPACE, e.g. 127.0.0.1:5000/ml (no scheme, lowercase namespace)")
-        if m["port"] is not None and not 0 < int(m["port"]) < 65536:
-            raise UsageError(f"malformed registry address {text!r}: port {m['port']} is not 1-65535")
-        host = m["host"] + (f":{m['port']}" if m["port"] else "")
-        return cls(host, m["ns"])
-
-    def __str__(self) -> str:
-        return f"{self.host}/{self.namespace}"
-
-    def repository(self, image: Image) -> str:
-        return f"{self.host}/{self.namespace}/{image.repository}"
-
-    @property
-    def loopback(self) -> bool:
-        name = self.host.rsplit(":", 1)[0] if not self.host.startswith("[") else self.host[1:self.host.index("]")]
-        if name == "localhost":
-            return True
-        try:
-            return ipaddress.ip_address(name).is_loopback
-        except ValueError:
-            return False
-
-
-def credentials(reg: Registry) -> dict | None:
-    """From the environment, else the Docker config (docker login). Never printed."""
-    user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
-    if user or password:
-        if not (user and password):
-            raise UsageError(f"set both {USER_ENV} and {PASSWORD_ENV}, or neither")
-        return {"username": user, "password": password}
-    found = docker.auth.resolve_authconfig(docker.auth.load_config(), reg.host) or {}
-    found = {k.lower(): v for k, v in found.items()}
-    if found.get("username") and found.get("password"):
-        return {"username": found["username"], "password": found["password"]}
-    return None
-
-
-@dataclass(frozen=True)
-class Remote:
-    digest: str  # manifest digest: what `pull REPO@DIGEST` takes
-    config: str | None  # config digest: the classic store's image ID
-
-
-class RegistryAPI:
-    """Reads a tag's manifest with skopeo (containers/image: the client of podman and CRI-O),
-    which speaks the distribution API with Basic and Bearer-token auth, TLS and redirects.
-    Pushes go through the Docker daemon (push_one); this is only the read-back. Credentials
-    reach skopeo through a private auth file, never its command line."""
-
-    def __init__(self, reg: Registry, creds: dict | None, ca_bundle: str | None, timeout: float = 30):
-        self.reg, self.creds, self.ca_bundle, self.timeout = reg, creds, ca_bundle, timeout
-        self.binary = shutil.which("skopeo")
-
-    def _missing(self) -> UsageError:
-        return UsageError(f"registry {self.reg.host} needs credentials: `docker login {self.reg.host}` or set {USER_ENV} and {PASSWORD_ENV}")
-
-    def _options(self, tmp: Path) -> list[str]:
-        opts = [f"--tls-verify={'false' if self.reg.loopback else 'true'}"]  # as Docker: loopback is plain HTTP
-        if self.creds:
-            auth = base64.b64encode(f"{self.creds['username']}:{self.creds['password']}".encode()).decode()
-            authfile = tmp / "auth.json"
-            authfile.write_text(json.dumps({"auths": {self.reg.host: {"auth": auth}}}))
-            opts.append(f"--authfile={authfile}")
-        else:
-            opts.append("--no-creds")
-        if self.ca_bundle:
-            (tmp / "certs").mkdir()
-            shutil.copyfile(self.ca_bundle, tmp / "certs" / "ca.crt")
-            opts.append(f"--cert-dir={tmp / 'certs'}")
-        return opts
-
-    def _skopeo(self, *args: str) -> bytes:
-        if not self.binary:
-            raise EnvironmentProblem("skopeo is not installed (the registry read-back uses it): apt-get install skopeo")
-        with tempfile.TemporaryDirectory(prefix="pytorch-cuda-skopeo-") as tmp:
-            cmd = [self.binary, f"--command-timeout={self.timeout:g}s", args[0], "--retry-times=0",
-                   *self._options(Path(tmp)), *args[1:]]
-            # HOME in the scratch directory: skopeo reads no auth or registries.conf of the user's
-            # but the auth file given (containers/image looks in ~/.config/containers, ~/.docker).
-            proc = subprocess.run(cmd, capture_output=True, stdin=subprocess.DEVNULL, env={**os.environ, "HOME": tmp})
-        if proc.returncode == 0:
-            return proc.stdout
-        raise self._failure(proc.stderr.decode(errors="replace"))
-
-    def _failure(self, stderr: str) -> Exception:
-        said, lines = re.findall(r'msg="((?:[^"\\]|\\.)*)"', stderr), stderr.strip().splitlines()
-        msg = said[-1].replace('\\"', '"') if said else (lines[-1] if lines else "no message")
-        msg = re.sub(r'^Error parsing image name "[^"]*": ', "", msg)
-        if _ABSENT.search(msg):
-            return _Absent(msg)
-        if _REFUSED.search(msg):
-            token = " (token)" if "auth token" in msg else ""
-            return UsageError(f"registry {self.reg.host} refused the credentials given{token}: {msg}") if self.creds else self._missing()
-        if _NOT_A_REGISTRY.search(msg):
-            return EnvironmentProblem(f"{self.reg.host} is not a container registry ({msg})")
-        asked = re.search(r'"https?://([^/"]+)', msg)  # the URL that failed: the registry's, or its token service's
-        if _TRANSIENT.search(msg) and ("auth token" in msg or (asked and asked.group(1) != self.reg.host)):
-            return Transient(f"token service of {self.reg.host} unreachable: {msg}")
-        if _TRANSIENT.search(msg):
-            return Transient(f"registry {self.reg.host} unreachable: {msg}")
-        return PublishError(f"skopeo could not read from {self.reg.host}: {msg}")
-
-    def ping(self, image: Image) -> None:
-        """Reachable, a registry, and our credentials good for the image's repository: reading a
-        tag that cannot exist answers "manifest unknown" (None) only when all three hold. The
-        repository is the one we publish to: registries such as Docker Hub deny a pull token for
-        a repository the account cannot see, so a made-up one would fail good credentials."""
-        self._read(f"{self.reg.namespace}/{image.repository}", "pytorch-cuda-ping")
-
-    def _read(self, name: str, tag: str) -> bytes | None:
-        try:
-            return self._skopeo("inspect", "--raw", f"docker://{self.reg.host}/{name}:{tag}")
-        except _Absent:
-            return None
-
-    def manifest(self, image: Image, tag: str, repository: str | None = None) -> Remote | None:
-        """The tag in the row's repository, or in `repository` (the base's) under the same namespace."""
-        name = repository or image.repository
-        raw = self._read(f"{self.reg.namespace}/{name}", tag)
-        if raw is None:
-            return None
-        try:
-            config = (json.loads(raw).get("config") or {}).get("digest")
-        except (ValueError, AttributeError):
-            raise PublishError(f"registry {self.reg.host} served {name}:{tag} as something other than a manifest") from None
-        # The digest of the bytes served: what `docker pull REPO@DIGEST` and the push report.
-        return Remote("sha256:" + hashlib.sha256(raw).hexdigest(), config)
-
-
-class _Absent(Exception):
-    """The registry answered: no such tag (or no such repository yet)."""
-
-
-# skopeo's messages (containers/image errors and the registry's error codes), by what to do.
-_ABSENT = re.compile(r"manifest unknown|name unknown|repository name not known", re.I)
-_REFUSED = re.compile(r"unauthori[sz]ed|authentication required|invalid username/password|denied", re.I)
-_NOT_A_REGISTRY = re.compile(r"V1 container registry|invalid status code from registry 40[0-9]", re.I)
-_TRANSIENT = re.compile(r"connection refused|connection reset|i/o timeout|deadline exceeded|no route to host|EOF|"
-                        r"invalid status code from registry (5\d\d|429)|status(?: code)? (5\d\d|429)|toomanyrequests|"
-                        r"server misbehaving|TLS handshake timeout", re.I)
 
 
 @dataclass

@@ -31,9 +31,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import lock
-from .errors import BundleTooLarge, CommandFailed, EnvironmentProblem, ResolveError, UsageError
-from .matrix import Image
+from ..errors import BundleTooLarge, CommandFailed, EnvironmentProblem, ResolveError, UsageError
+from ..matrix import Image
+from ..stages import lock
 
 LIMIT_MIB = 64
 # What the bundle must not carry: the machine's own torch, Triton and CUDA libraries are

@@ -5,8 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import docker_env
-from .errors import EnvironmentProblem
+from ..engine import docker_env
+from ..errors import EnvironmentProblem
 
 
 def run(root: Path, pytest_args: list[str]) -> int:

@@ -20,8 +20,10 @@ from pathlib import Path
 
 import docker.errors
 
-from . import base, build, docker_env, files
-from .errors import ArchiveLayoutError, CommandFailed
+from .. import files
+from ..engine import docker_env
+from ..errors import ArchiveLayoutError, CommandFailed
+from ..stages import base, build
 
 Entry = tuple  # (type, mode, uid, gid, size, sha256, linkname)
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import jinja2
 
-from . import lock
-from .errors import LockError, RenderError
-from .files import write_all_atomic
-from .matrix import Image, Matrix, minor_of, snapshot_time
+from ..errors import LockError, RenderError
+from ..files import write_all_atomic
+from ..matrix import REPRODUCIBLE_EPOCH, Image, Matrix, minor_of, snapshot_time
+from . import lock, security
 
 LABEL_PREFIX = "io.pytorch-cuda"
 WHEELHOUSE_CACHE_ID = "pytorch-cuda-wheelhouse"
@@ -155,7 +155,6 @@ def _env(root: Path) -> jinja2.Environment:
 
 
 def render_image(root: Path, image: Image) -> dict[str, str]:
-    from .build import REPRODUCIBLE_EPOCH  # here: build imports base, which imports this module
 
     meta = lock.read(root, image)
     try:
@@ -176,9 +175,8 @@ TABLE_FILES = ("README.md", "docs/matrix.md")  # where the one table goes, betwe
 
 
 def matrix_table(root: Path, matrix: Matrix) -> str:
-    """The matrix table of the README and the docs, derived from matrix.yaml (never a second table)."""
-    from . import security  # the last recorded `lock --check-security --record` (images/<image>/security.json)
-
+    """The matrix table of the README and the docs, derived from matrix.yaml (never a second table).
+    Its last column is the last recorded `lock --check-security --record` (images/<image>/security.json)."""
     rows = ["| image | torch | CUDA platform | wheel CUDA | cuDNN | NCCL | DeepSpeed | ops built with | Python | driver >= | aliases "
             "| known vulnerabilities (last check) |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]

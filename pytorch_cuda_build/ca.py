@@ -1,0 +1,38 @@
+"""The CA bundle that builds, lock and publish trust: the one given, else pip's or requests'.
+A corporate TLS proxy needs it passed to BuildKit (as a secret) and to uv."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from .errors import UsageError
+
+
+def default_ca_bundle() -> str | None:
+    """The CA file pip or requests is configured with, if any: corporate proxies need it."""
+    for var in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
+        if os.environ.get(var):
+            return os.environ[var]
+    try:
+        out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        if key.endswith(".cert"):
+            return value.strip("'\"")
+    return None
+
+
+def ca_bundle(given: str | None) -> str | None:
+    """The CA bundle to use (given, else pip's), checked readable now rather than an hour in."""
+    path = given or default_ca_bundle()
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError as e:
+        raise UsageError(f"cannot read CA bundle {path}: {e.strerror}") from None
+    return path

@@ -1,0 +1,11 @@
+"""Where the build tool keeps machine-wide state: below every stage that uses it."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# Machine-wide state shared by every run: pass records (tag.TESTED), the ops seed, and the
+# locks that keep two runs off one row. Read once, at import: a caller that wants its own (the
+# test suite does, tests/conftest.py) sets PYTORCH_CUDA_STATE before importing the package.
+# Empty means unset, never the current directory.
+STATE_DIR = Path(os.environ.get("PYTORCH_CUDA_STATE") or Path.home() / ".cache" / "pytorch-cuda").expanduser()

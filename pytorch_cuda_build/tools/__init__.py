@@ -1,0 +1,1 @@
+"""Commands beside the pipeline: the second engine, verify, bench, propose, the GPU bundle, selftest."""

@@ -1,0 +1,110 @@
+"""The host package's layout (docs/architecture.md): no import cycle, no import hidden in a
+function without its reason beside it, and each layer imports only the layers below it."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT
+
+PACKAGE = "pytorch_cuda_build"
+# Lowest first. A module may import its own layer and the layers below it, never above.
+LAYERS = [
+    ("shared", {"errors", "files", "paths", "matrix", "progress", "console", "ca"}),
+    ("engine", {"engine"}),
+    ("stages", {"stages"}),
+    ("jobs", {"jobs"}),
+    ("row", {"pipeline"}),
+    ("tools", {"tools", "scheduler", "checks"}),
+    ("cli", {"arguments", "validate", "cli", "__init__"}),
+]
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted((ROOT / PACKAGE).rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def _target(node: ast.ImportFrom, name: str, path: Path, known: dict[str, Path]) -> list[str]:
+    """The package's modules an ImportFrom names (a module, or a module's attribute)."""
+    if node.level:
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+        source = ".".join(base + ([node.module] if node.module else []))
+    else:
+        source = node.module or ""
+    if not source.startswith(PACKAGE):
+        return []
+    return [f"{source}.{a.name}" if f"{source}.{a.name}" in known else source for a in node.names]
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> tuple[set[str], list[str]]:
+    """(the package's modules imported at module level, 'file:line' of unexplained imports in functions)."""
+    text = path.read_text()
+    lines = text.splitlines()
+    tree = ast.parse(text)
+    top: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            top.update(_target(node, name, path, known))
+        elif isinstance(node, ast.Import):
+            top.update(a.name for a in node.names if a.name.startswith(PACKAGE))
+    hidden = []
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)) and "#" not in lines[node.lineno - 1]:
+                    hidden.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return top, hidden
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: {t for t in imports(name, path, known)[0] if t in known and t != name} for name, path in known.items()}
+
+
+def test_no_import_cycle(graph):
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycle = path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+
+
+def test_no_import_inside_a_function_without_its_reason_beside_it():
+    known = modules()
+    hidden = [where for name, path in known.items() for where in imports(name, path, known)[1]]
+    assert not hidden, f"imports inside functions with no comment saying why: {hidden}"
+
+
+def layer(module: str) -> int:
+    first = module.split(".")[1] if "." in module else "__init__"
+    return next(i for i, (_, members) in enumerate(LAYERS) if first in members)
+
+
+def test_every_module_has_a_layer(graph):
+    for module in graph:
+        layer(module)  # StopIteration names a module no layer holds
+
+
+def test_each_layer_imports_only_its_own_and_those_below(graph):
+    upward = [f"{m} ({LAYERS[layer(m)][0]}) imports {t} ({LAYERS[layer(t)][0]})"
+              for m, targets in graph.items() for t in sorted(targets) if layer(t) > layer(m)]
+    assert not upward, "\n".join(upward)
