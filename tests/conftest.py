@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
+import subprocess
 import sys
 import tempfile
 import types
@@ -104,6 +106,27 @@ def default_build(docker_client, tmp_path_factory):
     results = tmp_path_factory.mktemp("default-build") / row.name
     shutil.copytree(ROOT / "build-results" / row.name, results, symlinks=True)
     return types.SimpleNamespace(stdout=proc.stdout, stderr=proc.stderr, results=results)
+
+
+@pytest.fixture(scope="session")
+def default_oci_layout(default_build):
+    """The default row's image as an OCI layout (skopeo copy from the daemon, about 3 min), made
+    once per session for the tests that move it to another runtime (Slurm's bundle, Podman).
+    Under /var/tmp and readable by all: Podman's rootless user reads it, and pytest's own
+    temporary root is private to root. Yields (layout, tag)."""
+    from helpers import require, shown
+
+    require(shutil.which("skopeo"), "skopeo missing: engine.sh --with-registry (build.py selftest) installs it")
+    d = Path(tempfile.mkdtemp(prefix="pytorch-cuda-oci-", dir="/var/tmp"))
+    try:
+        proc = subprocess.run(["skopeo", "copy", "--quiet", "docker-daemon:pytorch-cuda:v2.7", f"oci:{d}/layout:v2.7"],
+                              capture_output=True, text=True, timeout=1800)
+        assert proc.returncode == 0, shown(proc)
+        for p in [d, *d.rglob("*")]:
+            p.chmod(p.stat().st_mode | stat.S_IRGRP | stat.S_IROTH | (stat.S_IXGRP | stat.S_IXOTH if p.is_dir() else 0))
+        yield d / "layout", "v2.7"
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

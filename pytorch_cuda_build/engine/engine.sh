@@ -5,7 +5,8 @@
 # Debian's docker.io and start dockerd; anywhere else we stop with a message,
 # because installing an engine is the machine owner's decision, not ours.
 # Also installs debootstrap (local base images), and docker-registry and skopeo (publish
-# tests; publish reads the registry back with skopeo), sudo, mmdebstrap and uidmap (the workflow
+# tests; publish reads the registry back with skopeo), Slurm's daemons, munge, umoci and runc (the
+# Slurm test), podman, sudo, mmdebstrap and uidmap (the workflow
 # replay) when asked with --with-registry.
 #
 # Sourcing this file defines its functions without running anything (the unit tests
@@ -134,6 +135,15 @@ main() {
   if [ "$want_registry" = 1 ] && ! command -v scontrol >/dev/null 2>&1; then need_pkgs+=(slurm-client); fi
   # The sbatch scripts `build.py job` writes are checked with shellcheck.
   if [ "$want_registry" = 1 ] && ! command -v shellcheck >/dev/null 2>&1; then need_pkgs+=(shellcheck); fi
+  # A two-node Slurm cluster runs the generated sbatch script through srun --container (runc),
+  # on a bundle made with umoci (tests/slurm.py, tests/integration/test_slurm.py).
+  if [ "$want_registry" = 1 ] && ! command -v slurmctld >/dev/null 2>&1; then need_pkgs+=(slurmctld); fi
+  if [ "$want_registry" = 1 ] && ! command -v slurmd >/dev/null 2>&1; then need_pkgs+=(slurmd); fi
+  if [ "$want_registry" = 1 ] && ! command -v munged >/dev/null 2>&1; then need_pkgs+=(munge); fi
+  if [ "$want_registry" = 1 ] && ! command -v umoci >/dev/null 2>&1; then need_pkgs+=(umoci); fi
+  if [ "$want_registry" = 1 ] && ! command -v runc >/dev/null 2>&1; then need_pkgs+=(runc); fi
+  # The image under rootless Podman (tests/integration/test_podman.py).
+  if [ "$want_registry" = 1 ] && ! command -v podman >/dev/null 2>&1; then need_pkgs+=(podman); fi
 
   if answers && [ ${#need_pkgs[@]} -eq 0 ]; then check_bridge; return; fi
 

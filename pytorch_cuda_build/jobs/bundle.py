@@ -6,8 +6,8 @@ patch() is the whole change, a pure function over config.json (measured with Slu
 and runc here, ../shared/ENVIRONMENT.md):
 - the `network` namespace goes: the ranks of two nodes must reach each other over the
   node's own network (in a namespace of its own a container has only loopback);
-- the `uts` namespace goes: torchrun and NCCL see the node's hostname, the one the
-  rendezvous address names;
+- the `uts` namespace goes, and with it umoci's `hostname` (runc refuses to set one without
+  it): torchrun and NCCL see the node's hostname, the one the rendezvous address names;
 - /dev/shm becomes a tmpfs of the given size (umoci's default is runc's 64 MiB);
 - the node's /etc/hosts and /etc/resolv.conf, and each --bind directory, are bound at the
   same path, so that node names resolve and a SCRIPT on a shared filesystem is found;
@@ -31,6 +31,7 @@ HOST_FILES = ("/etc/hosts", "/etc/resolv.conf")
 def patch(config: dict, shm_mib: int, binds: tuple[str, ...] = ()) -> dict:
     """config.json with the changes above; the input is left as it was."""
     out = copy.deepcopy(config)
+    out.pop("hostname", None)  # runc refuses to set one without a UTS namespace of the container's own
     linux = out.setdefault("linux", {})
     linux["namespaces"] = [ns for ns in linux.get("namespaces", []) if ns.get("type") not in DROPPED]
     ours = {"/dev/shm", *HOST_FILES, *binds}

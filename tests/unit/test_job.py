@@ -246,7 +246,7 @@ def test_the_cli_writes_the_script_into_a_directory(tmp_path):
 
 # --- the OCI bundle ----------------------------------------------------------------------------
 
-UMOCI_CONFIG = {"ociVersion": "1.0.0", "process": {"user": {"uid": 1000, "gid": 1000}, "cwd": "/workspace",
+UMOCI_CONFIG = {"ociVersion": "1.0.0", "hostname": "umoci-default", "process": {"user": {"uid": 1000, "gid": 1000}, "cwd": "/workspace",
                                                    "env": ["PATH=/opt/venv/bin:/usr/bin", "HOME=/home/user"], "args": ["bash"]},
                 "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
                            {"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["size=65536k"]}],
@@ -256,6 +256,7 @@ UMOCI_CONFIG = {"ociVersion": "1.0.0", "process": {"user": {"uid": 1000, "gid": 
 def test_the_bundle_patch_shares_the_node_network_and_sizes_dev_shm():
     out = bundle.patch(UMOCI_CONFIG, 16 * 1024, ("/shared/work",))
     assert [ns["type"] for ns in out["linux"]["namespaces"]] == ["pid", "ipc", "mount"]
+    assert "hostname" not in out  # runc: "unable to set hostname without a private UTS namespace"
     shm = [m for m in out["mounts"] if m["destination"] == "/dev/shm"]
     assert len(shm) == 1 and shm[0]["type"] == "tmpfs" and "size=16384m" in shm[0]["options"]
     binds = {m["destination"]: m["options"] for m in out["mounts"] if m["type"] == "bind"}
