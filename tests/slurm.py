@@ -30,7 +30,7 @@ from pytorch_cuda_build.jobs.slurm import OCI_CONF  # the oci.conf lines the gen
 # Who may run it: root, with the daemons and tools below (engine.sh --with-registry installs them).
 TOOLS = ("slurmctld", "slurmd", "sbatch", "sinfo", "scontrol", "scancel", "munged", "runc", "umoci", "skopeo", "nsenter", "unshare", "ip",
          "iptables")
-SUBNET = "10.77.0"  # a private /24 of its own, never docker0's
+SUBNETS = [f"10.77.{i}" for i in range(256)]  # a private /24 no interface of this host has, never docker0's
 HOSTS_MARK = "# pytorch-cuda test slurm cluster"
 
 
@@ -40,6 +40,11 @@ def missing_tools() -> list[str]:
 
 def _run(*cmd: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(list(cmd), capture_output=True, text=True, timeout=kw.pop("timeout", 120), check=check, **kw)
+
+
+def _free_subnet() -> str:
+    used = _run("ip", "-4", "-o", "addr", "show").stdout
+    return next(n for n in SUBNETS if f" {n}." not in used)
 
 
 def _free_port() -> int:
@@ -57,7 +62,8 @@ class SlurmCluster:
         self.names = [f"pcb{tag}n{i + 1}" for i in range(nodes)]
         self.netns = [f"pcb-{tag}-{i + 1}" for i in range(nodes)]
         self.bridge = f"pcbs{tag}"[:15]
-        self.addresses = [f"{SUBNET}.{i + 2}" for i in range(nodes)]
+        self.subnet = _free_subnet()
+        self.addresses = [f"{self.subnet}.{i + 2}" for i in range(nodes)]
         self.conf = work / "etc" / "slurm.conf"
         self.munge_dir = Path(f"/run/pcb-munge-{tag}")
         self.procs: list[subprocess.Popen] = []
@@ -80,7 +86,7 @@ class SlurmCluster:
     def _network(self) -> None:
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         self._undo.append(lambda: _run("ip", "link", "del", self.bridge, check=False))
-        _run("ip", "addr", "add", f"{SUBNET}.1/24", "dev", self.bridge)
+        _run("ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
         rule = ["FORWARD", "-i", self.bridge, "-o", self.bridge, "-j", "ACCEPT"]
         _run("iptables", "-I", *rule)
@@ -132,7 +138,7 @@ class SlurmCluster:
         w = self.work
         self.conf.write_text(f"""\
 ClusterName=pcbtest
-SlurmctldHost={socket.gethostname()}({SUBNET}.1)
+SlurmctldHost={socket.gethostname()}({self.subnet}.1)
 SlurmctldPort={_free_port()}
 SlurmdPort={_free_port()}
 AuthType=auth/munge

@@ -205,7 +205,7 @@ def test_cpu_accelerator_ops_are_built_for_the_cpu_baseline(root_host, row):
     """The CPU Adam ops baked into the image, and any op DeepSpeed JIT-builds later, target the
     matrix's CPU baseline, not the build host's CPU (-march=native gives AVX-512 on an AVX-512
     builder, and SIGILL on a node without it). shm_comm takes no -march and carries its own
-    AVX-512 paths by DeepSpeed's design (README, Known limits)."""
+    AVX-512 paths by DeepSpeed's design (docs/limits.md)."""
     ext = "/home/trainer/.cache/torch_extensions/*"
     for op in ("cpu_adam", "fused_adam"):
         cflags = root_host.check_output(f"grep '^cflags' {ext}/{op}/build.ninja")

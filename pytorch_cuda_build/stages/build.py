@@ -241,7 +241,7 @@ def prune(bc: BuildClient, c, repository: str, keep_storage: str) -> int:
     c.images.prune(filters={"dangling": True})
     # Layer records and build-context copies only: BuildKit's LRU would otherwise also drop the
     # cache mounts (wheelhouse, toolkit .debs, compiled ops), and the next build downloads
-    # gigabytes and runs nvcc again. Those stay bounded by the matrix; the README says how to
+    # gigabytes and runs nvcc again. Those stay bounded by the matrix; docs/cli.md (prune) says how to
     # empty them.
     for kind in ("regular", "source.local"):
         subprocess.run([bc.argv[0], "builder", "prune", "--force", "--keep-storage", keep_storage,
