@@ -162,6 +162,14 @@ class Toolkit(_Strict):
         return self
 
 
+# The OS/architecture platforms an image is built for, as BuildKit names them (`--platform`), and
+# the Python platform tag uv resolves each one's wheels for. Not the CUDA platforms (the top-level
+# `platforms:` of matrix.yaml, below), which name the CUDA an image promises the host.
+OS_PLATFORMS = {"linux/amd64": "x86_64-manylinux_2_28", "linux/arm64": "aarch64-manylinux_2_28"}
+OsPlatform = Literal["linux/amd64", "linux/arm64"]
+DEFAULT_OS_PLATFORMS: tuple[str, ...] = ("linux/amd64",)
+
+
 class Platform(_Strict):
     """A CUDA platform an image promises the host: the driver it needs."""
 
@@ -182,6 +190,8 @@ class Defaults(_Strict):
     # DeepSpeed's op builders call them); the build fails if any is missing. No default:
     # matrix.yaml names them, and render passes them on (Dockerfile, labels, manifest.json).
     prebuilt_ops: tuple[str, ...] = Field(min_length=1)
+    # The OS platforms a row is locked (and later built) for; a row may list its own.
+    platforms: tuple[OsPlatform, ...] = Field(DEFAULT_OS_PLATFORMS, min_length=1)
 
 
 class Row(_Strict):
@@ -194,6 +204,7 @@ class Row(_Strict):
     os: str | None = None
     index: str | None = None
     flavors: tuple[Flavor, ...] | None = None
+    platforms: tuple[OsPlatform, ...] | None = None
     default: bool = False
     note: str | None = None
 
@@ -247,6 +258,7 @@ class Image:
     cpu_arch: str = "x86-64-v3"
     toolkit: Toolkit | None = None
     prebuilt_ops: tuple[str, ...] = ()
+    platforms: tuple[str, ...] = DEFAULT_OS_PLATFORMS  # OS platforms, linux/amd64 first where listed
 
     @property
     def cuda_major(self) -> str:
@@ -412,6 +424,11 @@ def _row_problems(spec: MatrixFile, lines: dict) -> list[Problem]:
         if key in seen:
             problems.append(Problem(where, f"duplicate row torch {row.torch} cuda {row.cuda} (first at line {seen[key]})", at))
         seen.setdefault(key, at or 0)
+        listed = spec.defaults.platforms if row.platforms is None else row.platforms
+        if len(set(listed)) != len(listed):
+            problems.append(Problem(where + ".platforms", f"a platform listed twice: {', '.join(listed)}", at))
+        if "linux/amd64" not in listed:
+            problems.append(Problem(where + ".platforms", "linux/amd64 is missing: every row is built for it, other platforms beside it", at))
         if row.default:
             minor = minor_of(row.torch)
             if minor in defaults:
@@ -435,6 +452,7 @@ def _complete(spec: MatrixFile, path: Path) -> Matrix:
                     extra_requirements=spec.defaults.extra_requirements, note=row.note,
                     cpu_arch=spec.defaults.cpu_arch, toolkit=spec.toolkits[major_of(row.wheel_cuda)],
                     prebuilt_ops=spec.defaults.prebuilt_ops,
+                    platforms=tuple(sorted(row.platforms or spec.defaults.platforms, key=list(OS_PLATFORMS).index)),
                 )
             )
     return Matrix(path=path, repository=spec.repository, images=tuple(images), platforms=tuple(spec.platforms))
@@ -459,5 +477,5 @@ def as_json(m: Matrix) -> dict:
         "image": i.name, "torch": i.torch, "torch_minor": i.torch_minor, "cuda": i.cuda,
         "wheel_cuda": i.wheel_cuda, "flavor": i.flavor, "default": i.default,
         "tags": i.tags, "refs": i.refs(), "cudnn": i.cudnn, "nccl": i.nccl, "deepspeed": i.deepspeed,
-        "build_args": f"--torch {i.torch} --cuda {i.cuda} --flavor {i.flavor}",
+        "build_args": f"--torch {i.torch} --cuda {i.cuda} --flavor {i.flavor}", "platforms": list(i.platforms),
     } for i in m.images]}

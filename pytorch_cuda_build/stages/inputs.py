@@ -16,13 +16,14 @@ from . import lock, render, security, tag
 
 def relock(root: Path, m: Matrix, images: list[Image], upgrade: bool, ca: Callable[[], str | None], log) -> list[str] | None:
     """Re-resolve the stale rows (every row with upgrade) and render them; the pins that moved,
-    one line each, or None when every lock was current."""
+    one line each, or None when every lock was current. Without upgrade, a row whose
+    linux/amd64 lock is current keeps it, and only its other platforms are resolved."""
     with files.writer_lock(root, paths.STATE_DIR):
         before = {i.name: lock.read(root, i).get("pins", {}) for i in images if (lock.image_dir(root, i) / "lock.json").exists()}
         stale = images if upgrade else [i for i in images if lock.problems(root, i)]
         if not stale:
             return None
-        lock.write(root, m, stale, ca(), log=log)
+        lock.write(root, m, stale, ca(), log=log, keep_current=not upgrade)
         moved = []
         for i in stale:
             old, new = before.get(i.name, {}), lock.read(root, i)["pins"]

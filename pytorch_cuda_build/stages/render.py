@@ -178,16 +178,17 @@ def matrix_table(root: Path, matrix: Matrix) -> str:
     """The matrix table of the README and the docs, derived from matrix.yaml (never a second table).
     Its last column is the last recorded `lock --check-security --record` (images/<image>/security.json)."""
     rows = ["| image | torch | CUDA platform | wheel CUDA | cuDNN | NCCL | DeepSpeed | ops built with | Python | driver >= | aliases "
-            "| known vulnerabilities (last check) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| locked for | known vulnerabilities (last check) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for i in matrix.images:
         aliases = ", ".join(f"`{t}`" for t in i.tags[1:])
         try:
             toolkit = toolkit_text(i, lock.read(root, i))
         except LockError:
             toolkit = "not locked"
+        arches = ", ".join(p.split("/")[1] for p in i.platforms)
         rows.append(f"| `{i.name}` | {i.torch} | {i.cuda} | {i.wheel_cuda} | {i.cudnn} | {i.nccl} | {i.deepspeed} | "
-                    f"CUDA {toolkit} | {i.python} | {i.driver_min} | {aliases} | {security.checked_cell(root, i)} |")
+                    f"CUDA {toolkit} | {i.python} | {i.driver_min} | {aliases} | {arches} | {security.checked_cell(root, i)} |")
     return "\n".join(rows)
 
 

@@ -17,10 +17,11 @@ from datetime import datetime
 from pathlib import Path
 
 from ..errors import EnvironmentProblem, ResolveError
-from ..matrix import Image
+from ..matrix import OS_PLATFORMS, Image
 
 # Wheels are manylinux_2_28 at most for the torch versions we ship; bookworm has glibc 2.36.
-PYTHON_PLATFORM = "x86_64-manylinux_2_28"
+# matrix.OS_PLATFORMS gives each OS platform's tag; this is linux/amd64's, every row's first.
+PYTHON_PLATFORM = OS_PLATFORMS["linux/amd64"]
 
 # Packages whose pins tell which CUDA stack the torch wheel carries. The CUDA 12
 # wheels are suffixed -cu12; the CUDA 13 ones (through cuda-toolkit) are not.
@@ -75,37 +76,40 @@ def frozen_at(given: str | None = None) -> str | None:
     return value
 
 
-def _uv_compile(image: Image, when: str | None, *extra: str) -> list[str]:
+def _uv_compile(image: Image, when: str | None, *extra: str, platform: str = "linux/amd64") -> list[str]:
     cmd = [
         uv_binary(), "pip", "compile", "-", "--quiet", "--generate-hashes", "--no-header", *extra,
-        "--python-version", image.python, "--python-platform", PYTHON_PLATFORM,
+        "--python-version", image.python, "--python-platform", OS_PLATFORMS[platform],
         "--index-url", image.index, "--no-cache",
     ]
     return [*cmd, "--exclude-newer", when] if when else cmd
 
 
-def _run_uv(image: Image, requirements: str, what: str, exclude_newer: str | None, ca_bundle: str | None, *extra: str) -> str:
-    """`uv pip compile` of `requirements` for the image's platform; stdout, or one ResolveError line."""
+def _run_uv(image: Image, requirements: str, what: str, exclude_newer: str | None, ca_bundle: str | None, *extra: str,
+            platform: str = "linux/amd64") -> str:
+    """`uv pip compile` of `requirements` for one of the image's OS platforms; stdout, or one ResolveError line."""
     env = dict(os.environ)
     if ca_bundle:
         env["SSL_CERT_FILE"] = ca_bundle  # uv ignores pip's config and the system store
     try:
-        proc = subprocess.run(_uv_compile(image, frozen_at(exclude_newer), *extra), input=requirements,
+        proc = subprocess.run(_uv_compile(image, frozen_at(exclude_newer), *extra, platform=platform), input=requirements,
                               capture_output=True, text=True, env=env, timeout=600)
     except subprocess.TimeoutExpired:
         raise ResolveError(f"{image.name}: resolving against {image.index} timed out after 600 s") from None
     if proc.returncode != 0:
-        raise ResolveError(f"{image.name}: cannot resolve {what} from {image.index}: {_first_error_line(proc.stderr)}")
+        where = "" if platform == "linux/amd64" else f" for {platform}"
+        raise ResolveError(f"{image.name}: cannot resolve {what}{where} from {image.index}: {_first_error_line(proc.stderr)}")
     return proc.stdout
 
 
-def compile_lock(image: Image, ca_bundle: str | None, upgrade: bool = False, exclude_newer: str | None = None) -> str:
-    """Hash-pinned requirements for the image's whole Python environment.
+def compile_lock(image: Image, ca_bundle: str | None, upgrade: bool = False, exclude_newer: str | None = None,
+                 platform: str = "linux/amd64") -> str:
+    """Hash-pinned requirements for the image's whole Python environment on one OS platform.
 
     exclude_newer (ISO 8601) ignores files uploaded after it; None reads $PYTORCH_CUDA_EXCLUDE_NEWER.
     """
     reqs = requirements_for(image)
-    return _run_uv(image, "\n".join(reqs) + "\n", " ".join(reqs), exclude_newer, ca_bundle)
+    return _run_uv(image, "\n".join(reqs) + "\n", " ".join(reqs), exclude_newer, ca_bundle, platform=platform)
 
 
 def _first_error_line(stderr: str) -> str:
@@ -146,7 +150,8 @@ def wheel_facts(lock_text: str) -> WheelFacts:
     )
 
 
-def pypi_toolkit(image: Image, wheel_lock: str, ca_bundle: str | None, exclude_newer: str | None = None) -> str:
+def pypi_toolkit(image: Image, wheel_lock: str, ca_bundle: str | None, exclude_newer: str | None = None,
+                 platform: str = "linux/amd64") -> str:
     """Hash-pinned nvcc & co. from `cuda-toolkit[extras]` at the version torch pins, minus what torch already installs.
 
     exclude_newer as for compile_lock.
@@ -156,7 +161,7 @@ def pypi_toolkit(image: Image, wheel_lock: str, ca_bundle: str | None, exclude_n
     if not version:
         raise ResolveError(f"{image.name}: torch {image.torch} pins no cuda-toolkit; a pypi toolkit needs one (use a debian toolkit for this CUDA major)")
     spec = f"cuda-toolkit[{','.join(image.toolkit.extras)}]=={version}"
-    out = _run_uv(image, spec + "\n", spec, exclude_newer, ca_bundle, "--no-annotate")
+    out = _run_uv(image, spec + "\n", spec, exclude_newer, ca_bundle, "--no-annotate", platform=platform)
     blocks = re.split(r"\n(?=\S)", out.strip())
     keep, notes = [], []
     for block in blocks:

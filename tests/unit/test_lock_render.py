@@ -166,3 +166,87 @@ def test_dockerfile_base_default_lists_the_matrix_packages():
 
     default = re.search(r'^ARG APT_PACKAGES="([^"]*)"$', (ROOT / "Dockerfile.base").read_text(), re.M).group(1)
     assert tuple(default.replace("\\\n", "").split(" ")) == DEFAULT.os.packages  # one a line, as render writes it
+
+
+# ---- platforms beside linux/amd64 ------------------------------------------------------
+
+ARM64_ROWS = [i for i in MATRIX.images if "linux/arm64" in i.platforms]
+
+
+def test_the_cuda_13_rows_are_locked_for_arm64_from_the_aarch64_wheels():
+    assert {i.cuda_major for i in ARM64_ROWS} == {"13"} and len(ARM64_ROWS) == 6, [i.name for i in ARM64_ROWS]
+    for image in ARM64_ROWS:
+        d = lock.platform_dir(ROOT, image, "linux/arm64")
+        req = (d / "requirements.lock").read_text()
+        assert "on aarch64-manylinux_2_28" in req.splitlines()[1], req.splitlines()[:2]
+        # read from what the aarch64 torch wheel pins: the row's CUDA, cuDNN and NCCL
+        part = lock.read(ROOT, image)["platforms"]["linux/arm64"]
+        assert part["wheel"] == {"torch": image.torch, "torch_cuda": image.wheel_cuda, "cudnn": image.cudnn,
+                                 "nccl": image.nccl, "deepspeed": image.deepspeed}, part["wheel"]
+        assert "nvidia-cuda-nvcc" in (d / "toolkit.lock").read_text()
+
+
+def test_an_arm64_lock_edited_or_no_longer_listed_is_stale(tmp_path):
+    root = project_copy(tmp_path / "p")
+    image = next(i for i in ARM64_ROWS if i.name == "2.11.0-cuda13.0-runtime")
+    req = lock.platform_dir(root, image, "linux/arm64") / "requirements.lock"
+    req.write_text(req.read_text().replace("tqdm==", "tqdm>="))
+    assert lock.problems(root, image) == [f"{image.name}: linux/arm64's lock files: one was edited or half-written; "
+                                          "run `python build.py lock`"]
+    amd64_only = matrix.load(_without_arm64(root)).by_name(image.name)
+    assert lock.problems(root, amd64_only) == [f"{image.name}: locked for linux/amd64, linux/arm64 but the row lists "
+                                               "linux/amd64; run `python build.py lock`"]
+
+
+def _without_arm64(root):
+    m = root / "matrix.yaml"
+    m.write_text(m.read_text().replace("    platforms: [linux/amd64, linux/arm64]\n", ""))
+    return m
+
+
+def test_a_cpu_only_aarch64_wheel_is_refused_naming_the_index_with_a_cuda_build():
+    image = next(i for i in MATRIX.images if i.torch == "2.10.0")
+    cpu_only = "torch==2.10.0 \\\n    --hash=sha256:" + "0" * 64 + "\nfilelock==3.20.0 \\\n    --hash=sha256:" + "1" * 64 + "\n"
+    with pytest.raises(LockError) as e:
+        lock.platform_facts(image, "linux/arm64", cpu_only)
+    assert str(e.value) == ("2.10.0-cuda12.8-runtime: torch 2.10.0's linux/arm64 wheel from https://pypi.org/simple "
+                            "carries no CUDA (it pins no nvidia-cuda-runtime); PyTorch's index "
+                            "https://download.pytorch.org/whl/cu128 has CUDA linux/arm64 builds: set `index:` on the "
+                            "row to it, or drop linux/arm64 from its platforms")
+
+
+@pytest.mark.network
+def test_lock_refuses_arm64_for_a_row_whose_aarch64_wheel_is_cpu_only(tmp_path):
+    """Real resolution: PyPI's torch 2.10.0 for aarch64 pins no CUDA library. Nothing is written."""
+    from helpers import one_error_line, run_build_py
+
+    root = project_copy(tmp_path / "p")
+    m = root / "matrix.yaml"
+    text = m.read_text()
+    at = text.index("  - torch: 2.10.0\n")
+    end = text.index("    deepspeed: 0.19.8\n", at) + len("    deepspeed: 0.19.8\n")
+    m.write_text(text[:end] + "    platforms: [linux/amd64, linux/arm64]\n" + text[end:])
+    before = tree_snapshot(root / "images")
+    proc = run_build_py(root, "lock", "--torch", "2.10", env={"DOCKER_HOST": "unix:///nonexistent"}, timeout=600)
+    one_error_line(proc, 2, "https://download.pytorch.org/whl/cu128 has CUDA linux/arm64 builds")
+    assert tree_snapshot(root / "images") == before
+
+
+@pytest.mark.network
+def test_the_committed_arm64_lock_of_2_11_resolves_again_to_the_same_files(tmp_path):
+    """Adding linux/arm64 to a row resolves only that platform (the linux/amd64 lock, Debian pins
+    and all, stays as committed), and the frozen index gives the committed files again."""
+    from helpers import run_build_py
+
+    root = project_copy(tmp_path / "p")
+    image = next(i for i in ARM64_ROWS if i.name == "2.11.0-cuda13.0-runtime")
+    d = lock.image_dir(root, image)
+    committed = tree_snapshot(d)
+    shutil.rmtree(d / "linux-arm64")
+    meta = json.loads((d / "lock.json").read_text())
+    del meta["platforms"]
+    (d / "lock.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    proc = run_build_py(root, "lock", "--torch", "2.11", "--cuda", "13.0", env={"DOCKER_HOST": "unix:///nonexistent"},
+                        timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert tree_snapshot(d) == committed

@@ -185,3 +185,19 @@ def test_versions_are_final_releases_written_as_pep_440_writes_them(tmp_path):
     # NVIDIA writes drivers with leading zeros; a torch local version (+cu128) is allowed.
     m = load(tmp_path, VALID.replace('driver_min: "525.60.13"}', 'driver_min: "450.80.02"}', 1).replace("torch: 2.7.1\n    cuda: \"12.6\"", "torch: 2.7.1+cu126\n    cuda: \"12.6\""))
     assert m.images[0].driver_min == "450.80.02" and m.images[1].torch_minor == "2.7"
+
+
+def test_os_platforms_default_to_amd64_and_a_row_may_add_arm64(tmp_path):
+    m = load(tmp_path, VALID.replace("    default: true\n", "    default: true\n    platforms: [linux/arm64, linux/amd64]\n"))
+    assert [i.platforms for i in m.images] == [("linux/amd64", "linux/arm64"), ("linux/amd64",)]  # amd64 first
+    assert matrix.as_json(m)["include"][0]["platforms"] == ["linux/amd64", "linux/arm64"]
+
+
+def test_bad_os_platforms_are_named(tmp_path):
+    lines = problems(tmp_path, VALID.replace("    default: true\n", "    default: true\n    platforms: [linux/s390x]\n"))
+    assert len(lines) == 1 and "rows[0].platforms[0]" in lines[0] and "'linux/arm64'" in lines[0], lines
+    lines = problems(tmp_path, VALID.replace("    default: true\n", "    default: true\n    platforms: [linux/arm64, linux/arm64]\n"))
+    assert any("rows[0].platforms" in ln and "listed twice" in ln for ln in lines), lines
+    assert any("rows[0].platforms" in ln and "linux/amd64 is missing" in ln for ln in lines), lines
+    lines = problems(tmp_path, VALID.replace("    default: true\n", "    default: true\n    platforms: []\n"))
+    assert any("rows[0].platforms" in ln and "linux/amd64 is missing" in ln for ln in lines), lines
