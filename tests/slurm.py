@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import resource
 import shutil
 import socket
 import subprocess
@@ -171,7 +172,10 @@ PartitionName=test Nodes={",".join(self.names)} Default=YES MaxTime=INFINITE Sta
 
     def _spawn(self, cmd: list[str], name: str) -> None:
         log = open(self.work / f"{name}.out", "w") if self.work.exists() else subprocess.DEVNULL
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env(), start_new_session=True)
+        # No core files (slurmstepd can dump one when its step is killed at teardown), and the
+        # daemons' working directory is the cluster's own, never the checkout.
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env(), start_new_session=True,
+                                cwd=self.work, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
         self.procs.append(proc)
 
     def _daemons(self) -> None:
