@@ -60,7 +60,7 @@ class Rootless:
         pw = pwd.getpwnam(self.user)
         self.uid, self.home = pw.pw_uid, Path(pw.pw_dir)
         self.runtime_dir = Path(f"/run/user/{self.uid}")
-        self.runtime_dir.mkdir(parents=True, mode=0o700)
+        self.runtime_dir.mkdir(parents=True, mode=0o700, exist_ok=True)
         os.chown(self.runtime_dir, pw.pw_uid, pw.pw_gid)
         conf = self.home / ".config" / "containers"
         conf.mkdir(parents=True)
