@@ -76,11 +76,14 @@ class Rootless:
                               timeout=timeout, cwd=self.home)
 
     def remove(self) -> None:
-        self.podman("rm", "--all", "--force", timeout=120)
-        self.podman("system", "reset", "--force", timeout=300)  # its layers belong to its subordinate uids
+        """Everything create() made, as far as it got."""
+        if hasattr(self, "runtime_dir"):
+            self.podman("rm", "--all", "--force", timeout=120)
+            self.podman("system", "reset", "--force", timeout=300)  # its layers belong to its subordinate uids
         _root("pkill", "-u", self.user)
         _root("userdel", "--remove", self.user)
-        shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        if hasattr(self, "runtime_dir"):
+            shutil.rmtree(self.runtime_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +91,9 @@ def podman(default_oci_layout):
     require(shutil.which("podman"), "podman missing: engine.sh --with-registry (build.py selftest) installs it")
     require(os.geteuid() == 0, "creating the rootless user needs root")
     layout, tag = default_oci_layout
-    user = Rootless().create()
+    user = Rootless()
     try:
+        user.create()
         t0 = time.monotonic()
         pulled = user.podman("pull", "--quiet", f"oci:{layout}:{tag}", timeout=1800)
         assert pulled.returncode == 0, shown(pulled)
