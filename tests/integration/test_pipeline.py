@@ -260,7 +260,7 @@ def test_no_secret_in_any_layer(built, docker_client):
     """The secret scan over every file of every layer of the tested image: the build's CA bundle
     (a BuildKit secret), private keys, ssh host keys (sshd mode makes them per container) and
     Jupyter tokens; and over its history and config."""
-    from pytorch_cuda_build.pipeline import default_ca_bundle
+    from pytorch_cuda_build.ca import default_ca_bundle
 
     history = json.dumps(docker_client.api.history("pytorch-cuda:v2.7"))
     config = json.dumps(docker_client.images.get("pytorch-cuda:v2.7").attrs["Config"])
