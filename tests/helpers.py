@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import pytest
+import requests
 
 # One copy, shipped with the structure checks that need them too.
 from pytorch_cuda_build.checks.support import run_image, shown  # noqa: F401
@@ -186,22 +187,42 @@ def logs(cid: str) -> str:
     return p.stdout + p.stderr
 
 
-def wait_until(what: str, ready, cid: str | None = None, timeout: float = 120.0):
-    """Poll ready() until it returns something truthy; fail with the container's log if it exits or times out."""
+def wait_until(what: str, ready, cid: str | None = None, timeout: float = 120.0, alive=None):
+    """Poll ready() until it returns something truthy; fail with the container's log if it exits or times out.
+
+    alive: for a container Docker does not run (Podman's), a callable giving (running, log)."""
     import time
+
+    def state() -> tuple[bool, str]:
+        if alive:
+            return alive()
+        running = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", cid],
+                                 capture_output=True, text=True).stdout.strip() == "true"
+        return running, logs(cid)
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = ready()
         if got:
             return got
-        if cid:
-            state = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", cid],
-                                   capture_output=True, text=True).stdout.strip()
-            if state != "true":
-                pytest.fail(f"{what}: the container stopped:\n{logs(cid)[-3000:]}")
+        if cid or alive:
+            running, log = state()
+            if not running:
+                pytest.fail(f"{what}: the container stopped:\n{log[-3000:]}")
         time.sleep(0.5)
-    pytest.fail(f"{what}: not ready after {timeout:.0f} s" + (f":\n{logs(cid)[-3000:]}" if cid else ""))
+    pytest.fail(f"{what}: not ready after {timeout:.0f} s" + (f":\n{state()[1][-3000:]}" if cid or alive else ""))
+
+
+def ssh(key: Path, port: int, *cmd: str, user: str = "trainer", known: Path, extra: tuple[str, ...] = ()):
+    return subprocess.run(["ssh", "-i", str(key), "-p", str(port), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+                           "-o", "StrictHostKeyChecking=accept-new", "-o", f"UserKnownHostsFile={known}",
+                           "-o", "ConnectTimeout=10", *extra, f"{user}@127.0.0.1", *cmd],
+                          capture_output=True, text=True, timeout=120)
+
+
+def jupyter(port: int, token: str | None, path: str = "/api/status", **kw) -> requests.Response:
+    headers = {"Authorization": f"token {token}"} if token else {}
+    return requests.request(kw.pop("method", "GET"), f"http://127.0.0.1:{port}{path}", headers=headers, timeout=30, **kw)
 
 
 def ssh_keypair(directory: Path, name: str = "id_ed25519") -> tuple[Path, str]:

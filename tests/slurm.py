@@ -28,6 +28,8 @@ from pathlib import Path
 
 from pytorch_cuda_build.jobs.slurm import OCI_CONF  # the oci.conf lines the generated script documents
 
+from helpers import free_port
+
 # Who may run it: root, with the daemons and tools below (engine.sh --with-registry installs them).
 TOOLS = ("slurmctld", "slurmd", "sbatch", "sinfo", "scontrol", "scancel", "munged", "runc", "umoci", "skopeo", "nsenter", "unshare", "ip",
          "iptables")
@@ -46,12 +48,6 @@ def _run(*cmd: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
 def _free_subnet() -> str:
     used = _run("ip", "-4", "-o", "addr", "show").stdout
     return next(n for n in SUBNETS if f" {n}." not in used)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SlurmCluster:
@@ -140,8 +136,8 @@ class SlurmCluster:
         self.conf.write_text(f"""\
 ClusterName=pcbtest
 SlurmctldHost={socket.gethostname()}({self.subnet}.1)
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
 AuthType=auth/munge
 AuthInfo=socket={self.munge_dir}/munge.socket
 SlurmUser=root

@@ -13,6 +13,7 @@ Two things are this VM's, not the image's, and are passed as such:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -26,7 +27,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from helpers import free_port, one_error_line, require, shown, ssh_keypair
+from helpers import free_port, jupyter, one_error_line, require, shown, ssh, ssh_keypair, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -150,40 +151,44 @@ def test_sshd_mode_takes_a_key_login(podman, tmp_path):
     user, image = podman
     key, pub = ssh_keypair(tmp_path)
     port = free_port()
-    started = user.podman("run", "-d", "--network", "host", *ULIMITS, "-e", f"SSH_PUBLIC_KEY={pub}", "-e", f"SSH_PORT={port}",
-                          "-e", "SSH_LISTEN=127.0.0.1", image, "sshd")
-    assert started.returncode == 0, shown(started)
-    cid = started.stdout.strip()
-    try:
-        _until(lambda: f"Server listening on 127.0.0.1 port {port}" in user.podman("logs", cid).stderr, user, cid)
-        proc = subprocess.run(["ssh", "-i", str(key), "-p", str(port), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
-                               "-o", "StrictHostKeyChecking=no", "-o", f"UserKnownHostsFile={tmp_path / 'known'}",
-                               "trainer@127.0.0.1", 'python -c "import torch, deepspeed; print(torch.__version__)"'],
-                              capture_output=True, text=True, timeout=120)
+    with detached(user, image, ("-e", f"SSH_PUBLIC_KEY={pub}", "-e", f"SSH_PORT={port}", "-e", "SSH_LISTEN=127.0.0.1"),
+                  "sshd") as alive:
+        wait_until("sshd", lambda: f"Server listening on 127.0.0.1 port {port}" in alive()[1], alive=alive)
+        proc = ssh(key, port, 'python -c "import torch, deepspeed; print(torch.__version__)"', known=tmp_path / "known")
         assert proc.returncode == 0 and proc.stdout.strip().splitlines()[-1] == "2.7.1+cu126", shown(proc)
-    finally:
-        user.podman("rm", "--force", cid)
 
 
 def test_jupyter_mode_serves_with_its_token_only(podman):
     user, image = podman
     token, port = secrets.token_hex(16), free_port()
-    started = user.podman("run", "-d", "--network", "host", *ULIMITS, "-e", f"JUPYTER_TOKEN={token}", image,
-                          "jupyter", "lab", "--ip", "127.0.0.1", "--port", str(port), "--no-browser")
-    assert started.returncode == 0, shown(started)
-    cid = started.stdout.strip()
-    url = f"http://127.0.0.1:{port}/api/status"
 
     def answers() -> bool:
         try:
-            return requests.get(url, timeout=10).status_code in (200, 403)
+            return jupyter(port, None).status_code in (200, 403)
         except requests.ConnectionError:
             return False
-    try:
-        _until(answers, user, cid, timeout=180)
-        assert requests.get(url, timeout=30).status_code == 403
-        ok = requests.get(url, headers={"Authorization": f"token {token}"}, timeout=30)
+    with detached(user, image, ("-e", f"JUPYTER_TOKEN={token}"),
+                  "jupyter", "lab", "--ip", "127.0.0.1", "--port", str(port), "--no-browser") as alive:
+        wait_until("jupyter lab", answers, timeout=180, alive=alive)
+        assert jupyter(port, None).status_code == 403
+        ok = jupyter(port, token)
         assert ok.status_code == 200 and "started" in ok.json(), ok.text
+
+
+@contextlib.contextmanager
+def detached(user: Rootless, image: str, opts: tuple[str, ...], *cmd: str):
+    """`podman run -d` of the entrypoint on host networking; yields alive() -> (running, log) for
+    wait_until, and removes the container whatever happened."""
+    started = user.podman("run", "-d", "--network", "host", *ULIMITS, *opts, image, *cmd)
+    assert started.returncode == 0, shown(started)
+    cid = started.stdout.strip()
+
+    def alive() -> tuple[bool, str]:
+        state = user.podman("inspect", "--format", "{{.State.Running}}", cid).stdout.strip()
+        log = user.podman("logs", cid)
+        return state == "true", log.stdout + log.stderr
+    try:
+        yield alive
     finally:
         user.podman("rm", "--force", cid)
 
@@ -193,18 +198,4 @@ def test_a_bad_key_is_refused_in_one_line_under_podman_too(podman):
     proc = run(user, image, "sshd", opts=("-e", "SSH_PUBLIC_KEY=not a key", "-e", f"SSH_PORT={free_port()}",
                                           "-e", "PYTORCH_CUDA_NO_BANNER=1"))
     one_error_line(proc, 2, "is not an OpenSSH public key", prefix="pytorch-cuda: error: ", only_line=True)
-
-
-def _until(ready, user: Rootless, cid: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if ready():
-            return
-        state = user.podman("inspect", "--format", "{{.State.Status}}", cid).stdout.strip()
-        if state not in ("running", "created", "configured"):
-            log = user.podman("logs", cid)
-            pytest.fail(f"container {state}: {log.stdout[-2000:]}{log.stderr[-2000:]}")
-        time.sleep(1)
-    log = user.podman("logs", cid)
-    pytest.fail(f"not ready after {timeout:.0f} s: {log.stderr[-2000:]}")
 

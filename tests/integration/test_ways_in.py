@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from helpers import default_image, free_port, logs, one_error_line, owned_by_image_user, serving, shown, ssh_keypair, wait_until
+from helpers import default_image, free_port, jupyter, logs, one_error_line, owned_by_image_user, serving, shown, ssh, ssh_keypair, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -46,13 +46,6 @@ IMAGE_ERROR = {"prefix": "pytorch-cuda: error: ", "only_line": True}
 
 
 # ---- ssh --------------------------------------------------------------------------------------
-
-def ssh(key: Path, port: int, *cmd: str, user: str = "trainer", known: Path, extra: tuple[str, ...] = ()):
-    return subprocess.run(["ssh", "-i", str(key), "-p", str(port), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
-                           "-o", "StrictHostKeyChecking=accept-new", "-o", f"UserKnownHostsFile={known}",
-                           "-o", "ConnectTimeout=10", *extra, f"{user}@127.0.0.1", *cmd],
-                          capture_output=True, text=True, timeout=120)
-
 
 def sshd_up(cid: str, port: int) -> None:
     wait_until("sshd", lambda: f"Server listening on 127.0.0.1 port {port}" in logs(cid), cid)
@@ -127,11 +120,6 @@ def test_sshd_without_a_key_or_on_a_taken_port_fails(image, sshd):
 
 
 # ---- JupyterLab -------------------------------------------------------------------------------
-
-def jupyter(port: int, token: str | None, path: str = "/api/status", **kw) -> requests.Response:
-    headers = {"Authorization": f"token {token}"} if token else {}
-    return requests.request(kw.pop("method", "GET"), f"http://127.0.0.1:{port}{path}", headers=headers, timeout=30, **kw)
-
 
 def jupyter_up(cid: str, port: int) -> None:
     def answers():
