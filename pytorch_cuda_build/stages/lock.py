@@ -204,14 +204,16 @@ def render_lock(image: Image, lock_text: str, apt: tuple[dict[str, str], dict[st
         "cuda_toolkit": tk_version,
         "files_sha256": sha256_text(req, ds, tk_text),
     }
-    files = {"requirements.lock": req, "deepspeed.lock": ds, "toolkit.lock": tk_text}
+    return _with_platforms({"requirements.lock": req, "deepspeed.lock": ds, "toolkit.lock": tk_text}, meta, platforms or {})
+
+
+def _with_platforms(files: dict[str, str], meta: dict, platforms: dict[str, dict]) -> dict[str, str]:
+    """files, each other platform's files under its directory, and lock.json vouching for all."""
+    meta = {k: v for k, v in meta.items() if k != "platforms"}
     if platforms:  # only a row that lists more than linux/amd64 has the key: the others' lock.json stays as it was
-        meta["platforms"] = {}
-        for platform, part in sorted(platforms.items()):
-            meta["platforms"][platform] = part["meta"]
-            files.update({f"{platform.replace('/', '-')}/{name}": text for name, text in part["files"].items()})
-    files["lock.json"] = json.dumps(meta, indent=2, sort_keys=True) + "\n"
-    return files
+        meta["platforms"] = {p: part["meta"] for p, part in sorted(platforms.items())}
+        files = {**files, **{f"{p.replace('/', '-')}/{n}": t for p, part in platforms.items() for n, t in part["files"].items()}}
+    return {**files, "lock.json": json.dumps(meta, indent=2, sort_keys=True) + "\n"}
 
 
 def render_platform(image: Image, platform: str, lock_text: str, toolkit: tuple[str, str], deepspeed_lock: str) -> dict:
@@ -261,14 +263,8 @@ def write(root: Path, matrix: Matrix, images: list[Image], ca_bundle: str | None
     for image in images:  # resolve everything first: nothing is written if any row fails
         if keep_current and not amd64_problems(root, image):
             files = {name: (image_dir(root, image) / name).read_text() for name in LOCK_FILES}
-            meta = read(root, image)
             extra = {p: render_platform(image, p, *resolve(image, p), files["deepspeed.lock"]) for p in extra_platforms(image)}
-            meta.pop("platforms", None)
-            if extra:
-                meta["platforms"] = {p: part["meta"] for p, part in sorted(extra.items())}
-                files.update({f"{p.replace('/', '-')}/{n}": t for p, part in extra.items() for n, t in part["files"].items()})
-            files["lock.json"] = json.dumps(meta, indent=2, sort_keys=True) + "\n"
-            rendered.append((image, files))
+            rendered.append((image, _with_platforms(files, read(root, image), extra)))
             continue
         lock_text, toolkit = resolve(image, "linux/amd64")
         ds = _header(image, "sdists built into wheels in the builder stage") + split(lock_text)[1]
