@@ -97,6 +97,16 @@ class SshdFiles(unittest.TestCase):
             sv.prepare_sshd({"SSH_PUBLIC_KEY": "x"}, "/root", "root", 0)
         self.assertIn("non-root", str(e.exception))
 
+    def test_an_sshd_directory_it_cannot_use_is_one_line_about_the_environment(self):
+        """The image makes /var/lib/pytorch-cuda/sshd for uid 1000; elsewhere, or gone, one line and exit 1."""
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d)
+        env = {"SSH_PUBLIC_KEY": a_public_key()[0], "SSH_PORT": str(free_port()), "SSH_LISTEN": "127.0.0.1"}
+        with self.assertRaises(sv.ServiceError) as e:
+            sv.prepare_sshd(env, f"{d}/absent", "trainer", 1000)
+        self.assertEqual(e.exception.code, 1)
+        self.assertIn(f"cannot use {d}/absent", str(e.exception))
+
     def test_a_uid_without_an_account_is_refused_as_the_environment(self):
         # OpenShift's arbitrary uid, Apptainer's or enroot's caller: no /etc/passwd entry.
         uid = 1000700000
