@@ -56,6 +56,15 @@ def _selection(p: argparse.ArgumentParser, required: bool = True) -> None:
                    help="image flavor: runtime (default) or devel (adds the CUDA toolkit)")
 
 
+PLATFORM_CHOICES = (*matrix.OS_PLATFORMS, "all")
+
+
+def _platform(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--platform", choices=PLATFORM_CHOICES, metavar="PLATFORM",
+                   help="linux/amd64, linux/arm64 (emulated on an x86-64 host) or all the row's platforms "
+                        "(default: this host's)")
+
+
 def _flags(p: argparse.ArgumentParser, **helps: str) -> None:
     for name, text in helps.items():
         p.add_argument("--" + name.replace("_", "-"), action="store_true", help=text)
@@ -85,6 +94,7 @@ def parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="build, test and tag one row (the default command), or many with --all")
     _selection(b, required=False)
     b.add_argument("--all", action="store_true", help="every row (of --torch, if given): each built, tested and tagged as on its own")
+    _platform(b)
     b.add_argument("--jobs", type=positive_int, help="with --all: rows built at once (default 1; shared layers are built once)")
     _docker_ca(b, "CA bundle for HTTPS inside the build (default: pip's configured cert)")
     _flags(b, no_test="build only; sets no public tag", retest="test even if this image ID already passed",
@@ -129,6 +139,7 @@ def parser() -> argparse.ArgumentParser:
     t = sub.add_parser("test", help="run the smoke and structure tests against a built image")
     _selection(t)
     t.add_argument("--image", help="image reference or ID to test (default: the row's own tag)")
+    _platform(t)
     t.add_argument("--require-gpu", action="store_true")
 
     vf = sub.add_parser("verify", help="build a row twice without cache and compare the images file by file")

@@ -15,7 +15,7 @@ from . import ca, console, files, jobs, matrix, pipeline, scheduler
 from .arguments import COMMANDS, parser
 from .engine import docker_env
 from .errors import PipelineError
-from .stages import build, inputs, lock, publish, render, sbom
+from .stages import build, inputs, lock, publish, render, sbom, tag
 from .tools import bench, engine_current, gpubundle, propose, selftest, verify
 from .validate import validate
 
@@ -63,8 +63,9 @@ def cmd_build(m: matrix.Matrix, args) -> int:
     images = scheduler.select_rows(m, args.torch, args.cuda, args.flavor) if args.all else [m.select(args.torch, args.cuda, args.flavor)]
     reg = publish.registry(args.registry, args.retries) if args.push else None  # validated: its form was checked
     pipeline.check_inputs(ROOT, m, images)
+    on = pipeline.platforms(images[0], args.platform) if not args.all else images
     if args.dry_run:
-        print(inputs.plan(ROOT, images[0]))
+        print("\n".join(inputs.plan(ROOT, image) for image in on))
         return 0
     if args.cache_from or args.cache_to:  # before an hour of building, like a bad registry address
         build.check_cache_options(docker_env.build_client(args.docker), tuple(args.cache_from), tuple(args.cache_to))
@@ -75,7 +76,8 @@ def cmd_build(m: matrix.Matrix, args) -> int:
         if args.all:
             results = scheduler.build_many(ROOT, m, args.matrix, images, opts, args.jobs, con, ["--quiet"] * args.quiet + ["--verbose"] * args.verbose)
         else:
-            results = [pipeline.recorded(args.result_json, images[0], lambda: pipeline.build_row(ROOT, images[0], opts, con))]
+            results = ([pipeline.recorded(args.result_json, on[0], lambda: pipeline.build_row(ROOT, on[0], opts, con))]
+                       if len(on) == 1 else pipeline.build_platforms(ROOT, on, opts, con))
         con.summary(results, ROOT / "build-results" if args.all else pipeline.results_dir(ROOT, images[0]))
     if reg and not args.all:
         print("\n".join(publish.table(results[0].moves, reg, True)))
@@ -85,10 +87,10 @@ def cmd_build(m: matrix.Matrix, args) -> int:
 
 
 def cmd_test(m: matrix.Matrix, args) -> int:
-    image = m.select(args.torch, args.cuda, args.flavor)
-    ref = args.image or image.refs()[0]
-    image_id, mode = pipeline.test_image(ROOT, image, ref, args.require_gpu, log, matrix_path=args.matrix)
-    print(f"{ref} ({image_id[:19]}) passed the smoke and structure tests ({mode})")
+    for image in pipeline.platforms(m.select(args.torch, args.cuda, args.flavor), args.platform):
+        ref = args.image or tag.refs(image)[-1]  # beside linux/amd64: <row>-<arch>, which names that platform's image
+        image_id, mode = pipeline.test_image(ROOT, image, ref, args.require_gpu, log, matrix_path=args.matrix)
+        print(f"{ref} ({image_id[:19]}, {image.platform}) passed the smoke and structure tests ({mode})")
     return 0
 
 
@@ -115,7 +117,7 @@ def cmd_prune(m: matrix.Matrix, args) -> int:
     c = docker_env.ensure_engine(log)
     removed = build.prune(docker_env.build_client(None), c, m.repository, args.keep_storage)
     print(f"removed {removed} candidate tag(s) and dangling images; build cache bounded to {args.keep_storage}")
-    seeds, freed = build.prune_ops_seed(c, {i.name for i in m.images})  # after the candidates went
+    seeds, freed = build.prune_ops_seed(c, {i.on(p).local_name for i in m.images for p in i.platforms})  # after the candidates went
     print(f"dropped {seeds} ops-seed entr{'y' if seeds == 1 else 'ies'} no image names, {freed / 2**20:.1f} MiB")
     return 0
 

@@ -8,7 +8,7 @@ derives from the `Image` objects made here.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -183,6 +183,9 @@ class Defaults(_Strict):
     # CPU baseline for the compiled DeepSpeed CPU ops (CPUAdam, shm_comm). DeepSpeed would
     # otherwise use the build host's CPU (-march=native, AVX-512 where present).
     cpu_arch: Literal["x86-64-v3", "x86-64-v4"] = "x86-64-v3"
+    # The same for linux/arm64. armv8.2-a runs on every Arm server a GPU is attached to today
+    # (Neoverse N1 and newer, Grace's V2 included); NEON is part of it, SVE is not.
+    cpu_arch_arm64: Literal["armv8.2-a"] = "armv8.2-a"
     index: str = "https://pypi.org/simple"
     flavors: tuple[Flavor, ...] = ("runtime",)
     extra_requirements: tuple[str, ...] = ()
@@ -259,6 +262,26 @@ class Image:
     toolkit: Toolkit | None = None
     prebuilt_ops: tuple[str, ...] = ()
     platforms: tuple[str, ...] = DEFAULT_OS_PLATFORMS  # OS platforms, linux/amd64 first where listed
+    # The one OS platform this Image stands for in a build (`on`); cpu_arch is that platform's.
+    platform: str = "linux/amd64"
+    cpu_arches: tuple[tuple[str, str], ...] = (("linux/amd64", "x86-64-v3"), ("linux/arm64", "armv8.2-a"))
+
+    def on(self, platform: str) -> "Image":
+        """This row built for one of its platforms: its CPU baseline, lock folder and local names follow."""
+        if platform not in self.platforms:
+            raise ValueError(f"{self.name} is not locked for {platform}")
+        return replace(self, platform=platform, cpu_arch=dict(self.cpu_arches)[platform])
+
+    @property
+    def arch(self) -> str:
+        """The platform's architecture as Docker names it: amd64, arm64."""
+        return self.platform.split("/", 1)[1]
+
+    @property
+    def local_name(self) -> str:
+        """The row's name for one platform's local things (candidate tag, results, ops seed): the
+        name itself for linux/amd64, so nothing of an amd64 build moved; `<name>-arm64` otherwise."""
+        return self.name if self.platform == "linux/amd64" else f"{self.name}-{self.arch}"
 
     @property
     def cuda_major(self) -> str:
@@ -450,7 +473,9 @@ def _complete(spec: MatrixFile, path: Path) -> Matrix:
                     os_name=os_name, os=base, index=row.index or spec.defaults.index, flavor=flavor,
                     default=row.default, driver_min=spec.platforms[row.cuda].driver_min,
                     extra_requirements=spec.defaults.extra_requirements, note=row.note,
-                    cpu_arch=spec.defaults.cpu_arch, toolkit=spec.toolkits[major_of(row.wheel_cuda)],
+                    cpu_arch=spec.defaults.cpu_arch,
+                    cpu_arches=(("linux/amd64", spec.defaults.cpu_arch), ("linux/arm64", spec.defaults.cpu_arch_arm64)),
+                    toolkit=spec.toolkits[major_of(row.wheel_cuda)],
                     prebuilt_ops=spec.defaults.prebuilt_ops,
                     platforms=tuple(sorted(row.platforms or spec.defaults.platforms, key=list(OS_PLATFORMS).index)),
                 )

@@ -28,7 +28,9 @@ from .stages import base, build, gate, lock, publish, registry, render, sbom, se
 
 
 def results_dir(root: Path, image: Image) -> Path:
-    return root / "build-results" / image.name
+    """build-results/<image>/, and build-results/<image>/linux-arm64/ for that platform's build."""
+    row = root / "build-results" / image.name
+    return row if image.platform == "linux/amd64" else row / image.platform.replace("/", "-")
 
 
 
@@ -54,7 +56,7 @@ class Options:
 
     def cache_args(self, image: Image) -> list[str]:
         return [a for flag, specs in (("--cache-from", self.cache_from), ("--cache-to", self.cache_to))
-                for spec in specs for a in (flag, spec.replace("{image}", image.name))]
+                for spec in specs for a in (flag, spec.replace("{image}", image.local_name))]
 
     def argv(self) -> list[str]:
         """The same options for a child `build.py build`."""
@@ -79,6 +81,7 @@ class RowResult:
     tags: list[str] = field(default_factory=list)
     size_bytes: int = 0
     image_id: str = ""
+    base_id: str = ""
     error: list[str] = field(default_factory=list)
     moves: list = field(default_factory=list, repr=False)  # publish.Move, in this process only
 
@@ -94,7 +97,7 @@ class RowResult:
     @classmethod
     def from_json(cls, text: str) -> RowResult:
         d = json.loads(text)
-        return cls(**{k: d[k] for k in ("image", "ok", "exit_code", "seconds", "tags", "size_bytes", "image_id", "error") if k in d})
+        return cls(**{k: d[k] for k in ("image", "ok", "exit_code", "seconds", "tags", "size_bytes", "image_id", "base_id", "error") if k in d})
 
 
 def check_inputs(root: Path, m: Matrix, images: list[Image]) -> None:
@@ -106,7 +109,31 @@ def check_inputs(root: Path, m: Matrix, images: list[Image]) -> None:
 # ---- one row -------------------------------------------------------------------
 
 
-def build_row(root: Path, image: Image, opts: Options, console) -> RowResult:
+def platforms(image: Image, wanted: str | None) -> list[Image]:
+    """The row on each platform `--platform` names: this host's by default; `all`: every platform
+    the row lists, this host's first (its build is the quick one, and a failure shows soonest)."""
+    host = docker_env.host_platform()
+    names = sorted(image.platforms, key=lambda p: p != host) if wanted == "all" else [wanted or host]
+    for p in names:
+        if p not in image.platforms:
+            why = (" (linux/arm64 needs torch's aarch64 CUDA wheels: on PyPI from 2.11 on)" if p == "linux/arm64" else "")
+            raise UsageError(f"{image.name} is locked for {', '.join(image.platforms)} only, not {p}{why}; "
+                             f"matrix.yaml's `platforms:` lists a row's platforms")
+    return [image.on(p) for p in names]
+
+
+def build_platforms(root: Path, images: list[Image], opts: Options, console) -> list[RowResult]:
+    """One row on one or more platforms. With several, each is built and tested first and no
+    tag moves until every one has passed; then the others' tags move, this host's last, so
+    that on a store that keeps one platform per tag, the tag names what this host runs."""
+    proven = [build_row(root, image, opts, console, hold_tags=True) for image in images]
+    c = docker_env.ensure_engine(console.log)
+    for image, result in reversed(list(zip(images, proven))):
+        _Row(root, image, opts, console, result).promote(c)
+    return proven
+
+
+def build_row(root: Path, image: Image, opts: Options, console, hold_tags: bool = False) -> RowResult:
     """The row's pipeline: its engine first, so a daemon that does not answer fails at once with
     its own error rather than after waiting on another build; then the rest under two locks. Two
     runs of one row from this checkout would write one build-results/<row>; two on one daemon
@@ -117,18 +144,18 @@ def build_row(root: Path, image: Image, opts: Options, console) -> RowResult:
     tag = f"another build of {image.name} on the daemon at {docker_env.daemon_address()} is running; waiting for it"
     with _held(results_lock_path(root, image), results, console), \
             _held(row_lock_path(image, docker_env.daemon_key(c)), tag, console):
-        return row.run(c, bc)
+        return row.run(c, bc, hold_tags)
 
 
 def row_lock_path(image: Image, daemon: str) -> Path:
     """The lock of a row's candidate tag on one daemon (docker_env.daemon_key)."""
-    return paths.STATE_DIR / f"build-{image.name}-{daemon}.lock"
+    return paths.STATE_DIR / f"build-{image.local_name}-{daemon}.lock"
 
 
 def results_lock_path(root: Path, image: Image) -> Path:
     """The lock of a row's results folder in one checkout."""
     where = hashlib.sha256(str(results_dir(root, image).resolve()).encode()).hexdigest()[:12]
-    return paths.STATE_DIR / f"results-{image.name}-{where}.lock"
+    return paths.STATE_DIR / f"results-{image.local_name}-{where}.lock"
 
 
 @contextlib.contextmanager
@@ -147,10 +174,10 @@ def _held(path: Path, waiting: str, console):
 
 
 class _Row:
-    def __init__(self, root: Path, image: Image, opts: Options, console) -> None:
+    def __init__(self, root: Path, image: Image, opts: Options, console, result: RowResult | None = None) -> None:
         self.root, self.image, self.opts, self.console = root, image, opts, console
         self.results = results_dir(root, image)
-        self.result = RowResult(image.name, ok=False)
+        self.result = result or RowResult(image.local_name, ok=False)
 
     @contextlib.contextmanager
     def stage(self, name: str):
@@ -167,11 +194,14 @@ class _Row:
         """The daemon (it answers) and the client to build with; before any lock is waited on."""
         with self.stage("engine"):
             c = docker_env.ensure_engine(self.console.log)
+            docker_env.ensure_emulation(self.image.platform, self.console.log)
             bc = docker_env.build_client(self.opts.docker)
             build.check_disk(docker_env.root_dir(c))
         return c, bc
 
-    def run(self, c, bc) -> RowResult:
+    def run(self, c, bc, hold_tags: bool = False) -> RowResult:
+        """Build, test, SBOM and vulnerabilities; then tags and publish, unless hold_tags (the
+        caller moves them once every platform of the row has passed: promote)."""
         image, opts, log = self.image, self.opts, self.console.log
         self.results.mkdir(parents=True, exist_ok=True)
         with self.stage("base"):
@@ -190,21 +220,28 @@ class _Row:
             report = security.record(self.root, image, security.sbom_debian(doc), opts.ca_path, log)
         if opts.registry:  # before any tag moves: a refused image keeps its old tags everywhere
             security.refuse_critical(report, opts.allow_vulnerable)
+        self.result.base_id = base_id
+        self.result.ok = True
+        return self.result if hold_tags else self.promote(c)
+
+    def promote(self, c) -> RowResult:
+        image, opts, log = self.image, self.opts, self.console.log
+        image_id = self.result.image_id
         with self.stage("tag"):
             self.result.tags = tag.promote(c, image, image_id)
             c.images.remove(build.candidate_ref(image), noprune=True)
         self.result.size_bytes = c.images.get(image_id).attrs.get("Size", 0)
-        self.write_summary(base_id)
+        self.write_summary(self.result.base_id)
         if opts.registry:
             with self.stage("publish"):
                 self.result.moves = publish_rows(c, [image], opts.registry, True, opts.ca_path, opts.retries,
                                                  log, lambda i: results_dir(self.root, i))
-        self.result.ok = True
         return self.result
 
     def build(self, c, bc, base_id: str) -> str:
         log_path = self.results / "build.log"
-        self.console.log(f"building {self.image.name} with {bc.description} (log: {log_path})")
+        self.console.log(f"building {self.image.name} for {self.image.platform}{' (emulated)' if docker_env.emulated(self.image.platform) else ''} "
+                         f"with {bc.description} (log: {log_path})")
         with self.stage("build"):
             try:
                 return build.run(bc, self.root, self.image, log_path, self.opts.ca_path, self.opts.no_cache,

@@ -39,6 +39,7 @@ NEEDS = [
 # (command, flag, flag, why): the two together contradict each other, or one does nothing.
 CLASHES = [
     ("build", "dry_run", "all", "a dry run prints one row's plan"),
+    ("build", "platform", "all", "--all builds every row for this host's platform; --platform picks one row's platforms"),
     *[("build", "dry_run", other, "a dry run only prints the plan: nothing is built, tested, cached or pushed")
       for other in ("push", "no_test", "retest", "no_cache", "require_gpu", "cache_from", "cache_to")],
     ("build", "no_test", "retest", "--no-test skips the tests that --retest would run again"),
@@ -232,6 +233,8 @@ def _combinations(args: argparse.Namespace) -> None:
             raise UsageError(f"{flag(one)} and {flag(other)} do not go together: {why}")
     if command == "publish" or (command == "build" and args.push):
         publish.registry(args.registry, args.retries or DEFAULTS["retries"])  # its form only: no network
+    if command == "test" and args.image and args.platform == "all":
+        raise UsageError("--image names one image: give its one --platform, not all")
     if command == "publish" and args.all == bool(args.torch):
         raise UsageError("pick the rows: --torch X [--cuda Y] for one, or --all")
     if command == "bench" and args.full:

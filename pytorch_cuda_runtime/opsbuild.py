@@ -44,8 +44,13 @@ def fail(msg):
     sys.exit(f"opsbuild: error: {msg}")
 
 
+# The CPU baselines matrix.yaml may name, each with the SIMD path of DeepSpeed's simd.h it
+# allows: AVX-512 needs x86-64-v4; NEON is part of every AArch64 CPU (SVE is not: Neoverse N1 lacks it).
+SIMD = {"x86-64-v3": "-D__AVX256__", "x86-64-v4": "-D__AVX512__", "armv8.2-a": "-D__NEON__"}
+
+
 def simd_define(cpu_arch):
-    return "-D__AVX512__" if cpu_arch == "x86-64-v4" else "-D__AVX256__"
+    return SIMD[cpu_arch]
 
 
 BUILDERS = ("op_builder/builder.py", "deepspeed/ops/op_builder/builder.py")
@@ -133,6 +138,10 @@ def build_vars(src, ops):
     return {found[op]: "1" for op in ops}
 
 
+# Registers a baseline must not use, as objdump prints them: AVX-512's zmm; SVE's z0-z31 and p0-p15.
+BEYOND = {"x86-64-v3": (r"\bzmm\d", "AVX-512"), "armv8.2-a": (r"\bz\d+\.[bhsdq]\b|\bp\d+/[mz]\b", "SVE")}
+
+
 def check_wheel(wheel, ops, cpu_arch):
     """Every op is in the wheel, recorded as installed for `cuda`; CPUAdam stays in the CPU baseline."""
     with tempfile.TemporaryDirectory() as d, zipfile.ZipFile(wheel) as z:
@@ -156,12 +165,13 @@ def check_wheel(wheel, ops, cpu_arch):
             needed = subprocess.run(["objdump", "-p", str(found[0])], capture_output=True, text=True, check=True).stdout
             if re.search(r"NEEDED\s+libcuda\.so", needed):
                 fail(f"{op} needs the CUDA driver (libcuda.so) to load; it must load on hosts without one")
-        if cpu_arch == "x86-64-v3" and "cpu_adam" in ops:
+        beyond = BEYOND.get(cpu_arch)
+        if beyond and "cpu_adam" in ops:
             dis = subprocess.run(["objdump", "-d", str(sos["cpu_adam"][0])], capture_output=True, text=True, check=True)
             if not dis.stdout.strip():
                 fail("objdump printed nothing for cpu_adam; cannot check its instruction set")
-            if re.search(r"\bzmm\d", dis.stdout):
-                fail(f"CPUAdam contains AVX-512 instructions beyond {cpu_arch}")
+            if re.search(beyond[0], dis.stdout):
+                fail(f"CPUAdam contains {beyond[1]} instructions beyond {cpu_arch}")
         return {op: str(found[0].relative_to(d)) for op, found in sos.items()}, ns.get("torch_info", {})
 
 
@@ -169,7 +179,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="opsbuild.py", description=__doc__)
     p.add_argument("sdist", type=Path)
     p.add_argument("--ops", required=True, help="comma list of DeepSpeed op names")
-    p.add_argument("--cpu-arch", required=True, choices=["x86-64-v3", "x86-64-v4"])
+    p.add_argument("--cpu-arch", required=True, choices=sorted(SIMD))
     p.add_argument("--dist", type=Path, required=True, help="where the wheel and ops-facts.json go")
     p.add_argument("--toolkit", required=True, help="the CUDA toolkit's version, recorded in the facts")
     p.add_argument("--cache", type=Path, help="keep built wheels here, keyed by every input of the compile")

@@ -20,6 +20,7 @@ def pytest_addoption(parser):
     parser.addoption("--image-name", default="2.7.1-cuda12.1-runtime", help="its matrix image name")
     parser.addoption("--root", default=".", help="the project: matrix.yaml and images/<image>/ (default: the current directory)")
     parser.addoption("--matrix", help="matrix file (default: ROOT/matrix.yaml)")
+    parser.addoption("--platform", default="linux/amd64", help="the OS platform the image was built for (its CPU baseline)")
 
 
 def pytest_configure(config):
@@ -34,7 +35,7 @@ def project_root(request) -> Path:
 @pytest.fixture(scope="session")
 def row(request, project_root) -> matrix.Image:
     path = request.config.getoption("--matrix") or project_root / "matrix.yaml"
-    return matrix.load(Path(path)).by_name(request.config.getoption("--image-name"))
+    return matrix.load(Path(path)).by_name(request.config.getoption("--image-name")).on(request.config.getoption("--platform"))
 
 
 @pytest.fixture(scope="session")

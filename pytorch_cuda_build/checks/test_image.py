@@ -6,6 +6,7 @@ with what the installed wheels report, not with what the matrix claims.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 import pytest
@@ -14,6 +15,7 @@ from pytorch_cuda_build.checks.support import run_image, shown
 from pytorch_cuda_build.matrix import REPRODUCIBLE_EPOCH
 from pytorch_cuda_build.stages import render, resolve_pypi
 from pytorch_cuda_runtime import ninjalogs
+from pytorch_cuda_runtime.opsbuild import BEYOND, SIMD
 
 pytestmark = pytest.mark.docker
 
@@ -210,11 +212,12 @@ def test_cpu_accelerator_ops_are_built_for_the_cpu_baseline(root_host, row):
     for op in ("cpu_adam", "fused_adam"):
         cflags = root_host.check_output(f"grep '^cflags' {ext}/{op}/build.ninja")
         assert "-march=native" not in cflags and f"-march={row.cpu_arch}" in cflags, cflags
-        simd = "-D__AVX512__" if row.cpu_arch == "x86-64-v4" else "-D__AVX256__"
+        simd = SIMD[row.cpu_arch]
         assert simd in cflags and "-D__SCALAR__" not in cflags, cflags
-        if row.cpu_arch == "x86-64-v3":
+        if row.cpu_arch in BEYOND:
             dis = root_host.check_output(f"objdump -d {ext}/{op}/{op}.so")
-            assert dis and "%zmm" not in dis, f"{op} has AVX-512 instructions beyond {row.cpu_arch}"
+            pattern, what = BEYOND[row.cpu_arch]
+            assert dis and not re.search(pattern, dis), f"{op} has {what} instructions beyond {row.cpu_arch}"
     # Located without importing deepspeed, whose import logs to stdout.
     package = root_host.check_output("python -c 'import importlib.util as u; print(u.find_spec(\"deepspeed\").submodule_search_locations[0])'")
     builder = root_host.file(f"{package}/ops/op_builder/builder.py").content_string

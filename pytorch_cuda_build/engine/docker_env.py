@@ -128,8 +128,49 @@ def ensure_engine(log=print) -> docker.DockerClient:
     return c
 
 
-def _engine_setup() -> None:
-    proc = subprocess.run(["bash", str(ENGINE_SCRIPT)], capture_output=True, text=True)
+# The host's architecture as uname names it, as Docker names it, and as QEMU's binfmt entry does.
+HOST_PLATFORMS = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}
+QEMU_NAMES = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
+BINFMT = Path("/proc/sys/fs/binfmt_misc")
+
+
+def host_platform() -> str:
+    return HOST_PLATFORMS.get(os.uname().machine, f"linux/{os.uname().machine}")
+
+
+def emulated(platform: str) -> bool:
+    """Whether images of this platform run here through QEMU rather than natively."""
+    return platform != host_platform()
+
+
+def emulation_ready(platform: str, binfmt: Path = BINFMT) -> bool:
+    """QEMU registered for the platform with flag F: the kernel opened the emulator at
+    registration, so it runs in every container and BuildKit step without a copy inside."""
+    try:
+        lines = (binfmt / f"qemu-{QEMU_NAMES[platform]}").read_text().splitlines()
+    except (KeyError, OSError):
+        return False
+    flags = next((line.split(":", 1)[1] for line in lines if line.startswith("flags:")), "")
+    return "enabled" in lines and "F" in flags
+
+
+def ensure_emulation(platform: str, log=print) -> None:
+    """A build or run of another architecture's image needs QEMU registered: as root, engine.sh
+    installs and registers it (Debian); anyone else gets one line saying what to install."""
+    if not emulated(platform) or emulation_ready(platform):
+        return
+    if platform not in QEMU_NAMES:
+        raise EnvironmentProblem(f"{platform} images cannot be built on this {os.uname().machine} host")
+    if os.geteuid() != 0:
+        raise EnvironmentProblem(f"{platform} on this {host_platform()} host needs QEMU registered with binfmt_misc (flag F); "
+                                 "as root: apt-get install qemu-user-static binfmt-support && update-binfmts --enable "
+                                 "(or build on a native host)")
+    log(f"{platform} on a {host_platform()} host: registering QEMU's emulator ({ENGINE_SCRIPT.name} --emulation)")
+    _engine_setup("--emulation", QEMU_NAMES[platform])
+
+
+def _engine_setup(*args: str) -> None:
+    proc = subprocess.run(["bash", str(ENGINE_SCRIPT), *args], capture_output=True, text=True)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["engine setup failed"])[-1]
         raise EnvironmentProblem(last.removeprefix("engine: "))

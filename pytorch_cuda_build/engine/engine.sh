@@ -116,7 +116,43 @@ check_bridge() {
   return 3
 }
 
+# Images for another architecture (build --platform linux/arm64 on an x86-64 host): QEMU's
+# user-mode emulator registered with binfmt_misc. Debian's qemu-user-static registers it with
+# the F flag: the kernel opens the interpreter once, so containers and BuildKit's RUN steps find
+# it without a copy inside. binfmt_misc is not mounted on every machine (a fresh VM here).
+emulation() {
+  local arch=${1:-aarch64}
+  local entry=/proc/sys/fs/binfmt_misc/qemu-$arch
+  if [ -r "$entry" ] && grep -qx enabled "$entry" && grep -q '^flags: .*F' "$entry"; then return; fi
+  if [ "$(id -u)" != 0 ]; then
+    say "QEMU's $arch emulator is not registered with flag F (binfmt_misc); as root: apt-get install qemu-user-static binfmt-support, then update-binfmts --enable"
+    exit 3
+  fi
+  local need=()
+  command -v "qemu-$arch-static" >/dev/null 2>&1 || need+=(qemu-user-static)
+  command -v update-binfmts >/dev/null 2>&1 || need+=(binfmt-support)
+  if [ ${#need[@]} -gt 0 ]; then
+    if ! command -v apt-get >/dev/null 2>&1; then
+      say "need ${need[*]} for $arch emulation but this is not a Debian-like system; register QEMU with binfmt_misc yourself"
+      exit 3
+    fi
+    say "installing ${need[*]} (apt) for $arch emulation"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  fi
+  if [ ! -e /proc/sys/fs/binfmt_misc/register ]; then
+    mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+  fi
+  update-binfmts --enable "qemu-$arch" >/dev/null 2>&1 || update-binfmts --enable
+  if ! { [ -r "$entry" ] && grep -qx enabled "$entry" && grep -q '^flags: .*F' "$entry"; }; then
+    say "registering QEMU's $arch emulator failed: $entry is missing, disabled or lacks flag F"
+    exit 3
+  fi
+  say "QEMU's $arch emulator registered (binfmt_misc, flag F)"
+}
+
 main() {
+  if [ "${1:-}" = "--emulation" ]; then emulation "${2:-aarch64}"; return; fi
   local want_registry=0
   [ "${1:-}" = "--with-registry" ] && want_registry=1
 
@@ -145,7 +181,10 @@ main() {
   # The image under rootless Podman (tests/integration/test_podman.py).
   if [ "$want_registry" = 1 ] && ! command -v podman >/dev/null 2>&1; then need_pkgs+=(podman); fi
 
-  if answers && [ ${#need_pkgs[@]} -eq 0 ]; then check_bridge; return; fi
+  if answers && [ ${#need_pkgs[@]} -eq 0 ]; then
+    if [ "$want_registry" = 1 ] && [ "$(uname -m)" = x86_64 ]; then emulation aarch64; fi
+    check_bridge; return
+  fi
 
   if [ "$(id -u)" != 0 ]; then
     if answers; then
@@ -167,6 +206,9 @@ main() {
     # The registry package must not start a service: we run it ourselves on 127.0.0.1.
     apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" iptables >/dev/null
   fi
+
+  # The test suite builds and starts the arm64 base (tests/integration/test_arm64.py).
+  if [ "$want_registry" = 1 ] && [ "$(uname -m)" = x86_64 ]; then emulation aarch64; fi
 
   if answers; then check_bridge; return; fi
 

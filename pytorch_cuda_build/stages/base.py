@@ -80,22 +80,39 @@ def _debootstrap(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, 
     os_ = image.os
     log_path = log_dir / "rootfs.log"
     via = " (through sudo)" if root else ""
-    log(f"building base {ref}: debootstrap --variant={os_.variant} {os_.suite} {os_.mirror}{via} (log: {log_path})")
+    # Another architecture's second stage runs its own binaries in the chroot, through QEMU.
+    arch = [] if image.platform == "linux/amd64" else [f"--arch={image.arch}"]
+    if arch:
+        _buildkit(docker_cli)  # it loads the tree: checked before minutes of debootstrap
+    log(f"building base {ref}: debootstrap {' '.join(arch + [f'--variant={os_.variant}'])} {os_.suite} {os_.mirror}{via} "
+        f"(log: {log_path})")
     with tempfile.TemporaryDirectory(prefix="pytorch-cuda-rootfs-") as tmp, open(log_path, "w") as out:
         target = Path(tmp) / "rootfs"
         try:
-            cmd = [*root, debootstrap, f"--variant={os_.variant}", os_.suite, str(target), os_.mirror]
+            cmd = [*root, debootstrap, *arch, f"--variant={os_.variant}", os_.suite, str(target), os_.mirror]
             if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
                 raise BuildError("debootstrap of the base rootfs", str(log_path), log_tail(log_path))
             # Debootstrap leaves apt lists and caches; they are not part of the base's identity.
             junk = [target / "var/lib/apt/lists", target / "var/cache/apt/archives"]
             subprocess.run([*root, "rm", "-rf", *map(str, junk)], check=True)
             subprocess.run([*root, "mkdir", "-p", *(str(j / "partial") for j in junk)], check=True)
-            tar = subprocess.Popen([*root, "tar", "--numeric-owner", "-C", str(target), "-c", "."], stdout=subprocess.PIPE)
-            imp = subprocess.run([docker_cli, "import", "-", ref], stdin=tar.stdout, stdout=out, stderr=subprocess.STDOUT)
-            tar.wait()
-            if tar.returncode != 0 or imp.returncode != 0:
-                raise BuildError("importing the base rootfs into Docker", str(log_path), log_tail(log_path))
+            tar_cmd = [*root, "tar", "--numeric-owner", "-C", str(target), "-c", "."]
+            if image.platform == "linux/amd64":
+                tar = subprocess.Popen(tar_cmd, stdout=subprocess.PIPE)
+                imp = subprocess.run([docker_cli, "import", "-", ref], stdin=tar.stdout, stdout=out, stderr=subprocess.STDOUT)
+                tar.wait()
+                if tar.returncode != 0 or imp.returncode != 0:
+                    raise BuildError("importing the base rootfs into Docker", str(log_path), log_tail(log_path))
+            else:
+                # `docker import --platform` records amd64 on Docker 20.10 whatever it is told: BuildKit
+                # loads the tree instead, as the image of the platform it builds for.
+                ctx = Path(tmp) / "context"
+                ctx.mkdir()
+                with open(ctx / "rootfs.tar", "wb") as tarball:
+                    if subprocess.run(tar_cmd, stdout=tarball, stderr=out).returncode != 0:
+                        raise BuildError("packing the base rootfs", str(log_path), log_tail(log_path))
+                out.flush()
+                _load(docker_cli, ctx, ref, image.platform, out, log_path)
         finally:
             if root:  # the tree is root's: the temporary directory's own clean-up cannot remove it
                 subprocess.run([*root, "rm", "-rf", str(target)], check=False)
@@ -103,34 +120,45 @@ def _debootstrap(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, 
     return c.images.get(ref).id
 
 
-def _mmdebstrap(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, log, docker_cli: str) -> str:
-    """The rootfs as an unprivileged user: mmdebstrap in a user namespace, loaded by BuildKit."""
+def _buildkit(docker_cli: str) -> docker_env.BuildClient:
     bc = docker_env.probe(docker_cli)
     if bc is None:
         raise EnvironmentProblem(f"{docker_cli} has no BuildKit (buildx) to load the base rootfs with")
+    return bc
+
+
+def _load(docker_cli: str, ctx: Path, ref: str, platform: str, out, log_path: Path) -> None:
+    """ctx/rootfs.tar into the engine as ref, an image of platform, with BuildKit (FROM scratch, ADD)."""
+    bc = _buildkit(docker_cli)
+    (ctx / "Dockerfile").write_text("FROM scratch\nADD rootfs.tar /\n")  # ADD unpacks it, owners and modes kept
+    argv = [*bc.argv, "--progress=plain", "--platform", platform, "--tag", ref]
+    if "buildx" in bc.argv:
+        argv.append("--provenance=false")  # a plain image, as `docker import` gives
+    if subprocess.run([*argv, str(ctx)], stdout=out, stderr=subprocess.STDOUT, env=docker_env.build_env(bc)).returncode != 0:
+        raise BuildError("loading the base rootfs into Docker (BuildKit)", str(log_path), log_tail(log_path))
+
+
+def _mmdebstrap(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, log, docker_cli: str) -> str:
+    """The rootfs as an unprivileged user: mmdebstrap in a user namespace, loaded by BuildKit."""
+    _buildkit(docker_cli)  # before minutes of mmdebstrap
     os_ = image.os
     log_path = log_dir / "rootfs.log"
-    log(f"building base {ref}: mmdebstrap --mode=unshare --variant={os_.variant} {os_.suite} {os_.mirror} "
-        f"(no root; log: {log_path})")
+    log(f"building base {ref}: mmdebstrap --mode=unshare --arch={image.arch} --variant={os_.variant} {os_.suite} "
+        f"{os_.mirror} (no root; log: {log_path})")
     with tempfile.TemporaryDirectory(prefix="pytorch-cuda-rootfs-") as tmp, open(log_path, "w") as out:
         ctx = Path(tmp)
         # Like the debootstrap path: no apt lists, caches or their lock files in the base.
         # mmdebstrap's own clean-up runs after this hook and leaves the lock files: skipped.
         clean = 'rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/archives/* "$1"/var/cache/apt/*.bin; ' \
                 'mkdir -p "$1"/var/lib/apt/lists/partial "$1"/var/cache/apt/archives/partial'
-        cmd = ["mmdebstrap", "--mode=unshare", f"--variant={os_.variant}", "--skip=cleanup/apt/lists",
+        cmd = ["mmdebstrap", "--mode=unshare", f"--arch={image.arch}", f"--variant={os_.variant}", "--skip=cleanup/apt/lists",
                "--skip=cleanup/apt/cache", f"--customize-hook={clean}", os_.suite, str(ctx / "rootfs.tar"), os_.mirror]
         # File times and the tar's order fixed: the same tarball from the same mirror state.
         env = {**os.environ, "SOURCE_DATE_EPOCH": str(REPRODUCIBLE_EPOCH)}
         if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode != 0:
             raise BuildError("mmdebstrap of the base rootfs (as a user: it needs user namespaces and a "
                              "/etc/subuid range)", str(log_path), log_tail(log_path))
-        (ctx / "Dockerfile").write_text("FROM scratch\nADD rootfs.tar /\n")  # ADD unpacks it, owners and modes kept
-        argv = [*bc.argv, "--progress=plain", "--tag", ref]
-        if "buildx" in bc.argv:
-            argv.append("--provenance=false")  # a plain image, as `docker import` gives
         out.flush()
-        if subprocess.run([*argv, str(ctx)], stdout=out, stderr=subprocess.STDOUT, env=docker_env.build_env(bc)).returncode != 0:
-            raise BuildError("loading the base rootfs into Docker (BuildKit)", str(log_path), log_tail(log_path))
+        _load(docker_cli, ctx, ref, image.platform, out, log_path)
     log(f"base {ref} ready")
     return c.images.get(ref).id

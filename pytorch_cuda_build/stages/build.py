@@ -27,6 +27,7 @@ from . import lock, opsseed
 
 RUNTIME_PACKAGE = "pytorch_cuda_runtime"
 CONTEXT_FILES = ("requirements.lock", "deepspeed.lock", "toolkit.lock", "manifest.json")
+PLATFORM_FILES = ("requirements.lock", "toolkit.lock")  # a platform's own, from images/<image>/linux-arm64/
 # A cold build of one row needs the torch layer twice over (layer + extraction) and
 # the wheelhouse; refuse early rather than fail half-way with a full disk.
 MIN_FREE_BYTES = 25 * 1024**3
@@ -56,14 +57,21 @@ def source(root: Path) -> Source:
 
 
 def candidate_ref(image: Image) -> str:
-    return f"{image.repository}-candidate:{image.name}"
+    return f"{image.repository}-candidate:{image.local_name}"
+
+
+def dockerfile(root: Path, image: Image) -> Path:
+    return lock.build_dir(root, image) / "Dockerfile"
 
 
 def stage_context(root: Path, image: Image, dest: Path) -> None:
-    src = lock.image_dir(root, image)
+    """The lock files of image.platform (the platform's folder has its own wheels) and the row's
+    DeepSpeed lock and manifest, under the names the Dockerfile copies."""
     for name in CONTEXT_FILES:
+        src = lock.build_dir(root, image) if name in PLATFORM_FILES else lock.image_dir(root, image)
         if not (src / name).exists():
-            raise BuildError(f"staging the build context (images/{image.name}/{name} missing; run lock and render)", str(src))
+            where = src.relative_to(root) if src.is_relative_to(root) else src
+            raise BuildError(f"staging the build context ({where}/{name} missing; run lock and render)", str(src))
         shutil.copy2(src / name, dest / name)
     shutil.copytree(
         root / RUNTIME_PACKAGE, dest / RUNTIME_PACKAGE, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "tests")
@@ -89,8 +97,8 @@ def check_disk(docker_root: str) -> None:
 def command(bc: BuildClient, root: Path, image: Image, context: Path, iidfile: Path, src: Source,
             ca_bundle: str | None, no_cache: bool, tag: str | None = None, base_id: str | None = None,
             cache_args: list[str] | tuple[str, ...] = ()) -> list[str]:
-    cmd = [*bc.argv, f"--progress={getattr(bc, 'progress', progress.PLAIN)}", "--file", str(lock.image_dir(root, image) / "Dockerfile"),
-           "--target", image.flavor, "--iidfile", str(iidfile), "--tag", tag or candidate_ref(image),
+    cmd = [*bc.argv, f"--progress={getattr(bc, 'progress', progress.PLAIN)}", "--file", str(dockerfile(root, image)),
+           *platform_args(image), "--target", image.flavor, "--iidfile", str(iidfile), "--tag", tag or candidate_ref(image),
            "--label", f"org.opencontainers.image.revision={src.revision}",
            "--label", f"org.opencontainers.image.created={src.created}"]
     if base_id:  # a locally built rootfs is identified by its recipe (in the lock) and this ID
@@ -108,10 +116,16 @@ def command(bc: BuildClient, root: Path, image: Image, context: Path, iidfile: P
     return cmd + [str(context)]
 
 
+def platform_args(image: Image) -> list[str]:
+    """--platform for another architecture than the host's; none for the host's own, whose
+    builds stay as they were."""
+    return ["--platform", image.platform] if docker_env.emulated(image.platform) else []
+
+
 def export_command(bc: BuildClient, root: Path, image: Image, context: Path, dest: Path, ca_bundle: str | None,
                    cache_args: list[str] | tuple[str, ...] = ()) -> list[str]:
     """The ops-dist stage to a host directory: every step is the build's, so all of them are cached."""
-    cmd = [*bc.argv, "--progress=plain", "--file", str(lock.image_dir(root, image) / "Dockerfile"),
+    cmd = [*bc.argv, "--progress=plain", "--file", str(dockerfile(root, image)), *platform_args(image),
            "--target", opsseed.TARGET, "--output", f"type=local,dest={dest}"]
     if ca_bundle:
         cmd += ["--secret", f"id=ca,src={ca_bundle}"]

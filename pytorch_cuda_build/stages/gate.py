@@ -31,6 +31,13 @@ from ..errors import EnvironmentProblem, TestFailure
 from ..matrix import Image
 
 SMOKE_TIMEOUT_S = int(os.environ.get("PYTORCH_CUDA_SMOKE_TIMEOUT", "2400"))
+# An image of another architecture runs under QEMU, about 12x slower (docs/arm64.md). Its gate is
+# then this subset, unless PYTORCH_CUDA_EMULATED_TESTS=full asks for everything:
+# versions against the manifest, the four prebuilt ops loading for `cuda` with nothing compiled,
+# ZeRO-3 on 2 gloo ranks and torch.compile on the CPU; and the structure checks of the CPU
+# baseline, the labels and the user.
+EMULATED_SMOKE = "versions,zero3,compile,nocompile"
+EMULATED_STRUCTURE = "cpu_baseline or labels or default_user"
 STRUCTURE_TIMEOUT_S = 900
 # The structure checks ship with this package and are found from its own location, so an
 # installed tool runs the same checks as a checkout, whatever project it builds.
@@ -63,6 +70,11 @@ def _test_files(root: Path, package_home: Path = PACKAGE_HOME):
                 yield f.relative_to(base).as_posix(), f
 
 
+def subset(image: Image) -> bool:
+    """Whether the image's gate is the emulated subset (EMULATED_SMOKE, EMULATED_STRUCTURE)."""
+    return docker_env.emulated(image.platform) and os.environ.get("PYTORCH_CUDA_EMULATED_TESTS") != "full"
+
+
 def smoke(c: docker.DockerClient, image: Image, image_id: str, results: Path, require_gpu: bool, log=print) -> dict:
     """Run the smoke suite in a throwaway container; return its JSON report."""
     gpu = docker_env.gpu_request(c)
@@ -72,6 +84,10 @@ def smoke(c: docker.DockerClient, image: Image, image_id: str, results: Path, re
     how = "CDI nvidia.com/gpu=all" if gpu is docker_env.GPUS_BY_CDI else "NVIDIA runtime"
     log("smoke suite: " + (f"on the GPUs ({how})" if gpu else "on the CPU, 2 gloo ranks (no NVIDIA GPU in this daemon)"))
     args = ["pytorch-cuda-smoke", "--report", "/results/report.json", "--timeout", "600"]
+    if subset(image):
+        log(f"smoke suite: {image.platform} is emulated here: the subset {EMULATED_SMOKE} "
+            "(PYTORCH_CUDA_EMULATED_TESTS=full for the whole suite)")
+        args += ["--only", EMULATED_SMOKE]
     if require_gpu:
         args.append("--require-gpu")
     gpu_opts = {"device_requests": [gpu], "ipc_mode": "host"} if gpu else {"shm_size": "2g"}
@@ -212,7 +228,8 @@ def structure_command(root: Path, image: Image, image_id: str, junit: Path, matr
     matrix_path = Path(matrix_path or root / "matrix.yaml").resolve()
     return [sys.executable, "-m", "pytest", str(CHECKS), "-q", "-p", "no:cacheprovider", "-c", os.devnull,
             f"--rootdir={CHECKS}", f"--confcutdir={CHECKS}", f"--junitxml={Path(junit).resolve()}",
-            f"--image={image_id}", f"--image-name={image.name}", f"--matrix={matrix_path}", f"--root={Path(root).resolve()}"]
+            f"--image={image_id}", f"--image-name={image.name}", f"--platform={image.platform}", f"--matrix={matrix_path}",
+            f"--root={Path(root).resolve()}", *(["-k", EMULATED_STRUCTURE] if subset(image) else [])]
 
 
 def structure(root: Path, image: Image, image_id: str, results: Path, matrix_path: Path | None = None) -> None:

@@ -4,6 +4,7 @@ what advisories its locked packages have."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -11,7 +12,7 @@ from .. import files, paths
 from ..engine import docker_env
 from ..errors import EnvironmentProblem
 from ..matrix import Image, Matrix
-from . import lock, render, security, tag
+from . import gate, lock, render, security, tag
 
 
 def relock(root: Path, m: Matrix, images: list[Image], upgrade: bool, ca: Callable[[], str | None], log) -> list[str] | None:
@@ -73,14 +74,36 @@ def status(root: Path, m: Matrix) -> list[tuple[str, ...]]:
 
 
 def plan(root: Path, image: Image) -> str:
-    """`--dry-run`: the row, its pins, base, tags, lock and the Dockerfile it would build."""
-    d = lock.image_dir(root, image)
+    """`--dry-run`: the row, its pins, platform, base, tags, lock and the Dockerfile it would build."""
+    d = lock.build_dir(root, image)
     lines = [f"row:        torch {image.torch} for CUDA platform {image.cuda} (wheel CUDA {image.wheel_cuda}), {image.flavor}",
              f"pins:       cuDNN {image.cudnn}, NCCL {image.nccl}, DeepSpeed {image.deepspeed}, Python {image.python}"]
     if image.note:
         lines.append(f"note:       {image.note}")
-    lines += [f"base:       {render.base_ref(image)} ({image.os.kind}: {image.os_name})",
-              f"tags:       {' '.join(image.refs())}",
+    lines += [f"platform:   {platform_line(image)}",
+              f"cpu ops:    -march={image.cpu_arch} (DeepSpeed's CPU ops and any op it compiles later)",
+              f"tests:      {tests_line(image)}",
+              f"base:       {render.base_ref(image)} ({image.os.kind}: {image.os_name})",
+              f"tags:       {' '.join(tag.refs(image))}",
               f"lock:       {d / 'requirements.lock'} (sha256 {lock.read(root, image)['files_sha256'][:16]}...)",
               f"dockerfile: {d / 'Dockerfile'}\n"]
     return "\n".join(lines) + "\n" + (d / "Dockerfile").read_text()
+
+
+def platform_line(image: Image) -> str:
+    host = docker_env.host_platform()
+    if not docker_env.emulated(image.platform):
+        return f"{image.platform}, native on this host"
+    if docker_env.emulation_ready(image.platform):
+        qemu = "QEMU is registered (binfmt_misc, flag F)"
+    else:
+        qemu = ("QEMU is not registered; the build registers it (root)" if os.geteuid() == 0
+                else "QEMU is not registered, and the build will stop: as root, apt-get install qemu-user-static binfmt-support")
+    return f"{image.platform}, emulated on this {host} host: {qemu}"
+
+
+def tests_line(image: Image) -> str:
+    if not gate.subset(image):
+        return "the smoke suite and every structure check"
+    return (f"emulated subset: smoke {gate.EMULATED_SMOKE}; structure checks -k '{gate.EMULATED_STRUCTURE}' "
+            "(PYTORCH_CUDA_EMULATED_TESTS=full: everything)")

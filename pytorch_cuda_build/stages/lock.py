@@ -37,9 +37,19 @@ def image_dir(root: Path, image: Image) -> Path:
     return root / "images" / image.name
 
 
+def platform_subdir(platform: str) -> str:
+    return platform.replace("/", "-")
+
+
 def platform_dir(root: Path, image: Image, platform: str) -> Path:
     """Where a platform beside linux/amd64 keeps its lock files: images/<image>/linux-arm64/."""
-    return image_dir(root, image) / platform.replace("/", "-")
+    return image_dir(root, image) / platform_subdir(platform)
+
+
+def build_dir(root: Path, image: Image) -> Path:
+    """Where image.platform's Dockerfile and lock files are: images/<image>/ for linux/amd64,
+    images/<image>/linux-arm64/ beside it (the DeepSpeed lock and manifest stay the row's)."""
+    return image_dir(root, image) if image.platform == "linux/amd64" else platform_dir(root, image, image.platform)
 
 
 def extra_platforms(image: Image) -> tuple[str, ...]:

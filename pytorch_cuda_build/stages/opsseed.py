@@ -34,7 +34,7 @@ def store() -> Path:
 
 
 def _pointer(image: Image) -> Path:
-    return store() / "images" / image.name
+    return store() / "images" / image.local_name
 
 
 def _entry(key: str) -> Path:

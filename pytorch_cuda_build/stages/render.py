@@ -24,7 +24,6 @@ OPS_CACHE_ID = "pytorch-cuda-ops"
 # What DeepSpeed's CPU accelerator compiles for ZeRO (its comm op, CPUAdam for offload, its
 # FusedAdam for the default Adam config): builder class -> extension name.
 CPU_OPS = {"ShareMemCommBuilder": "deepspeed_shm_comm", "CPUAdamBuilder": "cpu_adam", "FusedAdamBuilder": "fused_adam"}
-RENDERED = ("Dockerfile", "manifest.json")
 SBOM_PATH = "/opt/pytorch-cuda/sbom.cdx.json"  # CycloneDX, baked into every image
 _BASE_ARG = re.compile(r"^ARG BASE_IMAGE=\S+$", re.M)
 _APT_ARG = re.compile(r'^ARG APT_PACKAGES="[^"]*"$', re.M)
@@ -32,9 +31,11 @@ _SOURCES_ARG = re.compile(r'^ARG APT_SOURCES="[^"]*"$', re.M)
 
 
 def rootfs_ref(image: Image) -> str:
-    """The local image a debootstrap base is imported as; named by its recipe's hash."""
+    """The local image a debootstrap base is imported as; named by its recipe's hash, and by
+    its architecture beside linux/amd64 (a classic image store keeps one platform per name)."""
     recipe = lock.base_identity(image)
-    return f"{image.repository}-rootfs:{image.os.suite}-{recipe['recipe_sha256'][:12]}"
+    arch = "" if image.platform == "linux/amd64" else f"-{image.arch}"
+    return f"{image.repository}-rootfs:{image.os.suite}-{recipe['recipe_sha256'][:12]}{arch}"
 
 
 def base_ref(image: Image) -> str:
@@ -155,10 +156,20 @@ def _env(root: Path) -> jinja2.Environment:
 
 
 def render_image(root: Path, image: Image) -> dict[str, str]:
-
+    """The row's rendered files by path under images/<image>/: its Dockerfile and manifest.json,
+    and for each platform beside linux/amd64 that platform's Dockerfile (linux-arm64/Dockerfile:
+    its base, CPU baseline and lock files differ; the stages are the same templates)."""
     meta = lock.read(root, image)
+    out = {"Dockerfile": dockerfile(root, image, meta), "manifest.json": json.dumps(manifest(image, meta), indent=2) + "\n"}
+    for platform in lock.extra_platforms(image):
+        out[f"{lock.platform_subdir(platform)}/Dockerfile"] = dockerfile(root, image.on(platform), meta)
+    return out
+
+
+def dockerfile(root: Path, image: Image, meta: dict) -> str:
+    """One platform's Dockerfile (image.platform)."""
     try:
-        dockerfile = _env(root).get_template("Dockerfile.j2").render(
+        text = _env(root).get_template("Dockerfile.j2").render(
             image=image, base_stage=base_stage(root, image, meta), labels=labels(image, meta), cache_id=WHEELHOUSE_CACHE_ID,
             build_packages=apt_list(image.os.build_packages, meta.get("apt", {})), deb_cache_id=DEB_CACHE_ID, ops_cache_id=OPS_CACHE_ID,
             cpu_builders=list(CPU_OPS), cpu_ops=list(CPU_OPS.values()), torch_ext_folder=torch_ext_folder(image),
@@ -166,8 +177,7 @@ def render_image(root: Path, image: Image) -> dict[str, str]:
         )
     except jinja2.TemplateError as e:
         raise RenderError(f"templates/: {e}") from None
-    dockerfile = re.sub(r"\n{3,}", "\n\n", dockerfile).rstrip("\n") + "\n"
-    return {"Dockerfile": dockerfile, "manifest.json": json.dumps(manifest(image, meta), indent=2) + "\n"}
+    return re.sub(r"\n{3,}", "\n\n", text).rstrip("\n") + "\n"
 
 
 README_START, README_END = "<!-- matrix-table:start (build.py render) -->", "<!-- matrix-table:end -->"
@@ -208,13 +218,13 @@ def orphans(root: Path, matrix: Matrix) -> list[Path]:
 
 def write(root: Path, matrix: Matrix, images: list[Image], log=print) -> None:
     outputs = [(image, render_image(root, image)) for image in images]
-    items = [(lock.image_dir(root, image) / n, files[n]) for image, files in outputs for n in RENDERED]
+    items = [(lock.image_dir(root, image) / n, text) for image, files in outputs for n, text in files.items()]
     whole = len(images) == len(matrix.images)
     tables = [root / n for n in TABLE_FILES if (root / n).exists()] if whole else []
     items += [(p, readme_with_table(p.read_text(), root, matrix, str(p.relative_to(root)))) for p in tables]
     changed = write_all_atomic(items)  # all or nothing: a full disk leaves every file as it was
-    for image, _ in outputs:
-        names = [n for n in RENDERED if lock.image_dir(root, image) / n in changed]
+    for image, files in outputs:
+        names = [n for n in files if lock.image_dir(root, image) / n in changed]
         log(f"{image.name}: {'rendered ' + ', '.join(names) if names else 'unchanged'}")
     for p in tables:
         if p in changed:

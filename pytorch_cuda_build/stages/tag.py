@@ -28,13 +28,21 @@ MODES = ("cpu", "gpu")
 KEEP_PER_ID = 8  # enough for a few test-code versions in both modes; the file stays small
 
 
+def refs(image: Image) -> list[str]:
+    """The tags a build of image.platform moves: the row's, and beside linux/amd64 also
+    `<row>-<arch>`, which keeps naming that platform's image after the row's tags move on
+    (a classic image store holds one platform per tag; publish finds each platform by it)."""
+    own = [] if image.platform == "linux/amd64" else [f"{image.repository}:{image.local_name}"]
+    return image.refs() + own
+
+
 def promote(c: docker.DockerClient, image: Image, image_id: str) -> list[str]:
     img = c.images.get(image_id)
-    refs = image.refs()
-    for ref in refs:
+    moved = refs(image)
+    for ref in moved:
         repo, tag = ref.rsplit(":", 1)
         img.tag(repo, tag)
-    return refs
+    return moved
 
 
 def mode_of(report: dict) -> str:

@@ -14,7 +14,7 @@ import requests
 from pytorch_cuda_build.errors import EnvironmentProblem
 from pytorch_cuda_build.stages import gate
 
-ROW = SimpleNamespace(name="row")
+ROW = SimpleNamespace(name="row", platform="linux/amd64")
 
 
 class FakeContainer:

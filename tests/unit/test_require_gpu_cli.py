@@ -15,7 +15,9 @@ from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.stages import base, build, gate, lock, render, sbom, security, tag
 
 ID = "sha256:" + "c" * 64
-ROW = SimpleNamespace(name="2.7.1-cuda12.1-runtime", repository="pytorch-cuda", refs=lambda: ["pytorch-cuda:2.7.1-cuda12.1-runtime"])
+ROW = SimpleNamespace(name="2.7.1-cuda12.1-runtime", repository="pytorch-cuda", platform="linux/amd64", platforms=("linux/amd64",),
+                      local_name="2.7.1-cuda12.1-runtime", refs=lambda: ["pytorch-cuda:2.7.1-cuda12.1-runtime"])
+ROW.on = lambda platform: ROW
 ARGS = ["--torch", "2.7", "--cuda", "12.1", "--ca-bundle", certifi.where(), "--quiet"]
 
 

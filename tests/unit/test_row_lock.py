@@ -105,7 +105,7 @@ def test_a_dead_daemon_fails_at_once_while_another_daemon_builds_the_row(monkeyp
 
 def test_a_build_on_another_daemon_from_another_checkout_does_not_wait(monkeypatch, tmp_path):
     monkeypatch.setattr(pipeline._Row, "engine", lambda self: (Daemon("mine"), None))
-    monkeypatch.setattr(pipeline._Row, "run", lambda self, c, bc: pipeline.RowResult(ROW.name, ok=True))
+    monkeypatch.setattr(pipeline._Row, "run", lambda self, c, bc, hold_tags=False: pipeline.RowResult(ROW.name, ok=True))
     paths.STATE_DIR.mkdir(parents=True)
     held = [FileLock(str(pipeline.row_lock_path(ROW, docker_env.daemon_key(Daemon("other"))))),
             FileLock(str(pipeline.results_lock_path(tmp_path / "other-checkout", ROW)))]

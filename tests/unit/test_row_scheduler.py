@@ -12,7 +12,7 @@ import pytest
 from pytorch_cuda_build import console, errors, pipeline, scheduler
 from pytorch_cuda_build.errors import BuildError
 
-ROWS = [SimpleNamespace(name=n, torch="2.7.1", cuda=c, flavor="runtime") for n, c in
+ROWS = [SimpleNamespace(name=n, torch="2.7.1", cuda=c, flavor="runtime", platform="linux/amd64") for n, c in
         (("2.7.1-cuda12.1-runtime", "12.1"), ("2.7.1-cuda12.6-runtime", "12.6"), ("2.7.1-cuda12.8-runtime", "12.8"))]
 
 

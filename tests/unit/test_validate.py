@@ -115,6 +115,8 @@ VALUE_CASES = {
     ("build", "--result-json"): [(["build", "--torch", "2.7", "--result-json", "/nonexistent/dir/r.json"], "/nonexistent/dir is not a directory"),
                                  (["build", "--torch", "2.7", "--result-json", "{dir}"], "--result-json {dir} is a directory")],
     ("lock", "--security-snapshot"): [(["lock", "--check-security", "--security-snapshot", "{notpem}"], "--security-snapshot {notpem} is not a folder")],
+    **{(cmd, "--platform"): [([cmd, "--torch", "2.11", "--platform", "linux/riscv64"],
+                              "argument --platform: invalid choice: 'linux/riscv64'")] for cmd in ("build", "test")},
     ("test", "--image"): [(["test", "--torch", "2.7", "--image", ""], "--image takes an image reference or ID, not ''"),
                           (["test", "--torch", "2.7", "--image", "a b"], "--image takes an image reference or ID")],
     ("sbom", "image"): [(["sbom", ""], "IMAGE takes an image reference or ID, not ''")],
@@ -165,6 +167,7 @@ NO_BAD_VALUE = {("selftest", "pytest_args"): "passed to pytest as they are"}
 
 # Flags that do nothing where they are given, or contradict each other: the line names both.
 COMBINATION_CASES = [
+    (["test", "--torch", "2.11", "--image", "x", "--platform", "all"], "--image names one image: give its one --platform, not all"),
     (["build", "--torch", "2.7", "--jobs", "2"], "--jobs needs --all"),
     (["lock", "--check", "--upgrade"], "--check and --upgrade do not go together"),
     (["build", "--torch", "2.7", "--ca-bundle", "/nonexistent/ca.pem", "--dry-run"], "cannot read CA bundle /nonexistent/ca.pem"),
@@ -197,7 +200,8 @@ GIVE = {"jobs": ["--jobs", "2"], "retries": ["--retries", "2"], "allow_vulnerabl
         "security_snapshot": ["--security-snapshot", SNAPSHOT], "only": ["--only", "size"], "cold_runs": ["--cold-runs", "2"],
         "cache_from": ["--cache-from", "type=registry,ref=r/c"], "cache_to": ["--cache-to", "type=registry,ref=r/c"],
         "result_json": ["--result-json", "{dir}/r.json"], "ca_bundle": ["--ca-bundle", "{pem}"], "cuda": ["--cuda", "12.1"],
-        "cluster_runtime": ["--kind", "trainjob", "--cluster-runtime", "torch-distributed"], "rdma": ["--rdma", "rdma/ib=1"]}
+        "cluster_runtime": ["--kind", "trainjob", "--cluster-runtime", "torch-distributed"], "rdma": ["--rdma", "rdma/ib=1"],
+        "platform": ["--platform", "linux/arm64"]}
 
 
 def _give(command: str, dest: str, but: str | None = None) -> list[str]:
