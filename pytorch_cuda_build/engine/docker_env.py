@@ -143,11 +143,11 @@ def emulated(platform: str) -> bool:
     return platform != host_platform()
 
 
-def emulation_ready(platform: str, binfmt: Path = BINFMT) -> bool:
+def emulation_ready(platform: str, binfmt: Path | None = None) -> bool:
     """QEMU registered for the platform with flag F: the kernel opened the emulator at
     registration, so it runs in every container and BuildKit step without a copy inside."""
     try:
-        lines = (binfmt / f"qemu-{QEMU_NAMES[platform]}").read_text().splitlines()
+        lines = ((binfmt or BINFMT) / f"qemu-{QEMU_NAMES[platform]}").read_text().splitlines()
     except (KeyError, OSError):
         return False
     flags = next((line.split(":", 1)[1] for line in lines if line.startswith("flags:")), "")

@@ -1,6 +1,7 @@
 """opsbuild.py's patches to DeepSpeed's sources: each applies, or the build stops (pure, no torch)."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,19 @@ def test_nvcc_names_its_temporary_files_after_the_object_where_it_can(tmp_path, 
     assert flags[0] == "-lineinfo" and "--threads" in flags
     assert ("--objdir-as-tempdir" in flags) is has_flag
     assert ("no --objdir-as-tempdir" in capsys.readouterr().out) is not has_flag
+
+
+def test_the_arm64_baseline_takes_deepspeeds_neon_path_and_sve_is_caught(tmp_path):
+    """armv8.2-a: -march=armv8.2-a and __NEON__ in both builders; objdump lines with SVE's z/p
+    registers are what check_wheel refuses, NEON's v registers are not."""
+    src = tree(tmp_path)
+    opsbuild.patch(src, "armv8.2-a")
+    for rel in opsbuild.BUILDERS:
+        text = (src / rel).read_text()
+        assert "-march=armv8.2-a" in text and "-march=native" not in text
+        assert "def simd_width(self):\n        return '-D__NEON__'" in text
+    pattern, what = opsbuild.BEYOND["armv8.2-a"]
+    assert what == "SVE"
+    assert re.search(pattern, "  4005d4:\t04a00000 \tadd\tz0.s, z0.s, z0.s")
+    assert re.search(pattern, "  4005d8:\t2598e3e0 \tptrue\tp0.s\n  4005dc:\ta540a000 \tld1w\t{z0.s}, p0/z, [x0]")
+    assert not re.search(pattern, "  4005d4:\t4e20d400 \tfadd\tv0.4s, v0.4s, v0.4s\n  4005d8:\tfd400000 \tldr\td0, [x0]")
