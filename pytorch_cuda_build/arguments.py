@@ -121,6 +121,9 @@ def parser() -> argparse.ArgumentParser:
     pb = sub.add_parser("publish", help="push tested images and their tags to a registry (dry run without --push)")
     _selection(pb, required=False)
     pb.add_argument("--all", action="store_true", help="every row of the matrix (each must be built and tested)")
+    pb.add_argument("--platform", choices=PLATFORM_CHOICES, metavar="PLATFORM",
+                    help="all: one image index of each row's platforms, every one built and tested (build --platform all); "
+                         "default: this host's platform's image")
     _registry(pb, "push for real; without it, print what would move")
 
     lk = sub.add_parser("lock", help="resolve rows into images/<image>/ lock files (network)")

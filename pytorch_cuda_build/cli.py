@@ -88,7 +88,7 @@ def cmd_build(m: matrix.Matrix, args) -> int:
 
 def cmd_test(m: matrix.Matrix, args) -> int:
     for image in pipeline.platforms(m.select(args.torch, args.cuda, args.flavor), args.platform):
-        ref = args.image or tag.refs(image)[-1]  # beside linux/amd64: <row>-<arch>, which names that platform's image
+        ref = args.image or tag.own_ref(image)
         image_id, mode = pipeline.test_image(ROOT, image, ref, args.require_gpu, log, matrix_path=args.matrix)
         print(f"{ref} ({image_id[:19]}, {image.platform}) passed the smoke and structure tests ({mode})")
     return 0
@@ -98,6 +98,16 @@ def cmd_publish(m: matrix.Matrix, args) -> int:
     reg = publish.registry(args.registry, args.retries)  # validated: its form was checked
     images = list(m.images) if args.all else [m.select(args.torch, args.cuda, args.flavor)]
     c = docker_env.ensure_engine(log)
+    if args.platform == "all":  # rows on several platforms go as one index each; the others as below
+        several = [i for i in images if len(i.platforms) > 1]
+        images = [i for i in images if len(i.platforms) == 1]
+        backoff = float(os.environ.get("PYTORCH_CUDA_RETRY_BACKOFF", "2"))
+        for row in several:
+            publish.screen(c, [row.on(p) for p in row.platforms], lambda i: pipeline.results_dir(ROOT, i), set(args.allow_vulnerable))
+            print("\n".join(publish.publish_index(c, row, reg, push=args.push, ca_bundle=ca.ca_bundle(args.ca_bundle),
+                                                  attempts=args.retries, backoff=backoff, log=log)))
+        if not images:
+            return 0
     publish.screen(c, images, lambda i: pipeline.results_dir(ROOT, i), set(args.allow_vulnerable))
     moves = pipeline.publish_rows(c, images, reg, args.push, ca.ca_bundle(args.ca_bundle), args.retries, log,
                                   lambda i: pipeline.results_dir(ROOT, i))

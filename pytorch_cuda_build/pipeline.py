@@ -129,7 +129,12 @@ def build_platforms(root: Path, images: list[Image], opts: Options, console) -> 
     proven = [build_row(root, image, opts, console, hold_tags=True) for image in images]
     c = docker_env.ensure_engine(console.log)
     for image, result in reversed(list(zip(images, proven))):
-        _Row(root, image, opts, console, result).promote(c)
+        _Row(root, image, opts, console, result).promote(c, publish=False)
+    if opts.registry:  # one index of every platform, not one push each
+        backoff = float(os.environ.get("PYTORCH_CUDA_RETRY_BACKOFF", "2"))
+        for line in publish.publish_index(c, images[0].on("linux/amd64"), opts.registry, push=True, ca_bundle=opts.ca_path,
+                                          attempts=opts.retries, backoff=backoff, log=console.log, docker_cli=opts.docker):
+            console.log(line)
     return proven
 
 
@@ -224,7 +229,7 @@ class _Row:
         self.result.ok = True
         return self.result if hold_tags else self.promote(c)
 
-    def promote(self, c) -> RowResult:
+    def promote(self, c, publish: bool = True) -> RowResult:
         image, opts, log = self.image, self.opts, self.console.log
         image_id = self.result.image_id
         with self.stage("tag"):
@@ -232,7 +237,7 @@ class _Row:
             c.images.remove(build.candidate_ref(image), noprune=True)
         self.result.size_bytes = c.images.get(image_id).attrs.get("Size", 0)
         self.write_summary(self.result.base_id)
-        if opts.registry:
+        if opts.registry and publish:
             with self.stage("publish"):
                 self.result.moves = publish_rows(c, [image], opts.registry, True, opts.ca_path, opts.retries,
                                                  log, lambda i: results_dir(self.root, i))

@@ -16,6 +16,7 @@ import ssl
 from pathlib import Path
 
 from . import jobs
+from .engine import docker_env
 from .errors import UsageError
 from .stages import publish
 from .tools import bench, gpubundle
@@ -233,6 +234,9 @@ def _combinations(args: argparse.Namespace) -> None:
             raise UsageError(f"{flag(one)} and {flag(other)} do not go together: {why}")
     if command == "publish" or (command == "build" and args.push):
         publish.registry(args.registry, args.retries or DEFAULTS["retries"])  # its form only: no network
+    if command == "publish" and args.platform not in (None, "all", docker_env.host_platform()):
+        raise UsageError(f"publish --platform takes all (an index of every platform of the row) or this host's "
+                         f"{docker_env.host_platform()}, not {args.platform}")
     if command == "test" and args.image and args.platform == "all":
         raise UsageError("--image names one image: give its one --platform, not all")
     if command == "publish" and args.all == bool(args.torch):

@@ -101,7 +101,8 @@ class LocalRegistry:
     def manifest(self, repo: str, ref: str) -> tuple[str, dict] | None:
         """(digest, manifest) of repo:ref as the registry serves it, None if absent."""
         req = urllib.request.Request(f"http://{self.host}/v2/{repo}/manifests/{ref}", headers={
-            "Accept": "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"})
+            "Accept": "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json, "
+                      "application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.list.v2+json"})
         try:
             with urllib.request.urlopen(req, timeout=30) as r:
                 return r.headers["Docker-Content-Digest"], json.loads(r.read())

@@ -18,8 +18,11 @@ base, and a rebuild from the commit has one digest with the publisher's only on 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import re
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -34,7 +37,7 @@ from ..engine import docker_env
 from ..errors import EnvironmentProblem, ImmutableTagTaken, PublishError, TagTaken, UsageError
 from ..files import write_atomic
 from ..matrix import Image
-from . import render, security
+from . import index, render, security
 from . import tag as tags
 from .registry import Registry, RegistryAPI, Remote, Transient, credentials
 from .render import LABEL_PREFIX
@@ -90,7 +93,7 @@ class Move:
 
 def tested_id(c: docker.DockerClient, image: Image) -> str:
     """The local image ID of the row, refusing one never built or never tested."""
-    ref = image.refs()[0]
+    ref = tags.own_ref(image)
     build_cmd = f"python build.py --torch {image.torch} --cuda {image.cuda}"
     try:
         image_id = c.images.get(ref).id
@@ -244,11 +247,8 @@ def execute(c: docker.DockerClient, api: RegistryAPI, moves: list[Move], creds: 
             raise PublishError(f"read-back of {mv.target(reg)} does not match the push: pushed {pushed} of {mv.image_id}, registry has {mv.after}")
 
 
-def publish(c: docker.DockerClient, images: list[Image], reg: Registry, *, push: bool, ca_bundle: str | None,
-            attempts: int, backoff: float, log: Callable[[str], None]) -> list[Move]:
-    creds = credentials(reg)
-    api = RegistryAPI(reg, creds, ca_bundle)
-
+def retrying(attempts: int, backoff: float, log: Callable[[str], None]) -> Callable:
+    """retry(fn, what): fn again on a Transient failure, with exponential backoff, each retry logged."""
     def retry(fn: Callable, what: str):
         def before_sleep(state: tenacity.RetryCallState) -> None:
             log(f"{what} failed: {state.outcome.exception()}; attempt {state.attempt_number + 1}/{attempts} in {state.next_action.sleep:.0f}s")
@@ -256,7 +256,85 @@ def publish(c: docker.DockerClient, images: list[Image], reg: Registry, *, push:
                               wait=tenacity.wait_exponential(multiplier=backoff, max=60),
                               retry=tenacity.retry_if_exception_type(Transient), before_sleep=before_sleep)
         return r(fn)
+    return retry
 
+
+def publish_index(c: docker.DockerClient, row: Image, reg: Registry, *, push: bool, ca_bundle: str | None, attempts: int,
+                  backoff: float, log: Callable[[str], None], docker_cli: str | None = None) -> list[str]:
+    """Every platform of the row as one index (index.py) under its dated and moving tags; the
+    table's lines. Each platform's image first goes to `<dated>-<arch>`, immutable like the dated
+    tag; the images must share their commit day and lock, so that one dated tag names them."""
+    if not shutil.which("skopeo"):
+        raise EnvironmentProblem("publishing several platforms needs skopeo (it pushes the index): apt-get install skopeo")
+    creds = credentials(reg)
+    api = RegistryAPI(reg, creds, ca_bundle)
+    retry = retrying(attempts, backoff, log)
+    images = index.tested(c, row)
+    dated = {dated_tag(p.image, c.images.get(p.image_id).labels, tags.own_ref(p.image)) for p in images}
+    if len(dated) != 1:
+        raise UsageError(f"{row.name}'s platform images come from other commits or locks ({', '.join(sorted(dated))}); "
+                         f"build them together: python build.py --torch {row.torch} --cuda {row.cuda} --platform all")
+    dated_tag_ = dated.pop()
+    by_manifest = docker_env.image_store(c) == "containerd"
+    parts = [Move(p.image, p.image_id, f"{dated_tag_}-{p.image.arch}", True, by_manifest=by_manifest) for p in images]
+    targets = [dated_tag_, *row.tags]
+    try:
+        retry(lambda: api.ping(row), "contacting the registry")
+        for mv in parts:
+            mv.before = retry(lambda: mv.read(api), f"reading {mv.target(reg)}")
+        taken = [TagTaken(mv.target(reg), mv.before.digest, mv.before.config, mv.image_id) for mv in parts if mv.before and not mv.in_place]
+        before = {t: retry(lambda: api.raw(row.repository, t), f"reading {reg}/{row.repository}:{t}") for t in targets}
+    except Transient as e:
+        raise EnvironmentProblem(f"{e}; nothing pushed") from None
+    if taken:
+        raise ImmutableTagTaken(taken)
+    if not push:
+        return _index_table([(mv.target(reg), mv.before.digest if mv.before else "absent", "already there" if mv.in_place else "would push")
+                             for mv in parts] + [(f"{reg}/{row.repository}:{t}", "", "would push") for t in targets], push)
+    try:
+        execute(c, api, parts, creds, retry, log)
+        manifests = [(mv.image.platform, api.raw(row.repository, mv.after.digest)) for mv in parts]
+    except (Transient, PublishError) as e:
+        raise PublishError(f"publish of {row.name} stopped at {e}; no index was pushed, and no tag of the row moved") from None
+    document = index.list_document(manifests)
+    digest = "sha256:" + hashlib.sha256(document).hexdigest()
+    held = before[dated_tag_]
+    if held is not None and "sha256:" + hashlib.sha256(held).hexdigest() != digest:
+        raise ImmutableTagTaken([TagTaken(f"{reg}/{row.repository}:{dated_tag_}", "sha256:" + hashlib.sha256(held).hexdigest(), None, digest)])
+    configs = {mv.image.platform: json.loads(raw)["config"]["digest"] for mv, (_, raw) in zip(parts, manifests)}
+    rows = [(mv.target(reg), mv.after.digest, "already there" if mv.in_place else "pushed, verified") for mv in parts]
+    with tempfile.TemporaryDirectory(prefix="pytorch-cuda-index-") as tmp:
+        index.write_layout(Path(tmp) / "layout", document)
+        for t in targets:
+            target = f"{reg}/{row.repository}:{t}"
+            if before[t] is not None and "sha256:" + hashlib.sha256(before[t]).hexdigest() == digest:
+                rows.append((target, digest, "already there"))
+                continue
+            log(f"pushing {target} (an index of {', '.join(configs)})")
+            try:
+                retry(lambda: api.push_index(Path(tmp) / "layout", index.INDEX_REF, row.repository, t), f"pushing {target}")
+                got = retry(lambda: index.check_index(api, row.repository, t, configs), f"reading back {target}")
+            except (Transient, PublishError) as e:
+                raise PublishError(f"publish of {row.name} stopped at {target}: {e}; the tags before it hold the index, "
+                                   "the ones after it are as they were") from None
+            if got != digest:
+                raise PublishError(f"read-back of {target} is {got}, not the index pushed ({digest})")
+            rows.append((target, digest, "pushed, verified"))
+    return _index_table(rows, push) + [f"pull by digest (every platform): {reg.repository(row)}@{digest}"]
+
+
+def _index_table(rows: list[tuple[str, str, str]], push: bool) -> list[str]:
+    rows = [("TAG", "DIGEST", "ACTION"), *rows]
+    widths = [max(len(r[k]) for r in rows) for k in range(3)]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+    return lines if push else lines + ["dry run: nothing pushed; add --push to publish"]
+
+
+def publish(c: docker.DockerClient, images: list[Image], reg: Registry, *, push: bool, ca_bundle: str | None,
+            attempts: int, backoff: float, log: Callable[[str], None]) -> list[Move]:
+    creds = credentials(reg)
+    api = RegistryAPI(reg, creds, ca_bundle)
+    retry = retrying(attempts, backoff, log)
     try:
         moves = plan(c, api, images, retry)
     except Transient as e:

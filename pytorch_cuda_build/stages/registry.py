@@ -115,12 +115,15 @@ class RegistryAPI:
             opts.append(f"--cert-dir={tmp / 'certs'}")
         return opts
 
-    def _skopeo(self, *args: str) -> bytes:
+    def _skopeo(self, *args: str, side: str = "", timeout: float | None = None) -> bytes:
+        """skopeo ARGS with this registry's TLS and credentials options, for the side of a copy
+        that is the registry (side "dest": --dest-tls-verify, ...) or for a read (side "")."""
         if not self.binary:
             raise EnvironmentProblem("skopeo is not installed (the registry read-back uses it): apt-get install skopeo")
         with tempfile.TemporaryDirectory(prefix="pytorch-cuda-skopeo-") as tmp:
-            cmd = [self.binary, f"--command-timeout={self.timeout:g}s", args[0], "--retry-times=0",
-                   *self._options(Path(tmp)), *args[1:]]
+            opts = [o.replace("--", f"--{side}-", 1) if side else o for o in self._options(Path(tmp))]
+            cmd = [self.binary, f"--command-timeout={timeout or self.timeout:g}s", args[0], "--retry-times=0",
+                   *opts, *args[1:]]
             # HOME in the scratch directory: skopeo reads no auth or registries.conf of the user's
             # but the auth file given (containers/image looks in ~/.config/containers, ~/.docker).
             proc = subprocess.run(cmd, capture_output=True, stdin=subprocess.DEVNULL, env={**os.environ, "HOME": tmp})
@@ -158,6 +161,20 @@ class RegistryAPI:
             return self._skopeo("inspect", "--raw", f"docker://{self.reg.host}/{name}:{tag}")
         except _Absent:
             return None
+
+    def raw(self, name: str, reference: str) -> bytes | None:
+        """The manifest or index bytes of name:tag, or name@digest (None: absent)."""
+        sep = "@" if reference.startswith("sha256:") else ":"
+        try:
+            return self._skopeo("inspect", "--raw", f"docker://{self.reg.host}/{self.reg.namespace}/{name}{sep}{reference}")
+        except _Absent:
+            return None
+
+    def push_index(self, layout: Path, ref_name: str, name: str, tag: str) -> None:
+        """The index that an OCI layout names ref_name to name:tag, byte for byte; its manifests
+        must be in the repository already (--multi-arch index-only)."""
+        self._skopeo("copy", "--multi-arch", "index-only", "--preserve-digests", "--quiet", f"oci:{layout}:{ref_name}",
+                     f"docker://{self.reg.host}/{self.reg.namespace}/{name}:{tag}", side="dest")
 
     def manifest(self, image: Image, tag: str, repository: str | None = None) -> Remote | None:
         """The tag in the row's repository, or in `repository` (the base's) under the same namespace."""

@@ -36,6 +36,11 @@ def refs(image: Image) -> list[str]:
     return image.refs() + own
 
 
+def own_ref(image: Image) -> str:
+    """The tag that names image.platform's image: the row's own for linux/amd64, `<row>-<arch>` beside it."""
+    return refs(image)[0 if image.platform == "linux/amd64" else -1]
+
+
 def promote(c: docker.DockerClient, image: Image, image_id: str) -> list[str]:
     img = c.images.get(image_id)
     moved = refs(image)

@@ -8,11 +8,12 @@ from unittest import mock
 
 import pytest
 
-from helpers import one_error_line, run_cli
 from pytorch_cuda_build import matrix, pipeline
 from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import EnvironmentProblem, UsageError
 from pytorch_cuda_build.stages import build, lock, render, tag
+
+from helpers import one_error_line, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 M = matrix.load(ROOT / "matrix.yaml")

@@ -115,8 +115,9 @@ VALUE_CASES = {
     ("build", "--result-json"): [(["build", "--torch", "2.7", "--result-json", "/nonexistent/dir/r.json"], "/nonexistent/dir is not a directory"),
                                  (["build", "--torch", "2.7", "--result-json", "{dir}"], "--result-json {dir} is a directory")],
     ("lock", "--security-snapshot"): [(["lock", "--check-security", "--security-snapshot", "{notpem}"], "--security-snapshot {notpem} is not a folder")],
-    **{(cmd, "--platform"): [([cmd, "--torch", "2.11", "--platform", "linux/riscv64"],
-                              "argument --platform: invalid choice: 'linux/riscv64'")] for cmd in ("build", "test")},
+    **{(cmd, "--platform"): [([cmd, "--torch", "2.11", "--platform", "linux/riscv64", *extra],
+                              "argument --platform: invalid choice: 'linux/riscv64'")]
+       for cmd, extra in (("build", []), ("test", []), ("publish", ["--registry", "127.0.0.1:5000/ml"]))},
     ("test", "--image"): [(["test", "--torch", "2.7", "--image", ""], "--image takes an image reference or ID, not ''"),
                           (["test", "--torch", "2.7", "--image", "a b"], "--image takes an image reference or ID")],
     ("sbom", "image"): [(["sbom", ""], "IMAGE takes an image reference or ID, not ''")],
@@ -167,6 +168,8 @@ NO_BAD_VALUE = {("selftest", "pytest_args"): "passed to pytest as they are"}
 
 # Flags that do nothing where they are given, or contradict each other: the line names both.
 COMBINATION_CASES = [
+    (["publish", "--torch", "2.11", "--registry", "127.0.0.1:5000/ml", "--platform", "linux/arm64"],
+     "publish --platform takes all (an index of every platform of the row) or this host's linux/amd64, not linux/arm64"),
     (["test", "--torch", "2.11", "--image", "x", "--platform", "all"], "--image names one image: give its one --platform, not all"),
     (["build", "--torch", "2.7", "--jobs", "2"], "--jobs needs --all"),
     (["lock", "--check", "--upgrade"], "--check and --upgrade do not go together"),
