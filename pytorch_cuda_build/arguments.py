@@ -114,7 +114,8 @@ def parser() -> argparse.ArgumentParser:
 
     mx = sub.add_parser("matrix", help="the matrix for machines: --json rows for a CI fan-out, --propose new torch releases")
     mode = mx.add_mutually_exclusive_group(required=True)
-    _flags(mode, json="every row with its tags and build arguments, as JSON",
+    _flags(mode, json="every row and platform with its tags, build arguments and runner, as JSON",
+           indexes="the rows built on several platforms, whose images CI merges into one index, as JSON",
            propose="candidate rows for torch releases on the index that the matrix lacks (network)")
     _docker_ca(mx, docker=False)
 
@@ -122,8 +123,10 @@ def parser() -> argparse.ArgumentParser:
     _selection(pb, required=False)
     pb.add_argument("--all", action="store_true", help="every row of the matrix (each must be built and tested)")
     pb.add_argument("--platform", choices=PLATFORM_CHOICES, metavar="PLATFORM",
-                    help="all: one image index of each row's platforms, every one built and tested (build --platform all); "
-                         "default: this host's platform's image")
+                    help="all: one image index of each row's platforms, every one built and tested here (build --platform all); "
+                         "default: this host's platform: its image, or for a row on several platforms its part <dated>-<arch>")
+    pb.add_argument("--merge", action="store_true",
+                    help="a row on several platforms: one index of the parts each platform's build published (CI's merge job)")
     _registry(pb, "push for real; without it, print what would move")
 
     lk = sub.add_parser("lock", help="resolve rows into images/<image>/ lock files (network)")

@@ -95,19 +95,28 @@ def cmd_test(m: matrix.Matrix, args) -> int:
 
 
 def cmd_publish(m: matrix.Matrix, args) -> int:
+    """A row on one platform: its image under its tags. A row on several: one index under its
+    tags, of the images here (--platform all) or of the parts in the registry (--merge); or,
+    by default, this host's part only (CI's per-platform builds)."""
     reg = publish.registry(args.registry, args.retries)  # validated: its form was checked
     images = list(m.images) if args.all else [m.select(args.torch, args.cuda, args.flavor)]
-    c = docker_env.ensure_engine(log)
-    if args.platform == "all":  # rows on several platforms go as one index each; the others as below
-        several = [i for i in images if len(i.platforms) > 1]
-        images = [i for i in images if len(i.platforms) == 1]
-        backoff = float(os.environ.get("PYTORCH_CUDA_RETRY_BACKOFF", "2"))
+    several = [i for i in images if len(i.platforms) > 1]
+    images = [i for i in images if len(i.platforms) == 1]
+    backoff = float(os.environ.get("PYTORCH_CUDA_RETRY_BACKOFF", "2"))
+    common = {"push": args.push, "ca_bundle": ca.ca_bundle(args.ca_bundle), "attempts": args.retries, "backoff": backoff, "log": log}
+    if args.merge:
         for row in several:
-            publish.screen(c, [row.on(p) for p in row.platforms], lambda i: pipeline.results_dir(ROOT, i), set(args.allow_vulnerable))
-            print("\n".join(publish.publish_index(c, row, reg, push=args.push, ca_bundle=ca.ca_bundle(args.ca_bundle),
-                                                  attempts=args.retries, backoff=backoff, log=log)))
-        if not images:
-            return 0
+            print("\n".join(publish.merge_index(ROOT, row, reg, **common)))
+        return 0
+    c = docker_env.ensure_engine(log)
+    for row in several:
+        parts = [row.on(p) for p in row.platforms] if args.platform == "all" else pipeline.platforms(row, None)
+        publish.screen(c, parts, lambda i: pipeline.results_dir(ROOT, i), set(args.allow_vulnerable))
+        lines = (publish.publish_index(c, row, reg, **common) if args.platform == "all"
+                 else publish.publish_part(c, parts[0], reg, **common))
+        print("\n".join(lines))
+    if not images:
+        return 0
     publish.screen(c, images, lambda i: pipeline.results_dir(ROOT, i), set(args.allow_vulnerable))
     moves = pipeline.publish_rows(c, images, reg, args.push, ca.ca_bundle(args.ca_bundle), args.retries, log,
                                   lambda i: pipeline.results_dir(ROOT, i))
@@ -116,8 +125,8 @@ def cmd_publish(m: matrix.Matrix, args) -> int:
 
 
 def cmd_matrix(m: matrix.Matrix, args) -> int:
-    if args.json:
-        print(json.dumps(matrix.as_json(m), indent=2))
+    if args.json or args.indexes:
+        print(json.dumps(matrix.as_json(m) if args.json else matrix.indexes_json(m), indent=2))
         return 0
     print(propose.render(propose.candidates(m, ca.ca_bundle(args.ca_bundle), log)), end="")
     return 0

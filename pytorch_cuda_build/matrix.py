@@ -496,11 +496,24 @@ def load(path: Path) -> Matrix:
     return _complete(spec, path)
 
 
+# Where CI builds each platform natively: GitHub's hosted runners, or self-hosted GPU runners.
+RUNNERS = {"linux/amd64": ("ubuntu-latest", ["self-hosted", "linux", "x64", "gpu"]),
+           "linux/arm64": ("ubuntu-24.04-arm", ["self-hosted", "linux", "arm64", "gpu"])}
+
+
 def as_json(m: Matrix) -> dict:
-    """The rows for a CI fan-out (GitHub Actions: strategy.matrix: ${{ fromJSON(...) }})."""
+    """The builds for a CI fan-out (GitHub Actions: strategy.matrix: ${{ fromJSON(...) }}): one
+    entry per row and platform, each for a runner of that platform (built natively)."""
     return {"include": [{
         "image": i.name, "torch": i.torch, "torch_minor": i.torch_minor, "cuda": i.cuda,
         "wheel_cuda": i.wheel_cuda, "flavor": i.flavor, "default": i.default,
         "tags": i.tags, "refs": i.refs(), "cudnn": i.cudnn, "nccl": i.nccl, "deepspeed": i.deepspeed,
         "build_args": f"--torch {i.torch} --cuda {i.cuda} --flavor {i.flavor}", "platforms": list(i.platforms),
-    } for i in m.images]}
+        "platform": p, "arch": p.split("/")[1], "runner": RUNNERS[p][0], "gpu_runner": RUNNERS[p][1],
+    } for i in m.images for p in i.platforms]}
+
+
+def indexes_json(m: Matrix) -> dict:
+    """The rows built on several platforms, whose per-platform images CI merges into one index."""
+    return {"include": [{"image": i.name, "build_args": f"--torch {i.torch} --cuda {i.cuda} --flavor {i.flavor}",
+                         "platforms": list(i.platforms)} for i in m.images if len(i.platforms) > 1]}

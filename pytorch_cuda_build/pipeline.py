@@ -133,7 +133,7 @@ def build_platforms(root: Path, images: list[Image], opts: Options, console) -> 
     if opts.registry:  # one index of every platform, not one push each
         backoff = float(os.environ.get("PYTORCH_CUDA_RETRY_BACKOFF", "2"))
         for line in publish.publish_index(c, images[0].on("linux/amd64"), opts.registry, push=True, ca_bundle=opts.ca_path,
-                                          attempts=opts.retries, backoff=backoff, log=console.log, docker_cli=opts.docker):
+                                          attempts=opts.retries, backoff=backoff, log=console.log):
             console.log(line)
     return proven
 

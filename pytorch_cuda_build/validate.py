@@ -55,6 +55,9 @@ CLASHES = [
     ("matrix", "json", "ca_bundle", "--json is offline and uses no CA"),
     ("engine", "down", "ca_bundle", "stopping the engine downloads nothing"),
     ("publish", "all", "cuda", "--all takes every row; --cuda picks among one --torch's rows"),
+    ("publish", "merge", "platform", "--merge makes the index of every platform from the registry's parts"),
+    ("publish", "merge", "allow_vulnerable", "--merge pushes no image, only the index of parts each build published"),
+    ("matrix", "indexes", "ca_bundle", "--indexes is offline and uses no CA"),
     ("job", "cluster_runtime", "rdma", "a TrainJob cannot add IPC_LOCK to a ClusterTrainingRuntime's container (Trainer v2.1's "
                                        "podTemplateOverrides carry no capabilities); without --cluster-runtime the job brings its own runtime"),
 ]

@@ -76,6 +76,10 @@ def write_layout(dest: Path, document: bytes) -> None:
     (dest / "index.json").write_text(json.dumps(top))
 
 
+def digest_of(raw: bytes) -> str:
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
 def _digest(raw: bytes | None) -> str | None:
     return None if raw is None else "sha256:" + hashlib.sha256(raw).hexdigest()
 

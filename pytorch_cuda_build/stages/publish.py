@@ -21,7 +21,6 @@ import datetime as dt
 import hashlib
 import json
 import re
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +36,9 @@ from ..engine import docker_env
 from ..errors import EnvironmentProblem, ImmutableTagTaken, PublishError, TagTaken, UsageError
 from ..files import write_atomic
 from ..matrix import Image
-from . import index, render, security
+from . import index, lock, render, security
 from . import tag as tags
+from .build import source
 from .registry import Registry, RegistryAPI, Remote, Transient, credentials
 from .render import LABEL_PREFIX
 
@@ -259,60 +259,125 @@ def retrying(attempts: int, backoff: float, log: Callable[[str], None]) -> Calla
     return retry
 
 
-def publish_index(c: docker.DockerClient, row: Image, reg: Registry, *, push: bool, ca_bundle: str | None, attempts: int,
-                  backoff: float, log: Callable[[str], None], docker_cli: str | None = None) -> list[str]:
-    """Every platform of the row as one index (index.py) under its dated and moving tags; the
-    table's lines. Each platform's image first goes to `<dated>-<arch>`, immutable like the dated
-    tag; the images must share their commit day and lock, so that one dated tag names them."""
-    if not shutil.which("skopeo"):
-        raise EnvironmentProblem("publishing several platforms needs skopeo (it pushes the index): apt-get install skopeo")
+def _parts(c: docker.DockerClient, images: list[index.PlatformImage]) -> tuple[str, list[Move]]:
+    """The dated tag the platform images share (commit day and lock), and a move of each to its
+    part tag `<dated>-<arch>`, immutable like the dated tag."""
+    dated = {dated_tag(p.image, c.images.get(p.image_id).labels, tags.own_ref(p.image)) for p in images}
+    if len(dated) != 1:
+        row = images[0].image
+        raise UsageError(f"{row.name}'s platform images come from other commits or locks ({', '.join(sorted(dated))}); "
+                         f"build them together: python build.py --torch {row.torch} --cuda {row.cuda} --platform all")
+    day = dated.pop()
+    by_manifest = docker_env.image_store(c) == "containerd"
+    return day, [Move(p.image, p.image_id, f"{day}-{p.image.arch}", True, by_manifest=by_manifest) for p in images]
+
+
+def _push_parts(c: docker.DockerClient, api: RegistryAPI, parts: list[Move], creds: dict | None, push: bool,
+                retry: Callable, log: Callable[[str], None]) -> list[tuple[str, str, str]]:
+    """Each platform's image to its part tag (read first: one holding another image is refused,
+    nothing pushed), then read back; a table row each."""
+    reg = api.reg
+    try:
+        for mv in parts:
+            mv.before = retry(lambda: mv.read(api), f"reading {mv.target(reg)}")
+    except Transient as e:
+        raise EnvironmentProblem(f"{e}; nothing pushed") from None
+    taken = [TagTaken(mv.target(reg), mv.before.digest, mv.before.config, mv.image_id) for mv in parts if mv.before and not mv.in_place]
+    if taken:
+        raise ImmutableTagTaken(taken)
+    if push:
+        try:
+            execute(c, api, parts, creds, retry, log)
+        except (Transient, PublishError) as e:
+            raise PublishError(f"publish stopped at {e}; no index was pushed, and no tag of the row moved") from None
+    now = (lambda mv: mv.after) if push else (lambda mv: mv.before)
+    return [(mv.target(reg), now(mv).digest if now(mv) else "absent",
+             "already there" if mv.in_place else ("pushed, verified" if push else "would push")) for mv in parts]
+
+
+def publish_part(c: docker.DockerClient, image: Image, reg: Registry, *, push: bool, ca_bundle: str | None, attempts: int,
+                 backoff: float, log: Callable[[str], None]) -> list[str]:
+    """This host's platform of a row built on several: its image to `<dated>-<arch>` only. The
+    row's tags are left to the index (publish --merge, once every platform's part is there)."""
     creds = credentials(reg)
     api = RegistryAPI(reg, creds, ca_bundle)
     retry = retrying(attempts, backoff, log)
-    images = index.tested(c, row)
-    dated = {dated_tag(p.image, c.images.get(p.image_id).labels, tags.own_ref(p.image)) for p in images}
-    if len(dated) != 1:
-        raise UsageError(f"{row.name}'s platform images come from other commits or locks ({', '.join(sorted(dated))}); "
-                         f"build them together: python build.py --torch {row.torch} --cuda {row.cuda} --platform all")
-    dated_tag_ = dated.pop()
-    by_manifest = docker_env.image_store(c) == "containerd"
-    parts = [Move(p.image, p.image_id, f"{dated_tag_}-{p.image.arch}", True, by_manifest=by_manifest) for p in images]
-    targets = [dated_tag_, *row.tags]
+    _, parts = _parts(c, [index.PlatformImage(image, tested_id(c, image))])
+    rows = _push_parts(c, api, parts, creds, push, retry, log)
+    return _index_table(rows, push) + [f"{image.name} is built for {', '.join(image.platforms)}: its tags name an index of "
+                                       "every platform's part (publish --merge, or --platform all on a machine with every one)"]
+
+
+def publish_index(c: docker.DockerClient, row: Image, reg: Registry, *, push: bool, ca_bundle: str | None, attempts: int,
+                  backoff: float, log: Callable[[str], None]) -> list[str]:
+    """Every platform of the row, built and tested here, as its parts and then one index under
+    its dated and moving tags (index.py); the table's lines."""
+    creds = credentials(reg)
+    api = RegistryAPI(reg, creds, ca_bundle)
+    retry = retrying(attempts, backoff, log)
+    dated, parts = _parts(c, index.tested(c, row))
     try:
         retry(lambda: api.ping(row), "contacting the registry")
-        for mv in parts:
-            mv.before = retry(lambda: mv.read(api), f"reading {mv.target(reg)}")
-        taken = [TagTaken(mv.target(reg), mv.before.digest, mv.before.config, mv.image_id) for mv in parts if mv.before and not mv.in_place]
-        before = {t: retry(lambda: api.raw(row.repository, t), f"reading {reg}/{row.repository}:{t}") for t in targets}
     except Transient as e:
         raise EnvironmentProblem(f"{e}; nothing pushed") from None
-    if taken:
-        raise ImmutableTagTaken(taken)
+    rows = _push_parts(c, api, parts, creds, push, retry, log)
     if not push:
-        return _index_table([(mv.target(reg), mv.before.digest if mv.before else "absent", "already there" if mv.in_place else "would push")
-                             for mv in parts] + [(f"{reg}/{row.repository}:{t}", "", "would push") for t in targets], push)
+        return _index_table(rows + [(f"{reg}/{row.repository}:{t}", "", "would push") for t in [dated, *row.tags]], push)
+    return _push_index(api, row, dated, [(mv.image.platform, mv.tag) for mv in parts], rows, retry, log)
+
+
+def merge_index(root: Path, row: Image, reg: Registry, *, push: bool, ca_bundle: str | None, attempts: int,
+                backoff: float, log: Callable[[str], None]) -> list[str]:
+    """CI's merge job: the index of the parts each platform's build published for this commit
+    (their dated tag is the checkout's: its commit day and the row's lock). A part that is
+    missing stops it before anything is pushed: only rows whose every platform passed merge."""
+    api = RegistryAPI(reg, credentials(reg), ca_bundle)
+    retry = retrying(attempts, backoff, log)
+    src = source(root)
+    labels = {CREATED_LABEL: src.created, LOCK_LABEL: lock_files_sha256(root, row)}
+    dated = dated_tag(row, labels, f"the checkout ({src.revision[:12]})")
+    parts = [(p, f"{dated}-{p.split('/')[1]}") for p in row.platforms]
     try:
-        execute(c, api, parts, creds, retry, log)
-        manifests = [(mv.image.platform, api.raw(row.repository, mv.after.digest)) for mv in parts]
-    except (Transient, PublishError) as e:
-        raise PublishError(f"publish of {row.name} stopped at {e}; no index was pushed, and no tag of the row moved") from None
+        found = {t: retry(lambda: api.raw(row.repository, t), f"reading {reg}/{row.repository}:{t}") for _, t in parts}
+    except Transient as e:
+        raise EnvironmentProblem(f"{e}; nothing pushed") from None
+    missing = [f"{reg}/{row.repository}:{t}" for t, raw in found.items() if raw is None]
+    if missing:
+        raise PublishError(f"{row.name}: no part {', '.join(missing)} in the registry (its platform's build failed or did not "
+                           "publish); nothing pushed, no tag moved")
+    rows = [(f"{reg}/{row.repository}:{t}", "sha256:" + hashlib.sha256(found[t]).hexdigest(), "part, in place") for _, t in parts]
+    if not push:
+        return _index_table(rows + [(f"{reg}/{row.repository}:{t}", "", "would push") for t in [dated, *row.tags]], push)
+    return _push_index(api, row, dated, parts, rows, retry, log)
+
+
+def _push_index(api: RegistryAPI, row: Image, dated: str, parts: list[tuple[str, str]], rows: list[tuple[str, str, str]],
+                retry: Callable, log: Callable[[str], None]) -> list[str]:
+    """The index of the parts (platform, part tag) to the dated tag, read back, then to each moving
+    tag; a dated tag that holds another index is refused before the index is pushed anywhere."""
+    reg = api.reg
+    targets = [dated, *row.tags]
+    try:
+        manifests = [(platform, retry(lambda: api.raw(row.repository, t), f"reading {reg}/{row.repository}:{t}")) for platform, t in parts]
+        before = {t: retry(lambda: api.raw(row.repository, t), f"reading {reg}/{row.repository}:{t}") for t in targets}
+    except Transient as e:
+        raise EnvironmentProblem(f"{e}; no index pushed, no tag of the row moved") from None
     document = index.list_document(manifests)
-    digest = "sha256:" + hashlib.sha256(document).hexdigest()
-    held = before[dated_tag_]
-    if held is not None and "sha256:" + hashlib.sha256(held).hexdigest() != digest:
-        raise ImmutableTagTaken([TagTaken(f"{reg}/{row.repository}:{dated_tag_}", "sha256:" + hashlib.sha256(held).hexdigest(), None, digest)])
-    configs = {mv.image.platform: json.loads(raw)["config"]["digest"] for mv, (_, raw) in zip(parts, manifests)}
-    rows = [(mv.target(reg), mv.after.digest, "already there" if mv.in_place else "pushed, verified") for mv in parts]
+    digest = index.digest_of(document)
+    if before[dated] is not None and index.digest_of(before[dated]) != digest:
+        raise ImmutableTagTaken([TagTaken(f"{reg}/{row.repository}:{dated}", index.digest_of(before[dated]), None, digest)])
+    configs = {platform: json.loads(raw)["config"]["digest"] for platform, raw in manifests}
     with tempfile.TemporaryDirectory(prefix="pytorch-cuda-index-") as tmp:
-        index.write_layout(Path(tmp) / "layout", document)
+        layout = Path(tmp) / "layout"
+        index.write_layout(layout, document)
         for t in targets:
             target = f"{reg}/{row.repository}:{t}"
-            if before[t] is not None and "sha256:" + hashlib.sha256(before[t]).hexdigest() == digest:
+            if before[t] is not None and index.digest_of(before[t]) == digest:
                 rows.append((target, digest, "already there"))
                 continue
             log(f"pushing {target} (an index of {', '.join(configs)})")
             try:
-                retry(lambda: api.push_index(Path(tmp) / "layout", index.INDEX_REF, row.repository, t), f"pushing {target}")
+                retry(lambda: api.push_index(layout, index.INDEX_REF, row.repository, t), f"pushing {target}")
                 got = retry(lambda: index.check_index(api, row.repository, t, configs), f"reading back {target}")
             except (Transient, PublishError) as e:
                 raise PublishError(f"publish of {row.name} stopped at {target}: {e}; the tags before it hold the index, "
@@ -320,7 +385,7 @@ def publish_index(c: docker.DockerClient, row: Image, reg: Registry, *, push: bo
             if got != digest:
                 raise PublishError(f"read-back of {target} is {got}, not the index pushed ({digest})")
             rows.append((target, digest, "pushed, verified"))
-    return _index_table(rows, push) + [f"pull by digest (every platform): {reg.repository(row)}@{digest}"]
+    return _index_table(rows, True) + [f"pull by digest (every platform): {reg.repository(row)}@{digest}"]
 
 
 def _index_table(rows: list[tuple[str, str, str]], push: bool) -> list[str]:
@@ -396,3 +461,8 @@ def write_record(results: Path, reg: Registry, image: Image, moves: list[Move]) 
         record["base"] = {"image_id": base.image_id, "repository": base.repository(reg), "tag": base.tag,
                           "digest": base.after.digest}
     write_atomic(results / "published.json", json.dumps(record, indent=2) + "\n")
+
+
+def lock_files_sha256(root: Path, image: Image) -> str:
+    """The row's lock hash, as its images' LOCK_LABEL carries it."""
+    return lock.read(root, image)["files_sha256"]

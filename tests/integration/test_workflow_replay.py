@@ -376,3 +376,62 @@ def test_a_runner_user_without_sudo_builds_a_base_rootfs_with_mmdebstrap(runner,
         sudoers.chmod(0o440)
         for ref in refs:
             _current(current, "image", "rm", "--force", ref)
+
+
+def test_the_merge_job_joins_the_platform_parts_into_one_index_under_the_rows_tags(runner, checked, docker_client, tmp_path):
+    """The merge job for the 2.11 row, as a runner user, against a registry on 127.0.0.1 that asks
+    for a password: the parts the two platform builds would have published (two small images,
+    amd64 and arm64, pushed here under `<dated>-<arch>`) become one index under the row's dated
+    and moving tags. The dated tag is the checkout's (commit day, lock), as the builds' is."""
+    if BINARY is None:
+        pytest.fail("no docker-registry binary: engine.sh --with-registry (build.py selftest) installs it")
+    workspace, runner_env = runner
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    assert workflow["jobs"]["merge"]["needs"] == ["matrix", "build"]  # no merge unless every build passed
+    assert workflow["jobs"]["merge"]["strategy"]["matrix"] == "${{ fromJSON(needs.matrix.outputs.indexes) }}"
+    arm_row = matrix.load(ROOT / "matrix.yaml").select("2.11", "13.0")
+    row = next(r for r in json.loads(checked["matrix"]["indexes"])["include"] if r["image"] == arm_row.name)
+    src = build.source(ROOT)
+    dated = publish.dated_tag(arm_row, {publish.CREATED_LABEL: src.created,
+                                        publish.LOCK_LABEL: publish.lock_files_sha256(ROOT, arm_row)}, "the checkout")
+    reg = LocalRegistry(tmp_path / "registry").start(users={REGISTRY_USER: REGISTRY_PASSWORD})
+    ids = {}
+    try:
+        for platform in arm_row.platforms:
+            ids[platform] = _small_part(docker_client, tmp_path, platform, f"{reg.host}/ml/{arm_row.repository}:{dated}-{platform.split('/')[1]}")
+        run_job(workflow, "merge", expressions(reg.address("ml"), row), workspace, runner_env, logs)
+        for tag in [dated, *arm_row.tags]:
+            doc = json.loads(_skopeo_raw(reg, f"ml/{arm_row.repository}:{tag}"))
+            platforms = {f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"] for m in doc["manifests"]}
+            assert set(platforms) == set(arm_row.platforms), doc
+            for platform, digest in platforms.items():
+                manifest = json.loads(_skopeo_raw(reg, f"ml/{arm_row.repository}@{digest}"))
+                assert manifest["config"]["digest"] == ids[platform]  # the part as pushed: the image's config
+    finally:
+        reg.stop()
+
+
+def _small_part(docker_client, tmp: Path, platform: str, target: str) -> str:
+    """A one-file image of platform (no RUN: nothing emulated), pushed with skopeo to target as a
+    platform build's part; its image ID (the config digest on the classic store)."""
+    from pytorch_cuda_build.engine import docker_env
+    ctx = tmp / platform.replace("/", "-")
+    ctx.mkdir()
+    (ctx / "file").write_text(platform)
+    (ctx / "Dockerfile").write_text("FROM scratch\nCOPY file /file\n")
+    bc = docker_env.build_client(None)
+    iid = ctx / "iid"
+    subprocess.run([*bc.argv, "--platform", platform, "--iidfile", str(iid), str(ctx)], check=True, capture_output=True,
+                   env=docker_env.build_env(bc))
+    image_id = iid.read_text().strip()
+    subprocess.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"--dest-creds={REGISTRY_USER}:{REGISTRY_PASSWORD}",
+                    f"docker-daemon:{image_id}", f"docker://{target}"], check=True, capture_output=True)
+    docker_client.images.remove(image_id, force=True)
+    return image_id
+
+
+def _skopeo_raw(reg: LocalRegistry, ref: str) -> bytes:
+    return subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"--creds={REGISTRY_USER}:{REGISTRY_PASSWORD}",
+                           f"docker://{reg.host}/{ref}"], check=True, capture_output=True).stdout

@@ -75,7 +75,11 @@ def test_matrix_json_is_the_fan_out():
     proc = run_build_py(ROOT, "matrix", "--json")
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)["include"]
-    assert [r["image"] for r in rows] == [i.name for i in MATRIX.images]
+    assert [(r["image"], r["platform"]) for r in rows] == [(i.name, p) for i in MATRIX.images for p in i.platforms]
+    arm = [r for r in rows if r["platform"] == "linux/arm64"]
+    assert arm and all(r["runner"] == "ubuntu-24.04-arm" and "arm64" in r["gpu_runner"] for r in arm)  # built natively
+    indexes = json.loads(run_build_py(ROOT, "matrix", "--indexes").stdout)["include"]
+    assert [r["image"] for r in indexes] == [i.name for i in MATRIX.images if len(i.platforms) > 1] == sorted({r["image"] for r in arm}, key=[i.name for i in MATRIX.images].index)
     default = next(r for r in rows if r["image"] == "2.7.1-cuda12.1-runtime")
     assert default["tags"] == ["2.7.1-cuda12.1-runtime", "v2.7-cuda12.1", "v2.7"] and default["default"]
     assert default["build_args"] == "--torch 2.7.1 --cuda 12.1 --flavor runtime"
