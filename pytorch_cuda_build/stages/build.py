@@ -209,6 +209,8 @@ def load_oci(bc: BuildClient, tarball: Path, ref: str, log_path: Path) -> str:
 
 def _stream(cmd: list[str], env: dict[str, str], log_path: Path, echo: bool | Callable[[str], None]) -> int:
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    if log_path.exists():  # the last build's log stays beside (a rebuild from the cache records no step times)
+        log_path.replace(log_path.with_name(log_path.stem + ".previous" + log_path.suffix))
     with open(log_path, "w", buffering=1) as log:  # line-buffered: `tail -f build.log` follows the build
         log.write("$ " + " ".join(cmd) + "\n")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, errors="replace")

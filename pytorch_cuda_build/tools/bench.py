@@ -26,13 +26,14 @@ from pathlib import Path
 from typing import Callable
 
 from .. import files, progress
+from ..pipeline import results_dir
 from ..engine import docker_env
 from ..engine.docker_env import DOCKER_ENV
 from ..errors import CommandFailed, PipelineError, UsageError
 from ..matrix import Image
 from ..stages import build, render, tag
 
-MEASURES = ("size", "cold", "opscache", "rebuild", "rows", "matrix", "banner")
+MEASURES = ("size", "cold", "opscache", "rebuild", "rows", "matrix", "banner", "arm64")
 EMPTIES_CACHE = ("cold", "matrix")  # measured from an empty build cache
 
 
@@ -292,6 +293,8 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
     if "banner" in only:
         log(f"bench: banner start-up, {runs} interleaved runs")
         r["banner"] = banner(image, ref, runs, out_dir, docker_cli=bc.argv[0])
+    if "arm64" in only and "linux/arm64" in image.platforms:
+        platforms(c, image, root, bc, out_dir, log)  # its own report: bench/arm64.md
     if r.get("cold") is None or "cold" not in only:
         r.pop("cold", None)  # only borrowed for the ratios: merge_previous carries the measured one
     r = merge_previous(out_dir / "report.json", r, only)
@@ -312,6 +315,100 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
             ("naive Dockerfile", statistics.median(cd["naive_s"]) / 60)]
             + ([("naive, DS_BUILD_* ops", statistics.median(cd["naive_ops_s"]) / 60)] if cd.get("naive_ops_s") else [])))
     return r
+
+
+# ---- arm64: the row's platforms side by side, from their own builds ----------------------
+
+
+def last_build(results: Path) -> tuple[Path, list[dict]] | None:
+    """The newest log under results that built something (a build from the cache records no
+    times): build.log, else build.previous.log; with its steps. None: neither did."""
+    for name in ("build.log", "build.previous.log"):
+        path = results / name
+        if path.exists():
+            st = steps(path.read_text(errors="replace"))
+            if any(not s["cached"] and s["seconds"] > 5 for s in st):
+                return path, st
+    return None
+
+
+def _platform_figures(results: Path) -> dict | None:
+    found = last_build(results)
+    if found is None:
+        return None
+    path, st = found
+    built = [s for s in st if not s["cached"]]
+    smoke = json.loads((results / "smoke-report.json").read_text()) if (results / "smoke-report.json").exists() else {}
+    return {"log": str(path), "log_time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime)),
+            "build_s": sum(s["seconds"] for s in built),
+            "python_env_s": sum(s["seconds"] for s in built if s["stage"] == "python-env"),
+            "ops_s": sum(s["seconds"] for s in built if "opsbuild.py" in s["cmd"] and s["cmd"].startswith("RUN")),
+            "cpu_ops_s": sum(s["seconds"] for s in built if "cpuops.py" in s["cmd"]),
+            "apt_s": sum(s["seconds"] for s in built if s["stage"] == "base"),
+            "smoke_s": smoke.get("seconds"), "smoke_checks": smoke.get("summary")}
+
+
+def platforms(c, image: Image, root: Path, bc, out_dir: Path, log) -> dict:
+    """The row's linux/arm64 image (emulated here) beside its linux/amd64 one: their builds'
+    step times, read from each platform's last build that built (build-results/<row>/[linux-arm64/]),
+    their gates' smoke runs, and the arm64 image's size against its floor, measured now.
+    Written to out_dir/arm64.{json,md}."""
+    if "linux/arm64" not in image.platforms:
+        raise UsageError(f"{image.name} is not built for linux/arm64 (its platforms: {', '.join(image.platforms)})")
+    arm = image.on("linux/arm64")
+    r = {"image": image.name, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
+         "host": docker_env.host_platform()}
+    for p in image.platforms:
+        r[p] = _platform_figures(results_dir(root, image.on(p)))
+    ref = tag.own_ref(arm)
+    if r["linux/arm64"] is None or tag.current(c, arm).get(ref, None) is None and not _exists(c, ref):
+        raise UsageError(f"no built and tagged linux/arm64 image of {image.name} ({ref}); build it first: "
+                         f"python build.py --torch {image.torch} --cuda {image.cuda} --platform linux/arm64")
+    log("bench: the arm64 image against its floor (base stage + /opt/venv, measured under emulation)")
+    with tempfile.TemporaryDirectory(prefix="pytorch-cuda-bench-") as tmp:
+        build.stage_context(root, arm, Path(tmp))
+        _run([*bc.argv, "--progress=plain", "--file", str(build.dockerfile(root, arm)), *build.platform_args(arm),
+              "--target", "base", "--tag", "pytorch-cuda-bench:base-arm64", tmp], env={**os.environ, **bc.env})
+    out = _run([bc.argv[0], "run", "--rm", "--platform", arm.platform, "--entrypoint", "du", ref, "-sb", "/opt/venv"], timeout=1800).stdout
+    base, venv, ours = image_size(c, "pytorch-cuda-bench:base-arm64"), int(out.split()[0]), image_size(c, ref)
+    c.images.remove("pytorch-cuda-bench:base-arm64", noprune=True)
+    r["size"] = {"image": ours, "base_os_python": base, "locked_env": venv, "floor": base + venv, "ratio_to_floor": ours / (base + venv)}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "arm64.json").write_text(json.dumps(r, indent=2) + "\n")
+    (out_dir / "arm64.md").write_text(platforms_markdown(r))
+    return r
+
+
+def _exists(c, ref: str) -> bool:
+    try:
+        c.images.get(ref)
+        return True
+    except Exception:
+        return False
+
+
+def platforms_markdown(r: dict) -> str:
+    def fig(p: str, key: str) -> str:
+        v = (r.get(p) or {}).get(key)
+        return "not measured" if v is None else f"{v:.0f} s"
+    lines = [f"# arm64 beside amd64: {r['image']}", "",
+             f"Measured {r['date']} on this {r['host']} machine ({r['cpus']} CPUs), by `python3 build.py bench --full --only arm64 "
+             f"--torch {r['image'].split('-')[0]}`: build step times from each platform's last build that built, the gate's "
+             "smoke run, and the arm64 image's size measured now. linux/arm64 ran under QEMU (user-mode emulation).", "",
+             "| figure | linux/amd64 (native) | linux/arm64 (emulated) |", "|---|---|---|"]
+    for key, label in (("build_s", "build, every step that ran"), ("apt_s", "  of which the base stage (apt)"),
+                       ("python_env_s", "  of which the locked wheels (pip install)"), ("ops_s", "  of which the DeepSpeed op compile (nvcc)"),
+                       ("cpu_ops_s", "  of which the CPU-accelerator ops (g++)"), ("smoke_s", "the gate's smoke run")):
+        lines.append(f"| {label} | {fig('linux/amd64', key)} | {fig('linux/arm64', key)} |")
+    for p in ("linux/amd64", "linux/arm64"):
+        if r.get(p) and r[p].get("smoke_checks"):
+            s = r[p]["smoke_checks"]
+            lines.append(f"| smoke checks ({p}) | {s.get('PASS')} passed, {s.get('FAIL')} failed, {s.get('SKIPPED')} skipped | |")
+    s = r["size"]
+    lines += ["", f"linux/arm64 image size / floor: {s['image'] / 1e9:.2f} GB / {s['floor'] / 1e9:.2f} GB (base OS + Python "
+              f"{s['base_os_python'] / 1e9:.2f} + locked env {s['locked_env'] / 1e9:.2f}) = **{s['ratio_to_floor']:.3f}x** (target <= 1.03x).", ""]
+    lines += [f"- {p}: {r[p]['log']} ({r[p]['log_time']})" if r.get(p) else f"- {p}: no build that built here" for p in ("linux/amd64", "linux/arm64")]
+    return "\n".join(lines) + "\n"
 
 
 def _cold(c, image: Image, root: Path, bc, ca: str | None, cold_runs: int, buildpy: list[str], row: list[str],
@@ -508,6 +605,8 @@ def run(c, m, image: Image, root: Path, only: set[str], runs: int, cold_runs: in
         docker: str | None, ca: Callable[[], str | None], log) -> str:
     """`build.py bench`: the banner alone, or (every: --full) each measure of `only`; the report as markdown."""
 
+    if every and only == {"arm64"}:  # the platforms' own builds: nothing else is built or run
+        return platforms_markdown(platforms(c, image, root, docker_env.build_client(docker), root / "bench", log))
     ref = image.refs()[0]
     if tag.current(c, image)[ref] is None:
         raise UsageError(f"no image {ref}; build it first")

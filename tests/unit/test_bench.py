@@ -178,3 +178,49 @@ def test_cli_bench_prints_a_failed_docker_run_as_one_line(monkeypatch, capsys, t
     err = capsys.readouterr().err
     assert rc == 1 and err.count("\n") == 1, err
     assert err.startswith("error: `docker run --rm pytorch-cuda:2.7.1-cuda12.1-runtime true` exited 125: docker: Error response"), err
+
+
+CACHED_LOG = """\
+#4 [base 1/3] FROM docker.io/library/pytorch-cuda-rootfs:bookworm-abc-arm64
+#4 DONE 0.0s
+#5 [base 2/3] RUN apt-get update
+#5 CACHED
+#7 [python-env 2/2] RUN set -eu; pip download
+#7 CACHED
+"""
+ARM_LOG = LOG.replace("RUN pip wheel deepspeed", "RUN --mount=type=cache set -eu; python /opt/pytorch-cuda/opsbuild.py /wheelhouse/deepspeed.tar.gz")
+
+
+def test_arm64_figures_come_from_the_last_build_that_built(tmp_path):
+    """A rebuild from the cache keeps the build before it as build.previous.log: the figures are that one's."""
+    (tmp_path / "build.log").write_text(CACHED_LOG)
+    assert bench.last_build(tmp_path) is None
+    (tmp_path / "build.previous.log").write_text(ARM_LOG)
+    (tmp_path / "smoke-report.json").write_text('{"seconds": 412.5, "summary": {"PASS": 9, "FAIL": 0, "SKIPPED": 1}}')
+    figures = bench._platform_figures(tmp_path)
+    assert figures["log"].endswith("build.previous.log")
+    assert (figures["build_s"], figures["python_env_s"], figures["ops_s"], figures["smoke_s"]) == (294.8, 93.2, 201.5, 412.5)
+    (tmp_path / "build.log").write_text(ARM_LOG)
+    assert bench.last_build(tmp_path)[0].name == "build.log"  # the newest that built wins
+
+
+def test_arm64_report_puts_the_platforms_side_by_side_and_says_what_was_not_measured():
+    r = {"image": "2.11.0-cuda13.0-runtime", "date": "2026-11-25 12:00 UTC", "cpus": 2, "host": "linux/amd64",
+         "linux/amd64": None,
+         "linux/arm64": {"log": "build-results/x/linux-arm64/build.log", "log_time": "2026-11-25 11:00 UTC", "build_s": 3600.0,
+                         "python_env_s": 396.3, "ops_s": 2400.0, "cpu_ops_s": 600.0, "apt_s": 166.0, "smoke_s": 500.0,
+                         "smoke_checks": {"PASS": 9, "FAIL": 0, "SKIPPED": 1}},
+         "size": {"image": 10.3e9, "base_os_python": 0.4e9, "locked_env": 9.8e9, "floor": 10.2e9, "ratio_to_floor": 10.3 / 10.2}}
+    text = bench.platforms_markdown(r)
+    assert "| build, every step that ran | not measured | 3600 s |" in text
+    assert "|   of which the DeepSpeed op compile (nvcc) | not measured | 2400 s |" in text
+    assert "= **1.010x** (target <= 1.03x)" in text and "- linux/amd64: no build that built here" in text
+
+
+def test_a_rebuild_keeps_the_last_build_log_beside_it(tmp_path):
+    from pytorch_cuda_build.stages import build
+    log = tmp_path / "build.log"
+    log.write_text("the first build\n")
+    assert build._stream(["sh", "-c", "echo the second"], {"PATH": "/usr/bin:/bin"}, log, False) == 0
+    assert (tmp_path / "build.previous.log").read_text() == "the first build\n"
+    assert log.read_text().endswith("the second\n")
