@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Callable
 
 from .. import files, progress
-from ..pipeline import results_dir
 from ..engine import docker_env
 from ..engine.docker_env import DOCKER_ENV
 from ..errors import CommandFailed, PipelineError, UsageError
 from ..matrix import Image
+from ..pipeline import results_dir
 from ..stages import build, render, tag
 
 MEASURES = ("size", "cold", "opscache", "rebuild", "rows", "matrix", "banner", "arm64")
