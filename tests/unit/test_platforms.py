@@ -11,6 +11,7 @@ import pytest
 from pytorch_cuda_build import matrix, pipeline
 from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import EnvironmentProblem, UsageError
+from pytorch_cuda_build.errors import TestFailure as GateFailure
 from pytorch_cuda_build.stages import build, lock, render, tag
 
 from helpers import one_error_line, run_cli
@@ -110,3 +111,30 @@ def test_without_root_and_qemu_the_build_stops_with_what_to_install(tmp_path):
         with pytest.raises(EnvironmentProblem, match="apt-get install qemu-user-static binfmt-support"):
             docker_env.ensure_emulation("linux/arm64")
         docker_env.ensure_emulation("linux/amd64")  # the host's own platform needs nothing
+
+
+def test_all_platforms_move_no_tag_until_every_one_passed_and_the_host_moves_last(monkeypatch):
+    built, promoted = [], []
+
+    def build_row(root, image, opts, console, hold_tags=False):
+        assert hold_tags  # each platform is proven first; none moves its tags itself
+        built.append(image.platform)
+        if image.platform == "linux/arm64" and fail_arm:
+            raise GateFailure("smoke suite", "zero3 failed", "log")
+        return pipeline.RowResult(image.local_name, ok=True, image_id=f"sha256:{image.arch}")
+
+    monkeypatch.setattr(pipeline, "build_row", build_row)
+    monkeypatch.setattr(docker_env, "ensure_engine", lambda log: object())
+    monkeypatch.setattr(pipeline._Row, "promote", lambda self, c, publish=True: promoted.append((self.image.platform, publish)))
+    console = mock.Mock()
+    with mock.patch.object(docker_env, "host_platform", return_value="linux/amd64"):
+        images = pipeline.platforms(ROW, "all")
+        fail_arm = True
+        with pytest.raises(GateFailure):
+            pipeline.build_platforms(ROOT, images, pipeline.Options(), console)
+        assert built == ["linux/amd64", "linux/arm64"] and promoted == []  # amd64 passed, and still no tag moved
+        fail_arm = False
+        built.clear()
+        results = pipeline.build_platforms(ROOT, images, pipeline.Options(), console)
+    assert [r.image for r in results] == [ROW.name, f"{ROW.name}-arm64"]
+    assert promoted == [("linux/arm64", False), ("linux/amd64", False)]  # the host's last: its tags win on a classic store
