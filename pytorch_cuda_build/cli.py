@@ -78,7 +78,7 @@ def cmd_build(m: matrix.Matrix, args) -> int:
         else:
             results = ([pipeline.recorded(args.result_json, on[0], lambda: pipeline.build_row(ROOT, on[0], opts, con))]
                        if len(on) == 1 else pipeline.build_platforms(ROOT, on, opts, con))
-        con.summary(results, ROOT / "build-results" if args.all else pipeline.results_dir(ROOT, images[0]))
+        con.summary(results, ROOT / "build-results" if args.all else pipeline.results_dir(ROOT, on[0] if len(on) == 1 else images[0]))
     if reg and not args.all:
         print("\n".join(publish.table(results[0].moves, reg, True)))
     if failed := scheduler.failures(results):
