@@ -339,12 +339,16 @@ def _platform_figures(results: Path) -> dict | None:
     path, st = found
     built = [s for s in st if not s["cached"]]
     smoke = json.loads((results / "smoke-report.json").read_text()) if (results / "smoke-report.json").exists() else {}
+
+    def ran(pick) -> float | None:  # None: that step came from the cache in this build, so it was not measured
+        mine = [s["seconds"] for s in built if pick(s)]
+        return sum(mine) if mine else None
     return {"log": str(path), "log_time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime)),
             "build_s": sum(s["seconds"] for s in built),
-            "python_env_s": sum(s["seconds"] for s in built if s["stage"] == "python-env"),
-            "ops_s": sum(s["seconds"] for s in built if "opsbuild.py" in s["cmd"] and s["cmd"].startswith("RUN")),
-            "cpu_ops_s": sum(s["seconds"] for s in built if "cpuops.py" in s["cmd"]),
-            "apt_s": sum(s["seconds"] for s in built if s["stage"] == "base"),
+            "python_env_s": ran(lambda s: s["stage"] == "python-env"),
+            "ops_s": ran(lambda s: "opsbuild.py" in s["cmd"] and s["cmd"].startswith("RUN")),
+            "cpu_ops_s": ran(lambda s: "cpuops.py" in s["cmd"]),
+            "apt_s": ran(lambda s: s["stage"] == "base" and s["cmd"].startswith("RUN")),
             "smoke_s": smoke.get("seconds"), "smoke_checks": smoke.get("summary")}
 
 
@@ -390,13 +394,13 @@ def _exists(c, ref: str) -> bool:
 def platforms_markdown(r: dict) -> str:
     def fig(p: str, key: str) -> str:
         v = (r.get(p) or {}).get(key)
-        return "not measured" if v is None else f"{v:.0f} s"
+        return "not measured (cached)" if v is None and r.get(p) else "not measured" if v is None else f"{v:.0f} s"
     lines = [f"# arm64 beside amd64: {r['image']}", "",
              f"Measured {r['date']} on this {r['host']} machine ({r['cpus']} CPUs), by `python3 build.py bench --full --only arm64 "
              f"--torch {r['image'].split('-')[0]}`: build step times from each platform's last build that built, the gate's "
              "smoke run, and the arm64 image's size measured now. linux/arm64 ran under QEMU (user-mode emulation).", "",
              "| figure | linux/amd64 (native) | linux/arm64 (emulated) |", "|---|---|---|"]
-    for key, label in (("build_s", "build, every step that ran"), ("apt_s", "  of which the base stage (apt)"),
+    for key, label in (("build_s", "build: the steps that ran (steps from the cache not counted)"), ("apt_s", "  of which the base stage (apt)"),
                        ("python_env_s", "  of which the locked wheels (pip install)"), ("ops_s", "  of which the DeepSpeed op compile (nvcc)"),
                        ("cpu_ops_s", "  of which the CPU-accelerator ops (g++)"), ("smoke_s", "the gate's smoke run")):
         lines.append(f"| {label} | {fig('linux/amd64', key)} | {fig('linux/arm64', key)} |")
