@@ -9,3 +9,10 @@ from pathlib import Path
 # test suite does, tests/conftest.py) sets PYTORCH_CUDA_STATE before importing the package.
 # Empty means unset, never the current directory.
 STATE_DIR = Path(os.environ.get("PYTORCH_CUDA_STATE") or Path.home() / ".cache" / "pytorch-cuda").expanduser()
+
+
+def results_dir(root: Path, image) -> Path:
+    """What a build of a matrix Image leaves: build-results/<image>/, and build-results/<image>/linux-arm64/
+    for that platform's build (every stage that writes there reads it from here)."""
+    row = root / "build-results" / image.name
+    return row if image.platform == "linux/amd64" else row / image.platform.replace("/", "-")

@@ -26,11 +26,7 @@ from .errors import BuildError, PipelineError, UsageError
 from .matrix import Image, Matrix
 from .stages import base, build, gate, lock, publish, registry, render, sbom, security, tag
 
-
-def results_dir(root: Path, image: Image) -> Path:
-    """build-results/<image>/, and build-results/<image>/linux-arm64/ for that platform's build."""
-    row = root / "build-results" / image.name
-    return row if image.platform == "linux/amd64" else row / image.platform.replace("/", "-")
+results_dir = paths.results_dir
 
 
 

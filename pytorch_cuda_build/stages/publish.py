@@ -109,7 +109,7 @@ def screen(c: docker.DockerClient, images: list[Image], results: Callable[[Image
     vulnerabilities.json lists a critical advisory that `allowed` does not name."""
     for image in images:
         tested_id(c, image)  # the first question: a row never built says so, not that its report is missing
-    security.gate({i.name: results(i) / security.REPORT for i in images}, allowed)
+    security.gate({i.local_name: results(i) / security.REPORT for i in images}, allowed)
 
 
 def dated_tag(image: Image, labels: dict[str, str] | None, ref: str) -> str:

@@ -33,6 +33,7 @@ import requests
 import tenacity
 from debian.debian_support import Version
 
+from .. import paths
 from ..errors import AdvisoryLookupError, ResolveError, UsageError, VulnerableImage
 from ..files import write_atomic
 from ..matrix import AptSource, Image
@@ -270,8 +271,7 @@ def report_for_image(root: Path, image: Image, installed_debian: dict[str, str],
     suite = security_suite(image)
     late = behind(installed_debian, sources.security_index(suite)) if suite else []
     when = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    # build-results/<image>/, as pipeline.results_dir has it (imported from here, pipeline would import itself)
-    return write_report(image.name, found, late, root / "build-results" / image.name / REPORT,
+    return write_report(image.name, found, late, paths.results_dir(root, image) / REPORT,
                         {**sources.described(), "at": when}, unchecked)
 
 
@@ -282,7 +282,7 @@ def record(root: Path, image: Image, installed_debian: dict[str, str], ca_bundle
         report = report_for_image(root, image, installed_debian, ca_bundle=ca_bundle)
     except AdvisoryLookupError as e:
         log(f"warning: vulnerabilities not looked up ({e}); {REPORT} says so")
-        return write_report(image.name, [], [], root / "build-results" / image.name / REPORT, {"error": str(e)},
+        return write_report(image.name, [], [], paths.results_dir(root, image) / REPORT, {"error": str(e)},
                             [f"{n}=={v}" for n, v in python_packages(root, image).items()])
     c = report["counts"]
     log(f"vulnerabilities: {c['python']} Python advisories ({c['critical']} critical), {c['debian']} Debian packages "

@@ -138,3 +138,15 @@ def test_all_platforms_move_no_tag_until_every_one_passed_and_the_host_moves_las
         results = pipeline.build_platforms(ROOT, images, pipeline.Options(), console)
     assert [r.image for r in results] == [ROW.name, f"{ROW.name}-arm64"]
     assert promoted == [("linux/arm64", False), ("linux/amd64", False)]  # the host's last: its tags win on a classic store
+
+
+def test_each_platform_keeps_its_own_results_so_one_report_never_overwrites_the_other(tmp_path):
+    from pytorch_cuda_build import paths
+    from pytorch_cuda_build.stages import security
+    assert pipeline.results_dir(tmp_path, ROW) == tmp_path / "build-results" / ROW.name
+    assert pipeline.results_dir(tmp_path, ARM) == tmp_path / "build-results" / ROW.name / "linux-arm64"
+    for image in (ROW, ARM):  # what the build's vulnerabilities step writes, offline (the lookup fails: no network)
+        with mock.patch.object(security, "report_for_image", side_effect=security.AdvisoryLookupError("offline")), \
+                mock.patch.object(security, "python_packages", return_value={"torch": "2.11.0"}):
+            security.record(tmp_path, image, {}, None, lambda _: None)
+        assert (paths.results_dir(tmp_path, image) / security.REPORT).exists()
