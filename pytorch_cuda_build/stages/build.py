@@ -209,8 +209,9 @@ def load_oci(bc: BuildClient, tarball: Path, ref: str, log_path: Path) -> str:
 
 def _stream(cmd: list[str], env: dict[str, str], log_path: Path, echo: bool | Callable[[str], None]) -> int:
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    if log_path.exists():  # the last build's log stays beside (a rebuild from the cache records no step times)
-        log_path.replace(log_path.with_name(log_path.stem + ".previous" + log_path.suffix))
+    keep = log_path.with_name(log_path.stem + ".previous" + log_path.suffix)
+    if log_path.exists() and built_something(log_path):  # a rebuild from the cache records no step times:
+        log_path.replace(keep)                              # .previous keeps the last build that built
     with open(log_path, "w", buffering=1) as log:  # line-buffered: `tail -f build.log` follows the build
         log.write("$ " + " ".join(cmd) + "\n")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, errors="replace")
@@ -230,6 +231,11 @@ def _stream(cmd: list[str], env: dict[str, str], log_path: Path, echo: bool | Ca
             except subprocess.TimeoutExpired:
                 proc.kill()
             raise
+
+
+def built_something(log_path: Path) -> bool:
+    """Whether a saved build log ran a Dockerfile step (rather than taking every one from the cache)."""
+    return any(not s["cached"] and s["cmd"].startswith(("RUN", "COPY", "ADD")) for s in progress.steps(log_path.read_text(errors="replace")))
 
 
 def failed_step(log_path: Path) -> str:

@@ -217,10 +217,13 @@ def test_arm64_report_puts_the_platforms_side_by_side_and_says_what_was_not_meas
     assert "= **1.010x** (target <= 1.03x)" in text and "- linux/amd64: no build that built here" in text
 
 
-def test_a_rebuild_keeps_the_last_build_log_beside_it(tmp_path):
+def test_a_rebuild_keeps_the_last_build_that_built_beside_it(tmp_path):
     from pytorch_cuda_build.stages import build
     log = tmp_path / "build.log"
-    log.write_text("the first build\n")
+    log.write_text(LOG)  # a build that ran steps
     assert build._stream(["sh", "-c", "echo the second"], {"PATH": "/usr/bin:/bin"}, log, False) == 0
-    assert (tmp_path / "build.previous.log").read_text() == "the first build\n"
+    assert (tmp_path / "build.previous.log").read_text() == LOG
     assert log.read_text().endswith("the second\n")
+    log.write_text(CACHED_LOG)  # every step from the cache: .previous keeps the build that built
+    assert build._stream(["sh", "-c", "echo the third"], {"PATH": "/usr/bin:/bin"}, log, False) == 0
+    assert (tmp_path / "build.previous.log").read_text() == LOG
