@@ -346,8 +346,10 @@ def _platform_figures(results: Path) -> dict | None:
     return {"log": str(path), "log_time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime)),
             "build_s": sum(s["seconds"] for s in built),
             "python_env_s": ran(lambda s: s["stage"] == "python-env"),
-            "ops_s": ran(lambda s: "opsbuild.py" in s["cmd"] and s["cmd"].startswith("RUN")),
-            "cpu_ops_s": ran(lambda s: "cpuops.py" in s["cmd"]),
+            # The saved command is cut at 120 characters. The op compile is the ops-builder step with two
+            # cache mounts (the wheelhouse and the ops cache); the CPU ops' step binds ninjalogs.py first.
+            "ops_s": ran(lambda s: s["stage"] == "ops-builder" and s["cmd"].count("--mount=type=cache") == 2),
+            "cpu_ops_s": ran(lambda s: s["cmd"].startswith("RUN --mount=type=bind,source=pytorch_cuda_runtime/ninjalogs.py")),
             "apt_s": ran(lambda s: s["stage"] == "base" and s["cmd"].startswith("RUN")),
             "smoke_s": smoke.get("seconds"), "smoke_checks": smoke.get("summary")}
 

@@ -188,7 +188,8 @@ CACHED_LOG = """\
 #7 [python-env 2/2] RUN set -eu; pip download
 #7 CACHED
 """
-ARM_LOG = LOG.replace("RUN pip wheel deepspeed", "RUN --mount=type=cache set -eu; python /opt/pytorch-cuda/opsbuild.py /wheelhouse/deepspeed.tar.gz")
+ARM_LOG = LOG.replace("RUN pip wheel deepspeed", "RUN --mount=type=cache,id=pytorch-cuda-wheelhouse,target=/wheelhouse     "
+                      "--mount=type=cache,id=pytorch-cuda-ops,target=/opscache set -eu; python /opt/pytorch-cuda/opsbuild.py")
 
 
 def test_arm64_figures_come_from_the_last_build_that_built(tmp_path):
