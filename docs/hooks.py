@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # path in the repository -> path in the site
 PUBLISHED = {
     "bench/report.md": "bench/report.md",
+    "bench/arm64.md": "bench/arm64.md",
     "bench/sizes.svg": "bench/sizes.svg",
     "bench/cold-build.svg": "bench/cold-build.svg",
     "CHANGELOG.md": "changelog.md",
