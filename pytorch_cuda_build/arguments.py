@@ -153,6 +153,7 @@ def parser() -> argparse.ArgumentParser:
     vf.add_argument("--compile-ops", action="store_true",
                     help="compile the DeepSpeed ops in both builds instead of taking the host's ops seed, as a "
                          "rebuild on a fresh machine does (about 4 min more per build on 2 cores)")
+    _platform(vf)
     _docker_ca(vf)
 
     sb = sub.add_parser("sbom", help="CycloneDX SBOM (Python and Debian packages) of any local image")

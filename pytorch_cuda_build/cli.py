@@ -142,12 +142,18 @@ def cmd_prune(m: matrix.Matrix, args) -> int:
 
 
 def cmd_verify(m: matrix.Matrix, args) -> int:
-    image = m.select(args.torch, args.cuda, args.flavor)
-    pipeline.check_inputs(ROOT, m, [image])
-    comparison, note = verify.run(ROOT, image, pipeline.results_dir(ROOT, image) / "verify", args.docker, ca.ca_bundle(args.ca_bundle), log,
-                                  compile_ops=args.compile_ops)
-    print(verify.verdict(comparison, note))
-    return 0 if comparison.reproducible else 1
+    """Each platform --platform names, in turn: its own two builds, its own verdict."""
+    row = m.select(args.torch, args.cuda, args.flavor)
+    pipeline.check_inputs(ROOT, m, [row])
+    reproducible = True
+    for image in pipeline.platforms(row, args.platform):
+        docker_env.ensure_emulation(image.platform, log)
+        comparison, note = verify.run(ROOT, image, pipeline.results_dir(ROOT, image) / "verify", args.docker,
+                                      ca.ca_bundle(args.ca_bundle), log, compile_ops=args.compile_ops)
+        print(f"{image.name} on {image.platform}:")
+        print(verify.verdict(comparison, note))
+        reproducible &= comparison.reproducible
+    return 0 if reproducible else 1
 
 
 def cmd_sbom(m: matrix.Matrix, args) -> int:

@@ -218,7 +218,7 @@ def run(root: Path, image, results: Path, docker: str | None, ca: str | None, lo
     results.mkdir(parents=True, exist_ok=True)
     base_id = base.ensure(c, image, results, log, docker_cli=bc.argv[0])
     ids, diff_ids, indexes, kept_refs = [], [], [], []
-    refs = tuple(f"{image.repository}-verify:{image.name}-{n}" for n in (1, 2))
+    refs = tuple(f"{image.repository}-verify:{image.local_name}-{n}" for n in (1, 2))
     try:
         for n, ref in enumerate(refs, 1):
             log(f"verify: build {n} of 2 without the layer cache (log: {results / f'build{n}.log'})")

@@ -267,6 +267,16 @@ def test_verify_refuses_a_row_without_lock_and_an_unreadable_ca(tmp_path):
     assert not (root / "build-results").exists()
 
 
+def test_verify_platform_is_one_of_the_rows_before_anything_is_built(tmp_path):
+    """verify --platform: a row not locked for it, or a name that is no platform, is one line and
+    exit 2 before an engine is asked for (NO_DOCKER would make any Docker call a different error)."""
+    root = project_copy(tmp_path / "p")
+    one_error_line(run_cli(root, "verify", "--torch", "2.7", "--cuda", "12.1", "--platform", "linux/arm64", env=NO_DOCKER),
+                   2, "2.7.1-cuda12.1-runtime is locked for linux/amd64 only, not linux/arm64")
+    one_error_line(run_cli(root, "verify", "--torch", "2.11", "--platform", "linux/s390x", env=NO_DOCKER), 2, "--platform")
+    assert not (root / "build-results").exists()
+
+
 @pytest.mark.network
 def test_lock_upgrade_prints_what_moved(tmp_path):
     """Real re-resolution: a lock whose recorded tqdm pin is old reports the move, and the files
