@@ -8,7 +8,7 @@ derives from the `Image` objects made here.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -178,6 +178,16 @@ class Platform(_Strict):
     _drv = field_validator("driver_min", mode="before")(_version("driver version", (1, 3), exact=False))
 
 
+class Layers(_Strict):
+    """How the locked wheels are laid out in image layers (stages/layers.py). A wheel whose download
+    is at least own_layer_min_mb MB gets a layer of its own, so that rows and refreshes that
+    install the same file share that layer's blob; at most max_own_layers of them (the largest),
+    far below Docker's limit of 127 layers. null: every wheel in one layer."""
+
+    own_layer_min_mb: float | None = Field(5, gt=0)
+    max_own_layers: int = Field(40, ge=1, le=80)
+
+
 class Defaults(_Strict):
     os: str
     # CPU baseline for the compiled DeepSpeed CPU ops (CPUAdam, shm_comm). DeepSpeed would
@@ -195,6 +205,7 @@ class Defaults(_Strict):
     prebuilt_ops: tuple[str, ...] = Field(min_length=1)
     # The OS platforms a row is locked (and later built) for; a row may list its own.
     platforms: tuple[OsPlatform, ...] = Field(DEFAULT_OS_PLATFORMS, min_length=1)
+    layers: Layers = Field(default_factory=lambda: Layers())
 
 
 class Row(_Strict):
@@ -265,6 +276,7 @@ class Image:
     # The one OS platform this Image stands for in a build (`on`); cpu_arch is that platform's.
     platform: str = "linux/amd64"
     cpu_arches: tuple[tuple[str, str], ...] = (("linux/amd64", "x86-64-v3"), ("linux/arm64", "armv8.2-a"))
+    layers: Layers = field(default_factory=lambda: Layers())
 
     def on(self, platform: str) -> "Image":
         """This row built for one of its platforms: its CPU baseline, lock folder and local names follow."""
@@ -476,7 +488,7 @@ def _complete(spec: MatrixFile, path: Path) -> Matrix:
                     cpu_arch=spec.defaults.cpu_arch,
                     cpu_arches=(("linux/amd64", spec.defaults.cpu_arch), ("linux/arm64", spec.defaults.cpu_arch_arm64)),
                     toolkit=spec.toolkits[major_of(row.wheel_cuda)],
-                    prebuilt_ops=spec.defaults.prebuilt_ops,
+                    prebuilt_ops=spec.defaults.prebuilt_ops, layers=spec.defaults.layers,
                     platforms=tuple(sorted(row.platforms or spec.defaults.platforms, key=list(OS_PLATFORMS).index)),
                 )
             )

@@ -7,7 +7,9 @@
   toolkit.lock       the CUDA compiler the ops are built with: hash-pinned wheels (pypi)
                      or .deb addresses with the sha256 of a signed Debian index (debian)
   lock.json          what the lock was made from (inputs), the facts read from the
-                     torch wheel, the base's identity, and hashes of the three files
+                     torch wheel, the base's identity, hashes of the three files, and
+                     the wheel file (name, sha256, size) each pin installs (`wheels`,
+                     wheel_files.py), from which render lays out the layers (layers.py)
   linux-arm64/       for a row that lists linux/arm64 beside linux/amd64: that platform's
                      requirements.lock and toolkit.lock, resolved from the aarch64 wheels'
                      own metadata; lock.json's `platforms` holds their inputs, facts and hashes
@@ -24,9 +26,9 @@ from pathlib import Path
 from ..errors import LockError, ResolveError
 from ..files import sha256_text, write_atomic
 from ..matrix import OS_PLATFORMS, Image, Matrix
-from . import resolve_debian, resolve_pypi
+from . import resolve_debian, resolve_pypi, wheel_files
 
-LOCK_SCHEMA = 2
+LOCK_SCHEMA = 3  # 3: lock.json records each pin's wheel file (`wheels`)
 LOCK_FILES = ("requirements.lock", "deepspeed.lock", "toolkit.lock")
 PLATFORM_LOCK_FILES = ("requirements.lock", "toolkit.lock")  # the DeepSpeed sdist is the same on every platform
 # Packages built in the image's builder stage rather than installed from a wheel.
@@ -193,7 +195,8 @@ def resolve_toolkit(image: Image, lock_text: str, ca_bundle: str | None,
 
 
 def render_lock(image: Image, lock_text: str, apt: tuple[dict[str, str], dict[str, str]] = ({}, {}),
-                toolkit: tuple[str, str] = ("", ""), platforms: dict[str, dict] | None = None) -> dict[str, str]:
+                toolkit: tuple[str, str] = ("", ""), platforms: dict[str, dict] | None = None,
+                wheels: dict[str, dict] | None = None) -> dict[str, str]:
     """The files of one image's lock, as text: the four of linux/amd64, and those of each other
     platform (render_platform) under its directory, which lock.json vouches for too."""
     facts = resolve_pypi.wheel_facts(lock_text)
@@ -213,6 +216,7 @@ def render_lock(image: Image, lock_text: str, apt: tuple[dict[str, str], dict[st
         "apt_fixes": apt[1],
         "cuda_toolkit": tk_version,
         "files_sha256": sha256_text(req, ds, tk_text),
+        "wheels": wheels or {},
     }
     return _with_platforms({"requirements.lock": req, "deepspeed.lock": ds, "toolkit.lock": tk_text}, meta, platforms or {})
 
@@ -226,7 +230,8 @@ def _with_platforms(files: dict[str, str], meta: dict, platforms: dict[str, dict
     return {**files, "lock.json": json.dumps(meta, indent=2, sort_keys=True) + "\n"}
 
 
-def render_platform(image: Image, platform: str, lock_text: str, toolkit: tuple[str, str], deepspeed_lock: str) -> dict:
+def render_platform(image: Image, platform: str, lock_text: str, toolkit: tuple[str, str], deepspeed_lock: str,
+                    wheels: dict[str, dict] | None = None) -> dict:
     """A platform beside linux/amd64: its files and its part of lock.json. Its torch wheel must
     carry the CUDA, cuDNN and NCCL the row names, and its DeepSpeed sdist be linux/amd64's."""
     facts = platform_facts(image, platform, lock_text)
@@ -238,7 +243,7 @@ def render_platform(image: Image, platform: str, lock_text: str, toolkit: tuple[
     return {"files": {"requirements.lock": req, "toolkit.lock": tk_text},
             "meta": {"inputs": platform_inputs(image, platform), "wheel": asdict(facts),
                      "pins": resolve_pypi.pins(lock_text), "cuda_toolkit": tk_version,
-                     "files_sha256": sha256_text(req, tk_text)}}
+                     "files_sha256": sha256_text(req, tk_text), "wheels": wheels or {}}}
 
 
 def write(root: Path, matrix: Matrix, images: list[Image], ca_bundle: str | None, log=print,
@@ -247,15 +252,17 @@ def write(root: Path, matrix: Matrix, images: list[Image], ca_bundle: str | None
 
     exclude_newer freezes the package index at that ISO 8601 time; None means
     $PYTORCH_CUDA_EXCLUDE_NEWER, and without it the index as it is now (see resolve_pypi.frozen_at).
-    keep_current: a row whose linux/amd64 lock is current keeps it as committed (pins, Debian
-    packages and all), and only its other platforms are resolved: adding linux/arm64 to a row
-    refreshes nothing else.
+    keep_current: a platform whose lock is current keeps it as committed (pins, Debian packages
+    and all), and only the stale ones are resolved: adding linux/arm64 to a row refreshes nothing
+    else, and a lock of an older schema only gains what the new one records (its wheel files).
     """
     exclude_newer = resolve_pypi.frozen_at(exclude_newer)
     if exclude_newer:
         log(f"package index frozen at {exclude_newer} ({resolve_pypi.EXCLUDE_NEWER_ENV})")
     resolved: dict[tuple, str] = {}
     toolkits: dict[tuple, tuple[str, str]] = {}
+    found_files: dict[tuple, dict] = {}
+    indexes: dict[str, wheel_files.Index] = {}
     rendered: list[tuple[Image, dict[str, str]]] = []
 
     def resolve(image: Image, platform: str) -> tuple[str, tuple[str, str]]:
@@ -270,16 +277,37 @@ def write(root: Path, matrix: Matrix, images: list[Image], ca_bundle: str | None
             toolkits[key] = resolve_toolkit(image, resolved[key], ca_bundle, exclude_newer, platform)
         return resolved[key], toolkits[key]
 
+    def files_of(image: Image, platform: str, wheel_lock: str, glibc: str | None) -> dict:
+        key = (image.index, image.python, platform, glibc, sha256_text(wheel_lock))
+        if key not in found_files:
+            log(f"reading the wheel file of each pin for {platform} from {image.index}")
+            index = indexes.setdefault(image.index, wheel_files.Index(image.index, ca_bundle))
+            found_files[key] = wheel_files.wheel_files(wheel_lock, image.python, platform, index, glibc)
+        return found_files[key]
+
     for image in images:  # resolve everything first: nothing is written if any row fails
-        if keep_current and not amd64_problems(root, image):
+        if keep_current and not amd64_problems(root, image, migrating=True):
+            meta = read(root, image)
             files = {name: (image_dir(root, image) / name).read_text() for name in LOCK_FILES}
-            extra = {p: render_platform(image, p, *resolve(image, p), files["deepspeed.lock"]) for p in extra_platforms(image)}
-            rendered.append((image, _with_platforms(files, read(root, image), extra)))
+            glibc = wheel_files.glibc_of({**meta.get("apt_fixes", {}), **meta.get("apt", {})})
+            extra = {}
+            for p in extra_platforms(image):
+                extra[p] = _kept_platform(root, image, p, meta) or render_platform(image, p, *resolve(image, p), files["deepspeed.lock"])
+                if not extra[p]["meta"].get("wheels"):
+                    extra[p]["meta"]["wheels"] = files_of(image, p, extra[p]["files"]["requirements.lock"], glibc)
+            wheels = meta.get("wheels") or files_of(image, "linux/amd64", files["requirements.lock"], glibc)
+            rendered.append((image, _with_platforms(files, {**meta, "schema": LOCK_SCHEMA, "wheels": wheels}, extra)))
             continue
         lock_text, toolkit = resolve(image, "linux/amd64")
+        apt = apt_pins(image, ca_bundle)
+        glibc = wheel_files.glibc_of({**apt[1], **apt[0]})
         ds = _header(image, "sdists built into wheels in the builder stage") + split(lock_text)[1]
-        extra = {p: render_platform(image, p, *resolve(image, p), ds) for p in extra_platforms(image)}
-        rendered.append((image, render_lock(image, lock_text, apt_pins(image, ca_bundle), toolkit, extra)))
+        extra = {}
+        for p in extra_platforms(image):
+            text, tk = resolve(image, p)
+            extra[p] = render_platform(image, p, text, tk, ds, files_of(image, p, split(text)[0], glibc))
+        wheels = files_of(image, "linux/amd64", split(lock_text)[0], glibc)
+        rendered.append((image, render_lock(image, lock_text, apt, toolkit, extra, wheels)))
     for image, files in rendered:
         d = image_dir(root, image)
         # lock.json last: it vouches for the others by hash, so a run cut off
@@ -292,6 +320,20 @@ def write(root: Path, matrix: Matrix, images: list[Image], ca_bundle: str | None
             gone.rmdir()
             changed.append(f"{gone.name}/ (removed)")
         log(f"{image.name}: {'updated ' + ', '.join(changed) if changed else 'unchanged'}")
+
+
+def _kept_platform(root: Path, image: Image, platform: str, meta: dict) -> dict | None:
+    """A platform's committed lock (files and lock.json part) where it is current, else None."""
+    part = meta.get("platforms", {}).get(platform)
+    if not part or part.get("inputs") != platform_inputs(image, platform):
+        return None
+    try:
+        texts = {n: (platform_dir(root, image, platform) / n).read_text() for n in PLATFORM_LOCK_FILES}
+    except FileNotFoundError:
+        return None
+    if sha256_text(*texts.values()) != part.get("files_sha256"):
+        return None
+    return {"files": texts, "meta": dict(part)}
 
 
 def _orphan_platform_dirs(root: Path, image: Image) -> list[Path]:
@@ -328,6 +370,8 @@ def problems(root: Path, image: Image) -> list[str]:
             texts = [(platform_dir(root, image, platform) / n).read_text() for n in PLATFORM_LOCK_FILES]
             if sha256_text(*texts) != part.get("files_sha256"):
                 out.append(f"{image.name}: {platform}'s lock files: one was edited or half-written; run `python build.py lock`")
+            else:
+                out += wheel_problems(image, platform, texts[0], part.get("wheels"))
         except FileNotFoundError as e:
             out.append(f"{image.name}: missing {platform.replace('/', '-')}/{Path(e.filename).name}; run `python build.py lock`")
         try:
@@ -337,25 +381,43 @@ def problems(root: Path, image: Image) -> list[str]:
     return out
 
 
-def amd64_problems(root: Path, image: Image) -> list[str]:
-    """Why the linux/amd64 part of the committed lock is not current, offline."""
+def wheel_problems(image: Image, platform: str, wheel_lock: str, wheels: object) -> list[str]:
+    """lock.json's wheel files of a platform against its requirements.lock: one per pin, each a
+    file whose hash the lock allows (render pins each large wheel to that one file)."""
+    pinned = wheel_files.pinned_hashes(wheel_lock)
+    fix = "; run `python build.py lock`"
+    if not isinstance(wheels, dict) or not wheels:
+        return [f"{image.name}: lock.json records no {platform} wheel files{fix}"]
+    if set(wheels) != set(pinned):
+        odd = sorted(set(wheels) ^ set(pinned))
+        return [f"{image.name}: lock.json's {platform} wheel files are not requirements.lock's pins ({', '.join(odd[:5])}){fix}"]
+    wrong = sorted(n for n, w in wheels.items() if not isinstance(w, dict) or w.get("sha256") not in pinned[n][1]
+                   or not str(w.get("file", "")).endswith(".whl") or not isinstance(w.get("size"), int) or w["size"] <= 0)
+    return [f"{image.name}: lock.json's {platform} wheel file of {', '.join(wrong[:5])} is not one requirements.lock allows{fix}"] if wrong else []
+
+
+def amd64_problems(root: Path, image: Image, migrating: bool = False) -> list[str]:
+    """Why the linux/amd64 part of the committed lock is not current, offline. migrating: a lock
+    of an older schema, current otherwise, passes (`write` keeps it and adds what is new)."""
     try:
         meta = read(root, image)
     except LockError as e:
         return [str(e)]
     d = image_dir(root, image)
     out = []
-    if meta.get("schema") != LOCK_SCHEMA or meta.get("inputs") != inputs(image):
+    schema_ok = meta.get("schema") in ((2, LOCK_SCHEMA) if migrating else (LOCK_SCHEMA,))
+    if not schema_ok or meta.get("inputs") != inputs(image):
         out.append(f"{image.name}: lock is stale against matrix.yaml; run `python build.py lock`")
     try:
         files = [(d / n).read_text() for n in LOCK_FILES]
         if sha256_text(*files) != meta.get("files_sha256"):
             out.append(f"{image.name}: {', '.join(LOCK_FILES)}: one was edited or half-written; run `python build.py lock`")
+        elif not migrating:
+            out += wheel_problems(image, "linux/amd64", files[0], meta.get("wheels"))
     except FileNotFoundError as e:
         out.append(f"{image.name}: missing {Path(e.filename).name}; run `python build.py lock`")
-    wheel = meta.get("wheel", {})
     try:
-        agree(image, resolve_pypi.WheelFacts(**wheel))
+        agree(image, resolve_pypi.WheelFacts(**meta.get("wheel", {})))
     except (LockError, TypeError) as e:
         out.append(str(e) if isinstance(e, LockError) else f"{image.name}: lock.json lacks wheel facts")
     return out
