@@ -15,7 +15,7 @@ import jinja2
 from ..errors import LockError, RenderError
 from ..files import write_all_atomic
 from ..matrix import REPRODUCIBLE_EPOCH, Image, Matrix, minor_of, snapshot_time
-from . import lock, security
+from . import layers, lock, security
 
 LABEL_PREFIX = "io.pytorch-cuda"
 WHEELHOUSE_CACHE_ID = "pytorch-cuda-wheelhouse"
@@ -168,9 +168,10 @@ def render_image(root: Path, image: Image) -> dict[str, str]:
 
 def dockerfile(root: Path, image: Image, meta: dict) -> str:
     """One platform's Dockerfile (image.platform)."""
+    layout = layers.plan(image, (lock.build_dir(root, image) / "requirements.lock").read_text(), layers.wheels_of(meta, image.platform))
     try:
         text = _env(root).get_template("Dockerfile.j2").render(
-            image=image, base_stage=base_stage(root, image, meta), labels=labels(image, meta), cache_id=WHEELHOUSE_CACHE_ID,
+            image=image, layout=layout, base_stage=base_stage(root, image, meta), labels=labels(image, meta), cache_id=WHEELHOUSE_CACHE_ID,
             build_packages=apt_list(image.os.build_packages, meta.get("apt", {})), deb_cache_id=DEB_CACHE_ID, ops_cache_id=OPS_CACHE_ID,
             cpu_builders=list(CPU_OPS), cpu_ops=list(CPU_OPS.values()), torch_ext_folder=torch_ext_folder(image),
             toolkit_version=meta.get("cuda_toolkit") or "unknown", reproducible_epoch=REPRODUCIBLE_EPOCH,

@@ -3,6 +3,7 @@ no network; the arm64 base and image are tests/integration/test_arm64.py's)."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from unittest import mock
 
@@ -49,15 +50,26 @@ def test_a_platform_the_row_lacks_is_one_line_before_anything_runs():
     assert proc.stdout == ""
 
 
-def test_the_arm64_dockerfile_differs_from_amd64_only_in_base_and_cpu_baseline():
-    amd = (lock.image_dir(ROOT, ROW) / "Dockerfile").read_text().splitlines()
-    arm = (lock.build_dir(ROOT, ARM) / "Dockerfile").read_text().splitlines()
+def _outside_python_env(text: str) -> list[str]:
+    return (text[:text.index("FROM base AS python-env")] + text[text.index("# ---- ops-builder"):]).splitlines()
+
+
+def test_the_arm64_dockerfile_differs_from_amd64_only_in_base_cpu_baseline_and_wheel_layers():
+    """Outside python-env: the base and the CPU baseline. Inside it: each platform's own wheel
+    files (the aarch64 ones), laid out by the same rule (test_layers.py checks it per platform)."""
+    amd_text = (lock.image_dir(ROOT, ROW) / "Dockerfile").read_text()
+    arm_text = (lock.build_dir(ROOT, ARM) / "Dockerfile").read_text()
     assert lock.build_dir(ROOT, ARM) == lock.image_dir(ROOT, ROW) / "linux-arm64"
+    amd, arm = _outside_python_env(amd_text), _outside_python_env(arm_text)
     changed = [(a, b) for a, b in zip(amd, arm) if a != b]
     assert len(amd) == len(arm) and len(changed) == 4, changed
     assert render.base_ref(ARM) == render.base_ref(ROW) + "-arm64"
     for a, b in changed:
         assert a.replace(render.base_ref(ROW), render.base_ref(ARM)).replace("x86-64-v3", "armv8.2-a") == b
+    meta = lock.read(ROOT, ROW)
+    arm_files = {w["file"] for w in meta["platforms"]["linux/arm64"]["wheels"].values()}
+    pinned = re.findall(r"^# \d+/\d+: (\S+\.whl), ", arm_text, re.M)
+    assert pinned and set(pinned) <= arm_files and all("x86_64" not in f for f in pinned)
     assert render.render_image(ROOT, OLD).keys() == {"Dockerfile", "manifest.json"}  # an amd64-only row has no platform folder
 
 

@@ -117,7 +117,7 @@ VALUE_CASES = {
     ("lock", "--security-snapshot"): [(["lock", "--check-security", "--security-snapshot", "{notpem}"], "--security-snapshot {notpem} is not a folder")],
     **{(cmd, "--platform"): [([cmd, "--torch", "2.11", "--platform", "linux/riscv64", *extra],
                               "argument --platform: invalid choice: 'linux/riscv64'")]
-       for cmd, extra in (("build", []), ("test", []), ("publish", ["--registry", "127.0.0.1:5000/ml"]))},
+       for cmd, extra in (("build", []), ("test", []), ("verify", []), ("publish", ["--registry", "127.0.0.1:5000/ml"]))},
     ("test", "--image"): [(["test", "--torch", "2.7", "--image", ""], "--image takes an image reference or ID, not ''"),
                           (["test", "--torch", "2.7", "--image", "a b"], "--image takes an image reference or ID")],
     ("sbom", "image"): [(["sbom", ""], "IMAGE takes an image reference or ID, not ''")],

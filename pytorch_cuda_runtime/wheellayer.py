@@ -1,0 +1,195 @@
+"""Install locked wheels as one image layer whose bytes depend only on those wheels.
+
+    python wheellayer.py --epoch N 'torch==2.11.0 --hash=sha256:...'       one pinned wheel
+    python wheellayer.py --epoch N --rest /opt/pytorch-cuda/requirements.lock  every pin not yet installed
+
+Each RUN step of the image's python-env stage calls this once (templates/python_env.j2). The
+layer it leaves must hold that wheel's files and nothing else of the environment, with the same
+bytes on every build, so that every row and every refresh that installs the same wheel makes the
+same blob (docs/performance.md#layers):
+- byte-code is compiled for the installed distributions' own files only (hash-based, so it is
+  the same on every build); compileall over the whole venv would rewrite, and so copy into this
+  layer, every earlier layer's .pyc;
+- every file it installed and every directory above them takes one fixed mtime, the image's
+  epoch: a layer's tar records them, and engines that cannot rewrite times (Docker 20.10, the
+  classic store) would otherwise make a new blob on every build. The headers need it anyway:
+  nvcc records their times, and GCC's #pragma once compares them. Only this layer's own entries:
+  touching an earlier layer's file copies it up into this one.
+
+Standard library and pip only; the build bind-mounts this one file.
+"""
+from __future__ import annotations
+
+import argparse
+import compileall
+import contextlib
+import concurrent.futures
+import importlib.metadata
+import importlib.util
+import os
+import py_compile
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+_BLOCK = re.compile(r"\n(?=\S)")
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
+CA_SECRET = Path("/run/secrets/ca")
+
+
+class LayerError(Exception):
+    """What went wrong, in one line."""
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pins(lock_text: str) -> list[tuple[str, str, str]]:
+    """(name, version, block) of each `name==version` requirement, in the lock's order."""
+    out = []
+    for block in _BLOCK.split(lock_text.strip()):
+        m = _PIN.match(block)
+        if m:
+            out.append((canonical(m.group(1)), m.group(2), block))
+    return out
+
+
+def installed() -> dict[str, str]:
+    """name -> version of every distribution this interpreter sees."""
+    return {canonical(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()}
+
+
+def same_version(a: str | None, b: str) -> bool:
+    """PEP 440 equality (2026.09.1 is 2026.9.1), with pip's own copy of packaging."""
+    if a is None or a == b:
+        return a == b
+    try:
+        from pip._vendor.packaging.version import InvalidVersion, Version  # pip's copy: packaging may not be installed yet
+    except ImportError:
+        return False
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return False
+
+
+def rest(lock_text: str, have: dict[str, str]) -> list[tuple[str, str, str]]:
+    """The lock's pins not installed at their version yet (an older one gets replaced)."""
+    return [p for p in pins(lock_text) if not same_version(have.get(p[0]), p[1])]
+
+
+def pip(*args: str, stdin: str) -> None:
+    env = dict(os.environ)
+    if CA_SECRET.exists() and CA_SECRET.stat().st_size:
+        env["PIP_CERT"] = str(CA_SECRET)  # the build's CA bundle: a secret, never in a layer
+    proc = subprocess.run([sys.executable, "-m", "pip", *args], env=env, input=stdin, text=True)
+    if proc.returncode != 0:
+        raise LayerError(f"pip {args[0]} failed (exit {proc.returncode}); its output is above")
+
+
+def install(requirements: list[str], wheelhouse: str) -> None:
+    """Fetch into the wheelhouse (a cache mount) and install from it, hash-checked, no dependencies.
+    The requirements go through stdin: a file for them would change /tmp, and /tmp's time, in the layer."""
+    text = "\n".join(requirements) + "\n"
+    pip("download", "--quiet", "--no-deps", "--only-binary=:all:", "--require-hashes", "--dest", wheelhouse, "-r", "/dev/stdin",
+        stdin=text)
+    pip("install", "--quiet", "--no-index", "--find-links", wheelhouse, "--no-deps", "--require-hashes", "--no-compile",
+        "-r", "/dev/stdin", stdin=text)
+
+
+@contextlib.contextmanager
+def scratch(wheelhouse: str):
+    """A temporary directory in the wheelhouse, which is a cache mount and never in the layer, as
+    TMPDIR for pip and this process: pip's unpacking would otherwise touch /tmp."""
+    path = Path(wheelhouse) / ".tmp" / str(os.getpid())
+    path.mkdir(parents=True, exist_ok=True)
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"], tempfile.tempdir = str(path), None
+    try:
+        yield path
+    finally:
+        if before is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before
+        tempfile.tempdir = None
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def own_files(names: list[str]) -> list[Path]:
+    """Every file the named distributions installed (their RECORD), as absolute paths."""
+    out = []
+    for name in names:
+        dist = importlib.metadata.distribution(name)
+        out += [Path(dist.locate_file(f)).resolve() for f in dist.files or []]
+    return out
+
+
+def compile_all(sources: list[Path]) -> None:
+    """Hash-based byte-code for each .py, in parallel, as `compileall -f --invalidation-mode
+    unchecked-hash` writes it."""
+    todo = sorted(str(p) for p in sources if p.suffix == ".py" and p.is_file())
+    with concurrent.futures.ProcessPoolExecutor() as pool:
+        ok = list(pool.map(_compile, todo, chunksize=64))
+    if not all(ok):
+        raise LayerError(f"byte-compiling {ok.count(False)} file(s) failed; the errors are above")
+
+
+def _compile(path: str) -> bool:
+    return bool(compileall.compile_file(path, quiet=1, force=True, invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH))
+
+
+def with_byte_code(files: list[Path]) -> list[Path]:
+    """The files and, for each .py among them, its byte-code where it was written."""
+    pycs = [Path(importlib.util.cache_from_source(str(p))) for p in files if p.suffix == ".py"]
+    return files + [p for p in pycs if p.exists()]
+
+
+def set_times(files: list[Path], epoch: int) -> int:
+    """files, and every directory above them but /, to mtime `epoch`; how many entries."""
+    dirs = {parent for p in files for parent in p.parents if parent != Path(parent.anchor)}
+    entries = [p for p in files if os.path.lexists(p)] + sorted(dirs, key=lambda d: -len(d.parts))  # deepest first
+    for p in entries:
+        os.utime(p, (epoch, epoch), follow_symlinks=False)
+    return len(entries)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="wheellayer.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("requirement", nargs="*", help="pinned requirement lines: 'NAME==VERSION --hash=sha256:HEX'")
+    ap.add_argument("--rest", type=Path, metavar="LOCK", help="every pin of this requirements lock not yet installed")
+    ap.add_argument("--epoch", type=int, required=True, help="the mtime of every file and directory the layer writes (the image's SOURCE_DATE_EPOCH)")
+    ap.add_argument("--wheelhouse", default="/wheelhouse")
+    a = ap.parse_args(argv)
+    if bool(a.requirement) == bool(a.rest):
+        ap.error("give requirement lines or --rest LOCK, not both or neither")
+    try:
+        chosen = rest(a.rest.read_text(), installed()) if a.rest else pins("\n".join(a.requirement))
+        if a.requirement and len(chosen) != len(a.requirement):
+            raise LayerError(f"not a pinned requirement: {' '.join(a.requirement)}")
+        if not chosen:
+            print("wheellayer: every pin is installed already; an empty layer", flush=True)
+            return 0
+        with scratch(a.wheelhouse):
+            install([block for _, _, block in chosen], a.wheelhouse)
+            have = installed()
+            wrong = [f"{n}=={v} (installed: {have.get(n, 'none')})" for n, v, _ in chosen if not same_version(have.get(n), v)]
+            if wrong:
+                raise LayerError(f"not installed as locked: {', '.join(wrong)}")
+            files = own_files([n for n, _, _ in chosen])
+            compile_all(files)
+            set_times(with_byte_code(files), a.epoch)
+    except (LayerError, OSError, importlib.metadata.PackageNotFoundError) as e:
+        print(f"wheellayer: {e}", file=sys.stderr)
+        return 1
+    print(f"wheellayer: {len(chosen)} wheel(s) in this layer: {', '.join(f'{n}=={v}' for n, v, _ in chosen[:8])}"
+          f"{' ...' if len(chosen) > 8 else ''}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

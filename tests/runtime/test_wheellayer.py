@@ -1,0 +1,115 @@
+"""wheellayer.py, the step of each wheel layer: in a real venv with pip, from a local wheelhouse
+(no network). A layer installs its wheels, gives every file and directory it wrote the epoch,
+and touches nothing an earlier layer installed: a byte-code file of an earlier wheel rewritten
+would be copied into this layer."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib.util
+import os
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from pytorch_cuda_runtime import wheellayer  # noqa: E402
+
+SCRIPT = ROOT / "pytorch_cuda_runtime" / "wheellayer.py"
+EPOCH = 1767225600
+
+
+def make_wheel(house: Path, name: str, version: str, files: dict[str, str]) -> str:
+    """A pure wheel of `files` (path in site-packages -> text); its sha256."""
+    dist = f"{name}-{version}.dist-info"
+    files = {**files, f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+
+    def row(path: str, text: str) -> str:
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        return f"{path},sha256={digest},{len(text.encode())}"
+
+    record = "\n".join([*(row(p, t) for p, t in files.items()), f"{dist}/RECORD,,"]) + "\n"
+    path = house / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for p, t in {**files, f"{dist}/RECORD": record}.items():
+            z.writestr(p, t)
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """A venv with pip, and a wheelhouse of two tiny wheels; pip reads only the wheelhouse."""
+    tmp = tmp_path_factory.mktemp("wheellayer")
+    venv.create(tmp / "venv", with_pip=True)
+    house = tmp / "house"
+    house.mkdir()
+    hashes = {
+        "alpha": make_wheel(house, "alpha", "1.0", {"alpha/__init__.py": "A = 1\n", "alpha/include/alpha.h": "#pragma once\n",
+                                                       "alpha/include/__init__.py": ""}),
+        "beta": make_wheel(house, "beta", "2.0", {"beta/__init__.py": "B = 2\n"}),
+    }
+    run_env = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(house)}
+    return tmp / "venv" / "bin" / "python", house, hashes, run_env
+
+
+def site(python: Path) -> Path:
+    out = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True)
+    return Path(out.stdout.strip())
+
+
+def layer(python: Path, house: Path, run_env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(python), str(SCRIPT), "--epoch", str(EPOCH), "--wheelhouse", str(house), *args],
+                          capture_output=True, text=True, env=run_env, timeout=300)
+
+
+def test_a_layer_installs_its_wheel_compiles_and_dates_its_own_files_and_leaves_earlier_ones(env):
+    python, house, hashes, run_env = env
+    first = layer(python, house, run_env, f"alpha==1.0 --hash=sha256:{hashes['alpha']}")
+    assert first.returncode == 0, first.stderr
+    sp = site(python)
+    header, init = sp / "alpha/include/alpha.h", sp / "alpha/__init__.py"
+    pyc = Path(importlib.util.cache_from_source(str(init)))
+    include_pyc = Path(importlib.util.cache_from_source(str(sp / "alpha/include/__init__.py")))
+    dist_info = sp / "alpha-1.0.dist-info"
+    for p in (header, init, pyc, include_pyc, dist_info / "RECORD", pyc.parent, sp / "alpha", sp, sp.parent, dist_info):
+        assert p.stat().st_mtime == EPOCH, p  # files, byte-code and every directory above them
+    flags = int.from_bytes(pyc.read_bytes()[4:8], "little")
+    assert flags == 0b01, "hash-based byte-code, unchecked (flags 1)"
+    assert not list((house / ".tmp").iterdir())  # pip's scratch space was the wheelhouse's, and is gone
+    earlier = {p: p.stat().st_mtime_ns for p in (header, init, pyc)}
+    lock = house / "requirements.lock"
+    lock.write_text(f"# header\nalpha==1.0 \\\n    --hash=sha256:{hashes['alpha']}\nbeta==2.0 \\\n    --hash=sha256:{hashes['beta']}\n    # via x\n")
+    second = layer(python, house, run_env, "--rest", str(lock))
+    assert second.returncode == 0, second.stderr
+    assert "1 wheel(s) in this layer: beta==2.0" in second.stdout
+    assert Path(importlib.util.cache_from_source(str(sp / "beta/__init__.py"))).exists()
+    assert {p: p.stat().st_mtime_ns for p in earlier} == earlier  # alpha's files untouched
+    assert (sp / "beta").stat().st_mtime == EPOCH
+    again = layer(python, house, run_env, "--rest", str(lock))
+    assert again.returncode == 0 and "every pin is installed already" in again.stdout
+
+
+def test_a_wheel_whose_hash_is_not_the_locked_one_fails_the_layer(env, tmp_path):
+    python, house, hashes, run_env = env
+    own = tmp_path / "house"  # pip drops a wheelhouse file whose hash is not the one asked for
+    own.mkdir()
+    (own / "beta-2.0-py3-none-any.whl").write_bytes((house / "beta-2.0-py3-none-any.whl").read_bytes())
+    proc = layer(python, own, {**run_env, "PIP_FIND_LINKS": str(own)}, f"beta==2.0 --hash=sha256:{'0' * 64}")
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("wheellayer: pip download failed (exit ")
+
+
+def test_arguments_and_lock_reading():
+    lock = "# h\nalpha==1.0 \\\n    --hash=sha256:aa\n    # via b\nBeta_Two==2.0 \\\n    --hash=sha256:bb\n"
+    assert [(n, v) for n, v, _ in wheellayer.pins(lock)] == [("alpha", "1.0"), ("beta-two", "2.0")]
+    assert [n for n, _, _ in wheellayer.rest(lock, {"alpha": "1.0", "beta-two": "1.9"})] == ["beta-two"]  # older: replaced
+    assert wheellayer.same_version("2026.09.1", "2026.9.1") and not wheellayer.same_version(None, "1")
+    with pytest.raises(SystemExit):
+        wheellayer.main(["--epoch", "1"])  # neither requirements nor --rest
