@@ -13,7 +13,7 @@ import concurrent.futures
 import re
 from dataclasses import dataclass
 from html.parser import HTMLParser
-from urllib.parse import urljoin, urldefrag
+from urllib.parse import urldefrag, urljoin
 
 import requests
 from packaging import tags

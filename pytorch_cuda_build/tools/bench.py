@@ -32,8 +32,9 @@ from ..errors import CommandFailed, PipelineError, UsageError
 from ..matrix import Image
 from ..pipeline import results_dir
 from ..stages import build, render, tag
+from . import pullcost
 
-MEASURES = ("size", "cold", "opscache", "rebuild", "rows", "matrix", "banner", "arm64")
+MEASURES = ("size", "cold", "opscache", "rebuild", "rows", "matrix", "banner", "arm64", "pull")
 EMPTIES_CACHE = ("cold", "matrix")  # measured from an empty build cache
 
 
@@ -295,6 +296,10 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
         r["banner"] = banner(image, ref, runs, out_dir, docker_cli=bc.argv[0])
     if "arm64" in only and "linux/arm64" in image.platforms:
         platforms(c, image, root, bc, out_dir, log)  # its own report: bench/arm64.md
+    if "pull" in only:
+        log("bench: pull cost, one layer of wheels against the layered layout (the CUDA 13 rows, both layouts built)")
+        r["pull"] = pullcost.measure(c, m, root, bc, ca, log)
+        pullcost.write(r["pull"], out_dir)  # also its own report: bench/pull.md
     if r.get("cold") is None or "cold" not in only:
         r.pop("cold", None)  # only borrowed for the ratios: merge_previous carries the measured one
     r = merge_previous(out_dir / "report.json", r, only)
@@ -590,6 +595,8 @@ def report_markdown(r: dict) -> str:
     if "banner" in r:
         lines += [f"| container start, banner on | {_s(r['banner']['with_banner_s'])} |",
                   f"| container start, banner off | {_s(r['banner']['without_banner_s'])} |"]
+    if "pull" in r:
+        lines += ["", "## Pull cost", "", pullcost.markdown(r["pull"]).rstrip()]
     if "smoke_change" in r:
         lines += ["", "Steps rebuilt after a change to the smoke suite only:", ""] + [f"- `{x}`" for x in r["smoke_change"]["rebuilt_steps"]]
     if "image" in r.get("size", {}) and "naive" in r["size"]:

@@ -68,6 +68,8 @@ STORES = {
     "containerd": Store("containerd", "pcb-ctrd0", "172.30.213.1/24"),
     "classic": Store("classic", "pcb-classic0", "172.30.214.1/24"),
 }
+# A throwaway containerd-store daemon with an empty data root: `bench --only pull` times pulls into it.
+PROBE = Store("pullprobe", "pcb-probe0", "172.30.215.1/24")
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,7 @@ def containerd_config(store: Store) -> str:
 
 
 def daemon_json(store: Store) -> dict:
-    return {"features": {"containerd-snapshotter": store.name == "containerd"}}
+    return {"features": {"containerd-snapshotter": store.name != "classic"}}
 
 
 def dockerd_argv(u: Unpacked, store: Store) -> list[str]:
@@ -218,9 +220,9 @@ def _answers(u: Unpacked, store: Store) -> bool:
     return proc.returncode == 0 and bool(proc.stdout.strip())
 
 
-def up(store_name: str, ca_bundle: str | None, log=print) -> dict[str, str]:
+def up(store_name: str | Store, ca_bundle: str | None, log=print) -> dict[str, str]:
     """Bring the store's daemon up (or find it up); its environment."""
-    store = STORES[store_name]  # the CLI refused any other name
+    store = STORES[store_name] if isinstance(store_name, str) else store_name  # the CLI refused any other name
     if os.geteuid() != 0:
         raise EnvironmentProblem("starting a second Docker engine needs root (it creates a bridge and runs dockerd); "
                                  "on a machine with a current engine already, point DOCKER_HOST at it instead")
@@ -249,9 +251,9 @@ def up(store_name: str, ca_bundle: str | None, log=print) -> dict[str, str]:
     return environment(u, store)
 
 
-def down(store_name: str) -> bool:
+def down(store_name: str | Store) -> bool:
     """Stop the store's dockerd and containerd, if running; whether anything was stopped."""
-    store = STORES[store_name]
+    store = STORES[store_name] if isinstance(store_name, str) else store_name
     stopped = False
     for pidfile in (store.run / "dockerd.pid.spawned", store.run / "containerd.pid"):
         pid = _alive(pidfile)

@@ -1,0 +1,309 @@
+"""`bench --full --only pull`: what a node pulls and a registry stores, with the wheels in one
+layer (the layout before layers.py) and laid out by the matrix's rule, measured in one run.
+
+Both layouts are built here from copies of the project (files.copy_project), each rendered with
+its layout, the CUDA 13 rows and a one-package refresh of the first of them, then pushed to a
+registry of their own on 127.0.0.1 (Debian's docker-registry). The figures come from the
+registry's manifests, the way containerd fetches: a node pulls the blobs of the new image that
+it does not hold. Then each layout's image is pulled, gzip and zstd (recompressed by skopeo),
+into an empty current engine (engine_current's probe store), and timed. Measures, never asserts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from packaging.utils import parse_wheel_filename
+from packaging.version import Version
+
+from .. import files
+from ..engine import docker_env
+from ..errors import EnvironmentProblem, UsageError
+from ..matrix import Image, Matrix
+from ..stages import build, lock, wheel_files
+from . import engine_current
+
+REFRESHED = "certifi"  # the one package a refresh moves: no dependencies, and every TLS client's
+ACCEPT = ", ".join(["application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json"])
+LAYOUTS = ("one layer", "layered")  # before layers.py, and the matrix's rule
+
+
+def rows(m: Matrix) -> list[Image]:
+    """The CUDA 13 rows (runtime flavor, linux/amd64), oldest torch first: neighbours follow each other."""
+    return sorted((i for i in m.images if i.cuda_major == "13" and i.flavor == "runtime"), key=lambda i: Version(i.torch))
+
+
+def pulled(held: dict, new: dict) -> int:
+    """Bytes a node that holds `held` fetches for `new`: the blobs of new it lacks (manifests as
+    read from the registry: {"config": (digest, size), "layers": [(digest, size), ...]})."""
+    have = {d for d, _ in held["layers"]} | {held["config"][0]}
+    return sum(s for d, s in new["layers"] if d not in have) + (new["config"][1] if new["config"][0] not in have else 0)
+
+
+def total(m: dict) -> int:
+    return sum(s for _, s in m["layers"]) + m["config"][1]
+
+
+def stored(manifests: list[dict]) -> int:
+    """What a registry keeps for these images: each distinct blob once."""
+    blobs = {d: s for m in manifests for d, s in [*m["layers"], m["config"]]}
+    return sum(blobs.values())
+
+
+def figures(by_layout: dict[str, dict[str, dict]], row_names: list[str], refreshed: str) -> dict:
+    """The four figures per layout from the manifests: by_layout[layout][tag]."""
+    out = {}
+    for layout, ms in by_layout.items():
+        first = row_names[0]
+        pairs = [{"held": a, "next": b, "pulled": pulled(ms[a], ms[b]), "image": total(ms[b])} for a, b in zip(row_names, row_names[1:])]
+        out[layout] = {
+            "refresh": {"row": first, "package": refreshed, "pulled": pulled(ms[first], ms[f"{first}-refresh"]),
+                        "image": total(ms[f"{first}-refresh"])},
+            "neighbours": pairs,
+            "registry": {"stored": stored([ms[n] for n in row_names]), "sum_of_images": sum(total(ms[n]) for n in row_names),
+                         "rows": row_names},
+            "layers": {n: len(ms[n]["layers"]) for n in row_names},
+        }
+    return out
+
+
+# ---- a registry of the benchmark's own on 127.0.0.1 -------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Registry:
+    """Debian's docker-registry on 127.0.0.1, storage in a directory of the benchmark's."""
+
+    def __init__(self, workdir: Path):
+        binary = shutil.which("docker-registry")
+        if not binary:
+            raise EnvironmentProblem("the pull measure needs a registry on 127.0.0.1: apt-get install docker-registry")
+        self.dir, self.binary, self.host = workdir, binary, f"127.0.0.1:{_free_port()}"
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "Registry":
+        (self.dir / "storage").mkdir(parents=True, exist_ok=True)
+        config = self.dir / "config.yml"
+        config.write_text(f"version: 0.1\nlog: {{level: warn}}\nstorage:\n  filesystem: {{rootdirectory: {self.dir / 'storage'}}}\n"
+                          f"http: {{addr: '{self.host}'}}\n")
+        with open(self.dir / "registry.log", "ab") as log:
+            self.proc = subprocess.Popen([self.binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        for _ in range(60):
+            try:
+                urllib.request.urlopen(f"http://{self.host}/v2/", timeout=2)
+                return self
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.5)
+        self.__exit__()
+        raise EnvironmentProblem(f"docker-registry did not answer on {self.host}; see {self.dir / 'registry.log'}")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+    def manifest(self, repo: str, tag: str) -> dict:
+        req = urllib.request.Request(f"http://{self.host}/v2/{repo}/manifests/{tag}", headers={"Accept": ACCEPT})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            doc = json.load(r)
+        return {"config": (doc["config"]["digest"], doc["config"]["size"]),
+                "layers": [(layer["digest"], layer["size"]) for layer in doc["layers"]],
+                "media_types": sorted({layer["mediaType"] for layer in doc["layers"]})}
+
+
+# ---- building both layouts ----------------------------------------------------------------
+
+
+def layout_copy(root: Path, dest: Path, layout: str, docker: dict, log) -> Path:
+    """The project copied to dest with matrix.yaml's `layers:` set to the layout, re-rendered."""
+    copy = files.copy_project(root, dest)
+    if layout == "one layer":
+        m = copy / "matrix.yaml"
+        text = m.read_text()
+        text, n = re.subn(r"^  layers: \{[^}\n]*\}$", "  layers: {own_layer_min_mb: null}", text, flags=re.M)
+        if n != 1:
+            raise UsageError("matrix.yaml's defaults have no one-line `layers: {...}` for the pull measure to replace")
+        m.write_text(text)
+    _buildpy(copy, ["render"], docker, log)
+    return copy
+
+
+def _buildpy(copy: Path, args: list[str], docker: dict, log) -> float:
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, str(copy / "build.py"), *args], cwd=copy, env={**os.environ, **docker},
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise EnvironmentProblem(f"build.py {' '.join(args)} in {copy} failed (exit {proc.returncode}): "
+                                 f"{(proc.stderr.strip().splitlines() or [''])[-1][:300]}")
+    return time.monotonic() - t0
+
+
+def refresh_lock(copy: Path, image: Image, index: wheel_files.Index) -> str:
+    """Re-lock the copy's row with one package moved: REFRESHED to its release before the locked
+    one (its wheel and hash from the index), lock.json kept consistent; the version it moved to."""
+    d = lock.image_dir(copy, image)
+    req = (d / "requirements.lock").read_text()
+    meta = json.loads((d / "lock.json").read_text())
+    locked = Version(meta["pins"][REFRESHED])
+    wheels = {}
+    for name, sha, size, url in index.files(REFRESHED):
+        if name.endswith("-py3-none-any.whl"):
+            version = parse_wheel_filename(name)[1]
+            if version < locked:
+                wheels[version] = (name, sha, size if size is not None else index.size(url))
+    if not wheels:
+        raise EnvironmentProblem(f"{index.url} has no {REFRESHED} wheel older than {locked} for the refresh")
+    version = max(wheels)
+    name, sha, size = wheels[version]
+    block = re.search(rf"^{REFRESHED}==\S+ \\\n(?:    --hash=sha256:[0-9a-f]{{64}}(?: \\)?\n)+", req, re.M)
+    req = req.replace(block.group(0), f"{REFRESHED}=={version} \\\n    --hash=sha256:{sha}\n")
+    (d / "requirements.lock").write_text(req)
+    meta["pins"][REFRESHED] = str(version)
+    meta["wheels"][REFRESHED] = {"file": name, "sha256": sha, "size": size}
+    meta["files_sha256"] = files.sha256_text(req, (d / "deepspeed.lock").read_text(), (d / "toolkit.lock").read_text())
+    (d / "lock.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return str(version)
+
+
+def build_and_push(c, copy: Path, image: Image, reg: Registry, repo: str, tag_: str, docker: dict, docker_cli: str, log) -> float:
+    """The row built in the copy (no tests: only its layers are measured), pushed; the build's seconds."""
+    log(f"bench pull: building {image.name} ({repo}:{tag_})")
+    seconds = _buildpy(copy, ["--torch", image.torch, "--cuda", image.cuda, "--no-test", "--quiet"], docker, log)
+    target = f"{reg.host}/{repo}:{tag_}"
+    c.images.get(build.candidate_ref(image)).tag(target)
+    c.images.remove(build.candidate_ref(image), noprune=True)
+    log(f"bench pull: pushing {target}")
+    proc = subprocess.run([docker_cli, "push", "--quiet", target], capture_output=True, text=True, env={**os.environ, **docker})
+    if proc.returncode != 0:
+        raise EnvironmentProblem(f"docker push {target} failed: {(proc.stderr.strip().splitlines() or [''])[-1]}")
+    c.images.remove(target, noprune=True)
+    return seconds
+
+
+# ---- pull times into an empty engine -------------------------------------------------------
+
+
+def zstd_copy(reg: Registry, repo: str, tag_: str) -> str:
+    """The image recompressed with zstd under tag-zstd (skopeo, registry to registry)."""
+    if not shutil.which("skopeo"):
+        raise EnvironmentProblem("the zstd pull needs skopeo: apt-get install skopeo")
+    dest = f"{tag_}-zstd"
+    proc = subprocess.run(["skopeo", "copy", "--quiet", "--src-tls-verify=false", "--dest-tls-verify=false",
+                           "--dest-compress-format", "zstd", f"docker://{reg.host}/{repo}:{tag_}", f"docker://{reg.host}/{repo}:{dest}"],
+                          capture_output=True, text=True, env={**os.environ, "HOME": str(reg.dir)})
+    if proc.returncode != 0:
+        raise EnvironmentProblem(f"skopeo copy to zstd failed: {(proc.stderr.strip().splitlines() or [''])[-1][:300]}")
+    return dest
+
+
+def timed_pull(ref: str, ca: str | None, log) -> float:
+    """Seconds for `docker pull ref` into an empty current engine (containerd store, started for
+    this pull and removed after it)."""
+    store = engine_current.PROBE
+    engine_current.down(store)
+    shutil.rmtree(store.state / "docker", ignore_errors=True)
+    env = engine_current.up(store, ca, log)
+    try:
+        t0 = time.monotonic()
+        proc = subprocess.run([env["PYTORCH_CUDA_DOCKER"], "pull", "--quiet", ref], capture_output=True, text=True, env={**os.environ, **env})
+        seconds = time.monotonic() - t0
+        if proc.returncode != 0:
+            raise EnvironmentProblem(f"docker pull {ref} into the probe engine failed: {(proc.stderr.strip().splitlines() or [''])[-1]}")
+        return seconds
+    finally:
+        engine_current.down(store)
+        shutil.rmtree(store.state / "docker", ignore_errors=True)
+
+
+# ---- the measure ------------------------------------------------------------------------------
+
+
+def measure(c, m: Matrix, root: Path, bc, ca: str | None, log, work: Path | None = None) -> dict:
+    """Both layouts built, pushed and read back; the figures and the pull times."""
+    chosen = rows(m)
+    if len(chosen) < 2:
+        raise UsageError("the pull measure needs at least two CUDA 13 rows in the matrix")
+    docker = {docker_env.DOCKER_ENV: bc.argv[0]}
+    index = wheel_files.Index(chosen[0].index, ca)
+    names = [i.name for i in chosen]
+    manifests: dict[str, dict[str, dict]] = {}
+    r: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(), "engine": bc.description,
+               "rows": names, "build_s": {}, "pull_s": {}}
+    with tempfile.TemporaryDirectory(prefix="pytorch-cuda-pull-", dir=work) as tmp:
+        for layout in LAYOUTS:
+            slug = layout.replace(" ", "-")
+            copy = layout_copy(root, Path(tmp) / slug, layout, docker, log)
+            with Registry(Path(tmp) / f"registry-{slug}") as reg:
+                repo = f"pull/{slug}"
+                r["build_s"][layout] = {i.name: build_and_push(c, copy, i, reg, repo, i.name, docker, bc.argv[0], log) for i in chosen}
+                r["refreshed_to"] = refresh_lock(copy, chosen[0], index)
+                _buildpy(copy, ["render"], docker, log)
+                r["build_s"][layout]["refresh"] = build_and_push(c, copy, chosen[0], reg, repo, f"{names[0]}-refresh", docker, bc.argv[0], log)
+                manifests[layout] = {t: reg.manifest(repo, t) for t in [*names, f"{names[0]}-refresh"]}
+                zstd = zstd_copy(reg, repo, names[0])
+                r.setdefault("media_types", {})[layout] = {"gzip": manifests[layout][names[0]]["media_types"],
+                                                           "zstd": reg.manifest(repo, zstd)["media_types"]}
+                r["pull_s"][layout] = {"gzip": timed_pull(f"{reg.host}/{repo}:{names[0]}", ca, log),
+                                       "zstd": timed_pull(f"{reg.host}/{repo}:{zstd}", ca, log)}
+            shutil.rmtree(copy, ignore_errors=True)
+    r["refreshed"] = REFRESHED
+    r["figures"] = figures(manifests, names, REFRESHED)
+    return r
+
+
+def _pct(a: int, b: int) -> str:
+    return f"{a / 1e6:,.0f} MB of {b / 1e6:,.0f} MB ({100 * a / b:.1f}%)"
+
+
+def markdown(r: dict) -> str:
+    """The four figures, the two layouts side by side."""
+    f = r["figures"]
+    a, b = LAYOUTS
+    first = r["rows"][0]
+    lines = [f"Measured {r['date']} on this machine ({r['cpus']} CPUs, {r['engine']}), by `python3 build.py bench --full --only pull "
+             f"--torch {first.split('-')[0]}`: the CUDA 13 rows ({', '.join(r['rows'])}) and a refresh of {first} that moves "
+             f"{r['refreshed']} to {r['refreshed_to']}, built with every wheel in one layer and with the matrix's layout, each "
+             "pushed to a registry of its own on 127.0.0.1 (gzip). Bytes are compressed blob sizes from the registry's manifests; "
+             "a node pulls the blobs it does not hold.", "",
+             f"| figure | {a} | {b} | goal |", "|---|---|---|---|"]
+    ra, rb = f[a]["refresh"], f[b]["refresh"]
+    lines.append(f"| a node holding {first} pulls after the one-package refresh | {_pct(ra['pulled'], ra['image'])} | "
+                 f"{_pct(rb['pulled'], rb['image'])} | <= 3% |")
+    for pa, pb in zip(f[a]["neighbours"], f[b]["neighbours"]):
+        lines.append(f"| a node holding {pa['held']} pulls for {pa['next']} | {_pct(pa['pulled'], pa['image'])} | "
+                     f"{_pct(pb['pulled'], pb['image'])} | <= 35% |")
+    ga, gb = f[a]["registry"], f[b]["registry"]
+    lines.append(f"| registry bytes for the {len(r['rows'])} CUDA 13 rows together (sum of their images) | {ga['stored'] / 1e9:.2f} GB "
+                 f"({ga['sum_of_images'] / 1e9:.2f} GB) | {gb['stored'] / 1e9:.2f} GB ({gb['sum_of_images'] / 1e9:.2f} GB) | reported |")
+    pa, pb = r["pull_s"][a], r["pull_s"][b]
+    lines.append(f"| pull of {first} from 127.0.0.1 into an empty Docker 26 engine (containerd store), gzip / zstd | "
+                 f"{pa['gzip']:.0f} s / {pa['zstd']:.0f} s | {pb['gzip']:.0f} s / {pb['zstd']:.0f} s | reported |")
+    lines.append(f"| layers of {first}'s image | {f[a]['layers'][first]} | {f[b]['layers'][first]} | far below 127 |")
+    builds = r["build_s"]
+    lines += ["", "Build times of this run (build.py, no tests; the op compile only in the first layout that built a row): " +
+              "; ".join(f"{lay}: " + ", ".join(f"{k} {v:.0f} s" for k, v in builds[lay].items()) for lay in LAYOUTS), ""]
+    return "\n".join(lines) + "\n"
+
+
+def write(r: dict, out_dir: Path) -> str:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "pull.json").write_text(json.dumps(r, indent=2) + "\n")
+    text = "# Pull cost: one layer of wheels against the layered layout\n\n" + markdown(r)
+    (out_dir / "pull.md").write_text(text)
+    return text

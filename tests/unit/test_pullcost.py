@@ -1,0 +1,79 @@
+"""The pull measure's arithmetic and its refresh, offline: what a node pulls is the blobs of the
+new image it does not hold; a registry keeps each blob once; the refresh moves exactly one pin
+and leaves a lock that `lock --check` accepts."""
+from __future__ import annotations
+
+import json
+
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.stages import lock
+from pytorch_cuda_build.tools import pullcost
+
+from helpers import ROOT, project_copy
+
+MATRIX = matrix.load(ROOT / "matrix.yaml")
+
+
+def man(config: str, *layers: tuple[str, int]) -> dict:
+    return {"config": (config, 10), "layers": list(layers), "media_types": []}
+
+
+def test_a_node_pulls_the_blobs_it_lacks_and_a_registry_keeps_each_once():
+    base, cublas, torch_a, torch_b, tail_a, tail_b = ("base", 100), ("cublas", 400), ("ta", 500), ("tb", 510), ("ra", 40), ("rb", 41)
+    a, b = man("ca", base, cublas, torch_a, tail_a), man("cb", base, cublas, torch_b, tail_b)
+    assert pullcost.pulled(a, b) == 510 + 41 + 10 and pullcost.total(b) == 100 + 400 + 510 + 41 + 10
+    assert pullcost.pulled(a, a) == 0
+    assert pullcost.stored([a, b]) == 100 + 400 + 500 + 510 + 40 + 41 + 20
+    refresh = man("cr", base, cublas, torch_a, ("rr", 42))
+    f = pullcost.figures({"layered": {"r1": a, "r2": b, "r1-refresh": refresh}}, ["r1", "r2"], "certifi")["layered"]
+    assert f["refresh"]["pulled"] == 42 + 10 and f["neighbours"] == [{"held": "r1", "next": "r2", "pulled": 561, "image": 1061}]
+    assert f["registry"]["stored"] == pullcost.stored([a, b]) and f["registry"]["sum_of_images"] == 1050 + 1061 and f["layers"] == {"r1": 4, "r2": 4}
+
+
+def test_the_cuda_13_rows_are_measured_oldest_first():
+    names = [i.name for i in pullcost.rows(MATRIX)]
+    assert names[0] == "2.11.0-cuda13.0-runtime" and names[-1] == "2.15.0-cuda13.2-runtime" and len(names) == 5
+
+
+class FakeIndex:
+    url = "https://index.example/simple/"
+
+    def files(self, project):
+        assert project == pullcost.REFRESHED
+        return [("certifi-2026.9.1-py3-none-any.whl", "a" * 64, 150_000, "u1"),
+                ("certifi-2026.10.1-py3-none-any.whl", "b" * 64, 151_000, "u2"),
+                ("certifi-2026.10.1.tar.gz", "c" * 64, 1, "u3"),
+                ("certifi-2026.10.18-py3-none-any.whl", "d" * 64, 152_000, "u4"),
+                ("certifi-2027.1.1-py3-none-any.whl", "e" * 64, 153_000, "u5")]
+
+
+def test_the_refresh_moves_one_pin_to_its_previous_release_and_the_lock_stays_consistent(tmp_path):
+    root = project_copy(tmp_path / "p")
+    image = MATRIX.select("2.11", "13.0")
+    before = lock.read(root, image)
+    assert before["pins"]["certifi"] == "2026.10.18", "the committed lock moved: pick the fake index's versions again"
+    assert pullcost.refresh_lock(root, image, FakeIndex()) == "2026.10.1"
+    after = lock.read(root, image)
+    assert {k: v for k, v in after["pins"].items() if before["pins"][k] != v} == {"certifi": "2026.10.1"}
+    assert after["wheels"]["certifi"] == {"file": "certifi-2026.10.1-py3-none-any.whl", "sha256": "b" * 64, "size": 151_000}
+    req = (lock.image_dir(root, image) / "requirements.lock").read_text()
+    assert "certifi==2026.10.1 \\\n    --hash=sha256:" + "b" * 64 + "\n" in req and "certifi==2026.10.18" not in req
+    assert lock.problems(root, image) == []
+
+
+def test_the_one_layer_copy_renders_every_wheel_into_one_layer(tmp_path):
+    copy = pullcost.layout_copy(ROOT, tmp_path / "one", "one layer", {}, print)
+    text = (copy / "images" / "2.11.0-cuda13.0-runtime" / "Dockerfile").read_text()
+    env = text[text.index("AS python-env"):text.index("# ---- ops-builder")]
+    assert env.count("RUN ") == 1 and "--rest /opt/pytorch-cuda/requirements.lock" in env
+    assert "layers: {own_layer_min_mb: null}" in (copy / "matrix.yaml").read_text()
+
+
+def test_the_report_puts_both_layouts_side_by_side():
+    a = man("ca", ("base", 100), ("env", 900))
+    r = {"date": "d", "cpus": 2, "engine": "e", "rows": ["r1", "r2"], "refreshed": "certifi", "refreshed_to": "1",
+         "build_s": {lay: {"r1": 1.0} for lay in pullcost.LAYOUTS}, "pull_s": {lay: {"gzip": 1.0, "zstd": 2.0} for lay in pullcost.LAYOUTS},
+         "figures": pullcost.figures({lay: {"r1": a, "r2": a, "r1-refresh": a} for lay in pullcost.LAYOUTS}, ["r1", "r2"], "certifi")}
+    text = pullcost.markdown(r)
+    assert "| figure | one layer | layered | goal |" in text and "<= 3%" in text and "<= 35%" in text
+    json.dumps(r)
