@@ -36,6 +36,7 @@ from . import pullcost
 
 MEASURES = ("size", "cold", "opscache", "rebuild", "rows", "matrix", "banner", "arm64", "pull")
 EMPTIES_CACHE = ("cold", "matrix")  # measured from an empty build cache
+OWN_BUILDS = ("arm64", "pull")  # measured from builds of their own, not from the row's image
 
 
 class BenchError(CommandFailed):
@@ -228,9 +229,10 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
         save()
     else:
         r["cold"] = _previous(out_dir / "report.json", image, "cold")  # ratios to the last measured cold build
-    # After the cold builds, which leave the layer cache warm: only the tests run here then.
-    log("bench: making sure the row is built and tested")
-    timed(buildpy + row + ["--quiet"], env=chosen)
+    if only - set(OWN_BUILDS):
+        # After the cold builds, which leave the layer cache warm: only the tests run here then.
+        log("bench: making sure the row is built and tested")
+        timed(buildpy + row + ["--quiet"], env=chosen)
     if "rebuild" in only:
         log(f"bench: unchanged rebuild through build.py, {runs} runs")
         r["rebuild_nochange_s"] = stats([timed(buildpy + row + ["--quiet"], env=chosen) for _ in range(runs)])
@@ -621,7 +623,7 @@ def run(c, m, image: Image, root: Path, only: set[str], runs: int, cold_runs: in
     if every and only == {"arm64"}:  # the platforms' own builds: nothing else is built or run
         return platforms_markdown(platforms(c, image, root, docker_env.build_client(docker), root / "bench", log))
     ref = image.refs()[0]
-    if tag.current(c, image)[ref] is None:
+    if not (every and only <= set(OWN_BUILDS)) and tag.current(c, image)[ref] is None:
         raise UsageError(f"no image {ref}; build it first")
     if not every:
         return markdown(banner(image, ref, runs, root / "build-results" / "bench", docker_cli=docker_env.docker_cli(docker)))

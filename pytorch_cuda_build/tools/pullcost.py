@@ -236,6 +236,11 @@ def timed_pull(ref: str, ca: str | None, log) -> float:
 
 def measure(c, m: Matrix, root: Path, bc, ca: str | None, log, work: Path | None = None) -> dict:
     """Both layouts built, pushed and read back; the figures and the pull times."""
+    if getattr(bc, "export", "load") != "oci":
+        # Without rewrite-timestamp a layer's tar keeps the build's time on the directories of its
+        # mount points (/etc, /run/secrets, /tmp): every build is another blob, and nothing is shared.
+        raise UsageError(f"the pull measure needs an engine that rewrites file times ({bc.description} does not): "
+                         "a containerd image store with buildx >= 0.13, e.g. eval \"$(python3 build.py engine)\"")
     chosen = rows(m)
     if len(chosen) < 2:
         raise UsageError("the pull measure needs at least two CUDA 13 rows in the matrix")
