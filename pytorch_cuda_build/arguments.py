@@ -12,6 +12,7 @@ from .errors import UsageError
 from .jobs import kubernetes, slurm
 from .tools import bench, engine_current
 
+COMPRESSIONS = ("gzip", "zstd")  # publish's layer compression (stages/zstd.py)
 COMMANDS = ("build", "list", "matrix", "lock", "render", "test", "publish", "prune", "selftest", "bench", "sbom", "verify", "engine", "gpu-bundle", "job")
 
 
@@ -82,6 +83,9 @@ def _registry(p: argparse.ArgumentParser, push_help: str) -> None:
     p.add_argument("--retries", type=positive_int, help="attempts per registry call (default 4, exponential backoff)")
     p.add_argument("--allow-vulnerable", action="append", default=[], metavar="ID",
                    help="publish despite this critical advisory of vulnerabilities.json (its ID or an alias); repeatable")
+    p.add_argument("--compression", choices=COMPRESSIONS,
+                   help="the pushed layers: gzip (default: as the engine holds them; every Docker pulls them) or zstd "
+                        "(the containerd image store; Docker >= 23 and containerd >= 1.5 pull them, Docker 20.10 cannot)")
     if not any(a.dest == "ca_bundle" for a in p._actions):
         p.add_argument("--ca-bundle", help="CA bundle for an HTTPS registry (default: pip's configured cert)")
 

@@ -15,7 +15,7 @@ from . import ca, console, files, jobs, matrix, pipeline, scheduler
 from .arguments import COMMANDS, parser
 from .engine import docker_env
 from .errors import PipelineError
-from .stages import build, inputs, lock, publish, render, sbom, tag
+from .stages import build, inputs, lock, publish, render, sbom, tag, zstd
 from .tools import bench, engine_current, gpubundle, propose, selftest, verify
 from .validate import validate
 
@@ -69,9 +69,12 @@ def cmd_build(m: matrix.Matrix, args) -> int:
         return 0
     if args.cache_from or args.cache_to:  # before an hour of building, like a bad registry address
         build.check_cache_options(docker_env.build_client(args.docker), tuple(args.cache_from), tuple(args.cache_to))
+    if reg and args.compression == "zstd":  # likewise: the engine must have the containerd store
+        zstd.check_engine(docker_env.ensure_engine(log))
     opts = pipeline.Options(docker=args.docker, matrix_path=args.matrix, ca_path=ca.ca_bundle(args.ca_bundle), no_test=args.no_test, retest=args.retest,
                             no_cache=args.no_cache, require_gpu=args.require_gpu, registry=reg, retries=args.retries,
-                            allow_vulnerable=tuple(args.allow_vulnerable), cache_from=tuple(args.cache_from), cache_to=tuple(args.cache_to))
+                            allow_vulnerable=tuple(args.allow_vulnerable), cache_from=tuple(args.cache_from), cache_to=tuple(args.cache_to),
+                            compression=args.compression)
     with console.make(args.verbose, args.quiet) as con:  # a bad CA failed above, not after waiting for the row lock
         if args.all:
             results = scheduler.build_many(ROOT, m, args.matrix, images, opts, args.jobs, con, ["--quiet"] * args.quiet + ["--verbose"] * args.verbose)
@@ -109,6 +112,9 @@ def cmd_publish(m: matrix.Matrix, args) -> int:
             print("\n".join(publish.merge_index(ROOT, row, reg, **common)))
         return 0
     c = docker_env.ensure_engine(log)
+    if args.compression == "zstd":  # before the registry is contacted, or a row screened
+        zstd.check_engine(c)
+    common["compression"] = args.compression
     for row in several:
         parts = [row.on(p) for p in row.platforms] if args.platform == "all" else pipeline.platforms(row, None)
         publish.screen(c, parts, lambda i: pipeline.results_dir(ROOT, i), set(args.allow_vulnerable))
@@ -119,7 +125,7 @@ def cmd_publish(m: matrix.Matrix, args) -> int:
         return 0
     publish.screen(c, images, lambda i: pipeline.results_dir(ROOT, i), set(args.allow_vulnerable))
     moves = pipeline.publish_rows(c, images, reg, args.push, ca.ca_bundle(args.ca_bundle), args.retries, log,
-                                  lambda i: pipeline.results_dir(ROOT, i))
+                                  lambda i: pipeline.results_dir(ROOT, i), args.compression)
     print("\n".join(publish.table(moves, reg, args.push)))
     return 0
 

@@ -45,6 +45,7 @@ class Options:
     retries: int = 4
     matrix_path: Path | None = None  # the gate checks the row against the matrix the user gave
     allow_vulnerable: tuple[str, ...] = ()  # critical advisories the user lets publish past
+    compression: str = "gzip"  # the pushed layers' (publish; zstd: stages/zstd.py)
     # BuildKit cache imports and exports (buildx syntax; {image} is the row's name), for CI
     # runners that start cold: type=registry,ref=HOST/NS/pytorch-cuda-cache:{image}
     cache_from: tuple[str, ...] = ()
@@ -62,6 +63,7 @@ class Options:
         # --retries and --allow-vulnerable go with --push only (validate refuses them alone)
         out += ["--push", "--registry", str(self.registry), "--retries", str(self.retries)] if self.registry else []
         out += [a for v in self.allow_vulnerable for a in ("--allow-vulnerable", v)] if self.registry else []
+        out += ["--compression", self.compression] if self.registry and self.compression != "gzip" else []
         out += [a for flag, specs in (("--cache-from", self.cache_from), ("--cache-to", self.cache_to)) for v in specs for a in (flag, v)]
         return out
 
@@ -129,7 +131,7 @@ def build_platforms(root: Path, images: list[Image], opts: Options, console) -> 
     if opts.registry:  # one index of every platform, not one push each
         backoff = float(os.environ.get("PYTORCH_CUDA_RETRY_BACKOFF", "2"))
         for line in publish.publish_index(c, images[0].on("linux/amd64"), opts.registry, push=True, ca_bundle=opts.ca_path,
-                                          attempts=opts.retries, backoff=backoff, log=console.log):
+                                          attempts=opts.retries, backoff=backoff, log=console.log, compression=opts.compression):
             console.log(line)
     return proven
 
@@ -236,7 +238,7 @@ class _Row:
         if opts.registry and publish:
             with self.stage("publish"):
                 self.result.moves = publish_rows(c, [image], opts.registry, True, opts.ca_path, opts.retries,
-                                                 log, lambda i: results_dir(self.root, i))
+                                                 log, lambda i: results_dir(self.root, i), opts.compression)
         return self.result
 
     def build(self, c, bc, base_id: str) -> str:
@@ -313,10 +315,11 @@ def _stream_lines(chunks, sink: Callable[[str], None], stop: threading.Event) ->
 
 
 def publish_rows(c, images: list[Image], reg: registry.Registry, push: bool, ca_path: str | None, retries: int,
-                 log, results: Callable[[Image], Path]) -> list[publish.Move]:
+                 log, results: Callable[[Image], Path], compression: str = "gzip") -> list[publish.Move]:
     """Publish tested rows; with push, record where each went in build-results/<image>/published.json."""
     backoff = float(os.environ.get("PYTORCH_CUDA_RETRY_BACKOFF", "2"))
-    moves = publish.publish(c, images, reg, push=push, ca_bundle=ca_path, attempts=retries, backoff=backoff, log=log)
+    moves = publish.publish(c, images, reg, push=push, ca_bundle=ca_path, attempts=retries, backoff=backoff, log=log,
+                            compression=compression)
     if push:
         for image in images:
             publish.write_record(results(image), reg, image, moves)

@@ -23,13 +23,14 @@ from .tools import bench, gpubundle
 
 # Given as None by the parser, so that a flag given where it does nothing can be told from
 # its default; filled in once the checks pass.
-DEFAULTS = {"jobs": 1, "retries": 4, "cold_runs": 1}
+DEFAULTS = {"jobs": 1, "retries": 4, "cold_runs": 1, "compression": "gzip"}
 
 # (command, flag, the flag it needs, what it is for): the first does nothing without the second.
 NEEDS = [
     ("build", "jobs", "all", "it is how many rows --all builds at once"),
     ("build", "retries", "push", "it counts attempts per registry call, and only --push calls a registry"),
     ("build", "allow_vulnerable", "push", "it lets --push publish past an advisory, and without --push nothing is published"),
+    ("build", "compression", "push", "it is how --push compresses the layers it pushes, and without --push nothing is pushed"),
     ("lock", "record", "check_security", "it writes what --check-security finds"),
     ("lock", "security_snapshot", "check_security", "it answers --check-security's questions instead of the network"),
     ("bench", "only", "full", "it picks --full's measures"),
@@ -57,6 +58,8 @@ CLASHES = [
     ("publish", "all", "cuda", "--all takes every row; --cuda picks among one --torch's rows"),
     ("publish", "merge", "platform", "--merge makes the index of every platform from the registry's parts"),
     ("publish", "merge", "allow_vulnerable", "--merge pushes no image, only the index of parts each build published"),
+    ("publish", "merge", "compression", "--merge pushes no image, only the index of the parts each build published, "
+                                        "compressed as they were pushed"),
     ("matrix", "indexes", "ca_bundle", "--indexes is offline and uses no CA"),
     ("job", "cluster_runtime", "rdma", "a TrainJob cannot add IPC_LOCK to a ClusterTrainingRuntime's container (Trainer v2.1's "
                                        "podTemplateOverrides carry no capabilities); without --cluster-runtime the job brings its own runtime"),

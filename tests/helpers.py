@@ -2,15 +2,21 @@
 from __future__ import annotations
 
 import contextlib
+import gzip
+import hashlib
 import io
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tarfile
+import types
 from pathlib import Path
 from typing import NoReturn
 
+import docker.errors
 import pytest
 import requests
 
@@ -360,3 +366,80 @@ def base_in_current_engine(current: dict[str, str], docker_client, row, tmp: Pat
     save.stdout.close()
     assert save.wait() == 0 and load.returncode == 0, load.stderr
     return ref
+
+
+# ---- an image as Docker 26's `docker save` writes it on the containerd store ---------------------
+
+def oci_export(layers: list[bytes], *, media: str = "oci", first: str = "", labels: dict | None = None):
+    """A small image's export, made here: the layers (tar bytes) gzip-compressed, a config naming
+    their diff IDs, a manifest (OCI's, or Docker's with media="docker"), and the tar Docker 26
+    writes (blobs/sha256/*, in digest order, or the blob `first` names first; index.json,
+    manifest.json, oci-layout). The image ID is the manifest's digest, as on that store.
+    A namespace of image_id, config (digest), tar, blobs (digest: bytes) and layers (the gzip digests)."""
+
+    def digest(raw: bytes) -> str:
+        return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+    docker_media = media == "docker"
+    gz = [gzip.compress(layer, mtime=0) for layer in layers]
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Labels": labels or {}},
+                         "rootfs": {"type": "layers", "diff_ids": [digest(layer) for layer in layers]},
+                         "history": [{"created_by": f"layer {i}"} for i in range(len(layers))]}).encode()
+    manifest = json.dumps({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.docker.distribution.manifest.v2+json" if docker_media else "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json" if docker_media else "application/vnd.oci.image.config.v1+json",
+                   "digest": digest(config), "size": len(config)},
+        "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip" if docker_media else "application/vnd.oci.image.layer.v1.tar+gzip",
+                    "digest": digest(g), "size": len(g)} for g in gz]}).encode()
+    blobs = {digest(b): b for b in [config, manifest, *gz]}
+    order = sorted(blobs, key=lambda d: (d != first, d))
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        def add(name: str, data: bytes) -> None:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for d in order:
+            add("blobs/sha256/" + d.removeprefix("sha256:"), blobs[d])
+        add("index.json", json.dumps({"schemaVersion": 2, "manifests": [{"digest": digest(manifest), "size": len(manifest)}]}).encode())
+        add("manifest.json", b"[]")
+        add("oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
+    return types.SimpleNamespace(image_id=digest(manifest), config=digest(config), tar=out.getvalue(), blobs=blobs,
+                                 layers=[digest(g) for g in gz])
+
+
+def layer_tar(files: dict[str, bytes]) -> bytes:
+    """A layer's uncompressed tar holding these files."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+class ExportingEngine:
+    """The Docker SDK's get_image (an image's export in chunks) for the images given, counting
+    the chunks sent: a reader that stops early is seen to."""
+
+    def __init__(self, exports: dict[str, bytes]):
+        self.exports, self.sent, self.closed = exports, 0, 0
+        self.api = self
+
+    def get_image(self, image_id: str, chunk_size: int = 2 << 20):
+        if image_id not in self.exports:
+            response = requests.Response()
+            response.status_code = 404
+            raise docker.errors.ImageNotFound(f"No such image: {image_id}", response=response, explanation=f"No such image: {image_id}")
+        data = self.exports[image_id]
+
+        def chunks():
+            try:
+                for i in range(0, len(data), 4096):
+                    self.sent += 1
+                    yield data[i:i + 4096]
+            finally:
+                self.closed += 1
+        return chunks()

@@ -2,9 +2,10 @@
 
 A classic image store keeps one platform per tag, so the index is made at publish time, as
 `docker buildx imagetools create` makes one from pushed images. Each platform's image is pushed
-as today's images are (publish.push_one: its config, the tested image ID, read back) under its
-own immutable tag `<dated>-<arch>`; the index of those manifests is then pushed with skopeo
-(`--multi-arch index-only`) to the dated tag, read back, and only then to the moving tags.
+as today's images are (publish.push_one: its config, the tested image ID, read back; or its
+zstd form, zstd.py) under its own immutable tag `<dated>-<arch>`; the index of those manifests is
+then pushed with skopeo (`--multi-arch index-only`) to the dated tag, read back, and only then to
+the moving tags.
 """
 from __future__ import annotations
 

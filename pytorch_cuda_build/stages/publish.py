@@ -14,6 +14,13 @@ an image whose vulnerabilities.json (security.py) lists a critical advisory not 
 A locally built base rootfs goes first, under an immutable tag that names its image ID
 (`pytorch-cuda-rootfs:bookworm-<recipe>-<id12>`): debootstrap gives every machine another
 base, and a rebuild from the commit has one digest with the publisher's only on the same base.
+
+With compression="zstd" (containerd store only) a row's dated tag gets the image's zstd form
+(zstd.py: the same config, zstd layers), read back as that config with every layer zstd, and its
+moving tags get that very manifest, copied by digest in the registry. An immutable tag already
+holding the image in the other compression is left as it is ("already there"), and the row's
+moving tags follow it: every tag of a row names one manifest. The base is always pushed as the
+engine holds it: its manifest digest is what a rebuild elsewhere must pull.
 """
 from __future__ import annotations
 
@@ -36,7 +43,7 @@ from ..engine import docker_env
 from ..errors import EnvironmentProblem, ImmutableTagTaken, PublishError, TagTaken, UsageError
 from ..files import write_atomic
 from ..matrix import Image
-from . import index, lock, render, security
+from . import index, lock, render, security, zstd
 from . import tag as tags
 from .build import source
 from .registry import Registry, RegistryAPI, Remote, Transient, credentials
@@ -65,6 +72,17 @@ class Move:
     # sends unchanged.
     by_manifest: bool = False
     base: str = ""  # the base rootfs's repository (e.g. pytorch-cuda-rootfs) when this moves the row's base
+    compression: str = "gzip"  # gzip: the image as the engine holds and pushes it; zstd: its zstd form (zstd.py)
+    # The tested image's config digest: the image ID on the classic store; on the containerd store
+    # "" until a decision needs it (zstd.config_digest reads it from the image's manifest).
+    config: str = ""
+    # A moving tag set to what its row's dated tag holds (zstd, or this image in zstd from an
+    # earlier run), copied by digest in the registry rather than pushed from the engine.
+    follows: Remote | None = None
+
+    def __post_init__(self) -> None:
+        if not self.by_manifest and not self.config:
+            self.config = self.image_id
 
     @property
     def name(self) -> str:
@@ -80,15 +98,34 @@ class Move:
     def read(self, api: "RegistryAPI") -> Remote | None:
         return api.manifest(self.image, self.tag, self.base or None)
 
-    def holds(self, remote: Remote | None) -> bool:
-        """Whether the registry's image there is this one."""
+    def engine_form(self, remote: Remote | None) -> bool:
+        """Whether the registry holds this image there as the engine pushes it: its manifest on the
+        containerd store; on the classic one its config, in layers not zstd."""
         if remote is None:
             return False
-        return (remote.digest if self.by_manifest else remote.config) == self.image_id
+        if self.by_manifest:
+            return remote.digest == self.image_id
+        return remote.config == self.image_id and remote.form != "zstd"
+
+    def same_image(self, remote: Remote | None) -> bool:
+        """Whether the registry holds this image there, whatever its layers' compression."""
+        return self.engine_form(remote) or bool(remote and self.config and remote.config == self.config)
+
+    def holds(self, remote: Remote | None) -> bool:
+        """Whether the registry holds there what this move puts there."""
+        if remote is None:
+            return False
+        if self.follows is not None:
+            return remote.digest == self.follows.digest
+        if self.compression == "zstd":
+            return bool(self.config) and remote.config == self.config and remote.form == "zstd"
+        return self.engine_form(remote)
 
     @property
     def in_place(self) -> bool:
-        return self.holds(self.before)
+        """Nothing to push: an immutable tag holding this image in either compression (it never
+        changes once pushed), or a moving tag holding what this move puts there."""
+        return self.same_image(self.before) if self.immutable else self.holds(self.before)
 
 
 def tested_id(c: docker.DockerClient, image: Image) -> str:
@@ -153,7 +190,8 @@ def base_move(c: docker.DockerClient, image: Image, image_id: str, by_manifest: 
     return Move(image, base_id, f"{tag}-{base_id.removeprefix('sha256:')[:12]}", True, by_manifest=by_manifest, base=repository)
 
 
-def plan(c: docker.DockerClient, api: RegistryAPI, images: list[Image], retry: Callable) -> list[Move]:
+def plan(c: docker.DockerClient, api: RegistryAPI, images: list[Image], retry: Callable,
+         compression: str = "gzip") -> list[Move]:
     """The bases first, then immutable tags of every row, then the moving ones; each with where it is now.
 
     An immutable tag that the registry holds at another image is refused here, for every
@@ -166,16 +204,43 @@ def plan(c: docker.DockerClient, api: RegistryAPI, images: list[Image], retry: C
         retry(lambda: api.ping(first), "contacting the registry")
     by_manifest = docker_env.image_store(c) == "containerd"
     bases = {mv.target(api.reg): mv for i in images if (mv := base_move(c, i, ids[i.name], by_manifest))}
-    moves = list(bases.values())  # rows that share a base push it once
-    moves += [Move(i, ids[i.name], dated[i.name], True, by_manifest=by_manifest) for i in images]
-    moves += [Move(i, ids[i.name], t, False, by_manifest=by_manifest) for i in images for t in i.tags]
+    moves = list(bases.values())  # rows that share a base push it once (as the engine holds it: see the module)
+    moves += [Move(i, ids[i.name], dated[i.name], True, by_manifest=by_manifest, compression=compression) for i in images]
+    moves += [Move(i, ids[i.name], t, False, by_manifest=by_manifest, compression=compression) for i in images for t in i.tags]
     for mv in moves:
         mv.before = retry(lambda: mv.read(api), f"reading {mv.target(api.reg)}")
+    _learn_configs(c, moves, retry)
     taken = [TagTaken(mv.target(api.reg), mv.before.digest, mv.before.config, mv.image_id)
              for mv in moves if mv.immutable and mv.before is not None and not mv.in_place]
     if taken:
         raise ImmutableTagTaken(taken)
+    _follow(moves)
     return moves
+
+
+def _learn_configs(c: docker.DockerClient, moves: list[Move], retry: Callable) -> None:
+    """The config digest of each image whose immutable tag holds a manifest other than the
+    engine's: that image in the other compression, or another image. Read from the engine only
+    then (zstd.config_digest streams part of the image's export)."""
+    for mv in moves:
+        if mv.immutable and mv.before is not None and not mv.config and not mv.engine_form(mv.before):
+            config = retry(lambda: zstd.config_digest(c, mv.image_id), f"reading {mv.image_id[:19]}'s manifest from the engine")
+            for other in moves:
+                if other.image_id == mv.image_id:
+                    other.config = config
+
+
+def _follow(moves: list[Move]) -> None:
+    """Each moving tag of a row whose dated tag holds the image in another form than the engine
+    pushes (zstd), or will: it gets that manifest, so that every tag of the row names one."""
+    dated = {mv.image.name: mv for mv in moves if mv.immutable and not mv.base}
+    for mv in moves:
+        first = dated.get(mv.image.name)
+        if mv.immutable or first is None:
+            continue
+        now = first.after or (first.before if first.in_place else None)
+        if now is not None and (mv.compression == "zstd" or not first.engine_form(now)):
+            mv.follows = now
 
 
 def describe(mv: Move, reg: Registry, now: Remote | None, unknown: str = "") -> str:
@@ -183,8 +248,8 @@ def describe(mv: Move, reg: Registry, now: Remote | None, unknown: str = "") -> 
         state = f"unknown ({unknown})"
     elif now is None:
         state = "absent"
-    elif mv.holds(now):
-        state = f"at this image ({now.digest})"
+    elif mv.same_image(now):
+        state = f"at this image ({now.digest}{', zstd' if now.form == 'zstd' else ''})"
     else:
         state = f"at another image ({now.digest}, config {now.config})"
     return f"{mv.target(reg)}: {state}"
@@ -232,19 +297,50 @@ def push_one(c: docker.DockerClient, mv: Move, reg: Registry, creds: dict | None
 def execute(c: docker.DockerClient, api: RegistryAPI, moves: list[Move], creds: dict | None,
             retry: Callable, log: Callable[[str], None]) -> None:
     reg = api.reg
+    followed = False
     for mv in moves:
+        if not mv.immutable and not followed:  # every immutable tag is in place and read back by now
+            _follow(moves)
+            followed = True
         if mv.in_place:
             mv.after = mv.before
-            log(f"{mv.target(reg)} already at this image ({mv.before.digest}); skipped")
+            form = f", {mv.before.form}" if mv.before.form == "zstd" or mv.compression == "zstd" else ""
+            log(f"{mv.target(reg)} already at this image ({mv.before.digest}{form}); skipped")
             continue
-        log(f"pushing {mv.target(reg)} ({mv.image_id[:19]})")
+        if mv.follows:
+            log(f"copying {mv.follows.digest} (the row's dated tag's manifest) to {mv.target(reg)}")
+        else:
+            log(f"pushing {mv.target(reg)} ({mv.image_id[:19]}{', zstd' if mv.compression == 'zstd' else ''})")
         try:
-            pushed = retry(lambda: push_one(c, mv, reg, creds), f"pushing {mv.target(reg)}")
+            pushed = _push(c, api, mv, creds, retry, log)
             mv.after = retry(lambda: mv.read(api), f"reading back {mv.target(reg)}")
         except (Transient, PublishError) as e:
             raise PublishError(f"{mv.target(reg)}: {e}") from None
+        for other in moves:  # a zstd push read the config from the image's manifest
+            other.config = other.config or (mv.config if other.image_id == mv.image_id else "")
         if mv.after is None or mv.after.digest != pushed or not mv.holds(mv.after):
-            raise PublishError(f"read-back of {mv.target(reg)} does not match the push: pushed {pushed} of {mv.image_id}, registry has {mv.after}")
+            raise PublishError(f"read-back of {mv.target(reg)} does not match the push: pushed {pushed} of {mv.image_id}"
+                               f"{' (zstd, config ' + mv.config + ')' if mv.compression == 'zstd' and not mv.follows else ''}, "
+                               f"registry has {mv.after}")
+
+
+def _push(c: docker.DockerClient, api: RegistryAPI, mv: Move, creds: dict | None, retry: Callable,
+          log: Callable[[str], None]) -> str:
+    """The move's manifest to its tag: copied from the dated tag, the image's zstd form from a
+    scratch layout, or the engine's push; the digest the registry must now serve there."""
+    target = mv.target(api.reg)
+    if mv.follows is not None:
+        retry(lambda: api.retag(mv.name, mv.follows.digest, mv.tag), f"copying {mv.follows.digest} to {target}")
+        return mv.follows.digest
+    if mv.compression == "zstd":
+        # About the image's compressed size, in $TMPDIR, for as long as the push takes.
+        with tempfile.TemporaryDirectory(prefix="pytorch-cuda-zstd-") as tmp:
+            log(f"writing the zstd form of {mv.image_id[:19]} (level {zstd.LEVEL}) in {tmp}")
+            layout = retry(lambda: zstd.write_layout(c, mv.image_id, Path(tmp)), f"reading {mv.image_id[:19]} from the engine")
+            mv.config = layout.config
+            retry(lambda: api.push_layout(layout.path, zstd.REF_NAME, mv.name, mv.tag), f"pushing {target}")
+        return layout.digest
+    return retry(lambda: push_one(c, mv, api.reg, creds), f"pushing {target}")
 
 
 def retrying(attempts: int, backoff: float, log: Callable[[str], None]) -> Callable:
@@ -259,7 +355,7 @@ def retrying(attempts: int, backoff: float, log: Callable[[str], None]) -> Calla
     return retry
 
 
-def _parts(c: docker.DockerClient, images: list[index.PlatformImage]) -> tuple[str, list[Move]]:
+def _parts(c: docker.DockerClient, images: list[index.PlatformImage], compression: str = "gzip") -> tuple[str, list[Move]]:
     """The dated tag the platform images share (commit day and lock), and a move of each to its
     part tag `<dated>-<arch>`, immutable like the dated tag."""
     dated = {dated_tag(p.image, c.images.get(p.image_id).labels, tags.own_ref(p.image)) for p in images}
@@ -269,7 +365,8 @@ def _parts(c: docker.DockerClient, images: list[index.PlatformImage]) -> tuple[s
                          f"build them together: python build.py --torch {row.torch} --cuda {row.cuda} --platform all")
     day = dated.pop()
     by_manifest = docker_env.image_store(c) == "containerd"
-    return day, [Move(p.image, p.image_id, f"{day}-{p.image.arch}", True, by_manifest=by_manifest) for p in images]
+    return day, [Move(p.image, p.image_id, f"{day}-{p.image.arch}", True, by_manifest=by_manifest, compression=compression)
+                 for p in images]
 
 
 def _push_parts(c: docker.DockerClient, api: RegistryAPI, parts: list[Move], creds: dict | None, push: bool,
@@ -280,6 +377,7 @@ def _push_parts(c: docker.DockerClient, api: RegistryAPI, parts: list[Move], cre
     try:
         for mv in parts:
             mv.before = retry(lambda: mv.read(api), f"reading {mv.target(reg)}")
+        _learn_configs(c, parts, retry)
     except Transient as e:
         raise EnvironmentProblem(f"{e}; nothing pushed") from None
     taken = [TagTaken(mv.target(reg), mv.before.digest, mv.before.config, mv.image_id) for mv in parts if mv.before and not mv.in_place]
@@ -291,31 +389,31 @@ def _push_parts(c: docker.DockerClient, api: RegistryAPI, parts: list[Move], cre
         except (Transient, PublishError) as e:
             raise PublishError(f"publish stopped at {e}; no index was pushed, and no tag of the row moved") from None
     now = (lambda mv: mv.after) if push else (lambda mv: mv.before)
-    return [(mv.target(reg), now(mv).digest if now(mv) else "absent",
-             "already there" if mv.in_place else ("pushed, verified" if push else "would push")) for mv in parts]
+    return [(mv.target(reg), now(mv).digest if now(mv) else "absent", _action(mv, push)) for mv in parts]
 
 
 def publish_part(c: docker.DockerClient, image: Image, reg: Registry, *, push: bool, ca_bundle: str | None, attempts: int,
-                 backoff: float, log: Callable[[str], None]) -> list[str]:
+                 backoff: float, log: Callable[[str], None], compression: str = "gzip") -> list[str]:
     """This host's platform of a row built on several: its image to `<dated>-<arch>` only. The
     row's tags are left to the index (publish --merge, once every platform's part is there)."""
     creds = credentials(reg)
     api = RegistryAPI(reg, creds, ca_bundle)
     retry = retrying(attempts, backoff, log)
-    _, parts = _parts(c, [index.PlatformImage(image, tested_id(c, image))])
+    _, parts = _parts(c, [index.PlatformImage(image, tested_id(c, image))], compression)
     rows = _push_parts(c, api, parts, creds, push, retry, log)
     return _index_table(rows, push) + [f"{image.name} is built for {', '.join(image.platforms)}: its tags name an index of "
                                        "every platform's part (publish --merge, or --platform all on a machine with every one)"]
 
 
 def publish_index(c: docker.DockerClient, row: Image, reg: Registry, *, push: bool, ca_bundle: str | None, attempts: int,
-                  backoff: float, log: Callable[[str], None]) -> list[str]:
+                  backoff: float, log: Callable[[str], None], compression: str = "gzip") -> list[str]:
     """Every platform of the row, built and tested here, as its parts and then one index under
-    its dated and moving tags (index.py); the table's lines."""
+    its dated and moving tags (index.py); the table's lines. With zstd, each part is its
+    platform image's zstd form; the index names the parts as the registry holds them."""
     creds = credentials(reg)
     api = RegistryAPI(reg, creds, ca_bundle)
     retry = retrying(attempts, backoff, log)
-    dated, parts = _parts(c, index.tested(c, row))
+    dated, parts = _parts(c, index.tested(c, row), compression)
     try:
         retry(lambda: api.ping(row), "contacting the registry")
     except Transient as e:
@@ -396,12 +494,12 @@ def _index_table(rows: list[tuple[str, str, str]], push: bool) -> list[str]:
 
 
 def publish(c: docker.DockerClient, images: list[Image], reg: Registry, *, push: bool, ca_bundle: str | None,
-            attempts: int, backoff: float, log: Callable[[str], None]) -> list[Move]:
+            attempts: int, backoff: float, log: Callable[[str], None], compression: str = "gzip") -> list[Move]:
     creds = credentials(reg)
     api = RegistryAPI(reg, creds, ca_bundle)
     retry = retrying(attempts, backoff, log)
     try:
-        moves = plan(c, api, images, retry)
+        moves = plan(c, api, images, retry, compression)
     except Transient as e:
         raise EnvironmentProblem(f"{e}; nothing pushed") from None
     if not push:
@@ -430,14 +528,30 @@ def table(moves: list[Move], reg: Registry, push: bool) -> list[str]:
     rows = [("TAG", "NOW", "ACTION")]
     for mv in moves:
         now = mv.after if push else mv.before
-        action = "already there" if mv.in_place else ("pushed, verified" if push else "would push")
-        rows.append((mv.target(reg), now.digest if now else "absent", action))
+        rows.append((mv.target(reg), now.digest if now else "absent", _action(mv, push)))
     widths = [max(len(r[k]) for r in rows) for k in range(3)]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
     if not push:
         return lines + ["dry run: nothing pushed; add --push to publish"]
     bases = [f"base for rebuilds: {mv.repository(reg)}@{mv.after.digest}" for mv in moves if mv.base and mv.after]
-    return lines + [f"pull by digest: {reg.repository(image)}@{digest}" for image, digest in pushed(moves)] + bases
+    note = [ZSTD_NOTE] if any(mv.after and mv.after.form == "zstd" for mv in moves) else []
+    return lines + [f"pull by digest: {reg.repository(image)}@{digest}" for image, digest in pushed(moves)] + bases + note
+
+
+# What a tag in zstd asks of whoever pulls it (docs/publishing.md#zstd).
+ZSTD_NOTE = "zstd layers: Docker >= 23 and containerd >= 1.5 pull them, Docker 20.10 cannot"
+
+
+def _action(mv: Move, push: bool) -> str:
+    """What happened to the tag (or would), with its layers' compression where it is zstd or the run asked for zstd."""
+    now = mv.after if push else mv.before
+    if mv.in_place:
+        action, form = "already there", now.form
+    elif push:
+        action, form = "pushed, verified", now.form if now else mv.compression
+    else:
+        action, form = "would push", mv.follows.form if mv.follows else mv.compression
+    return action if mv.compression == "gzip" and form != "zstd" else f"{action} ({form})"
 
 
 def pushed(moves: list[Move]) -> list[tuple[Image, str]]:
@@ -454,7 +568,8 @@ def write_record(results: Path, reg: Registry, image: Image, moves: list[Move]) 
     and where the base it was built on went (no "base" for a registry base)."""
     mine = [mv for mv in moves if mv.image is image and not mv.base]
     record = {"registry": str(reg), "repository": reg.repository(image), "image_id": mine[0].image_id,
-              "digest": mine[0].after.digest, "tags": [mv.tag for mv in mine]}
+              "digest": mine[0].after.digest, "tags": [mv.tag for mv in mine],
+              "compression": mine[0].after.form}
     # rows that share a base share one move, made for the first of them
     base = next((mv for mv in moves if mv.base and mv.after and render.base_ref(mv.image) == render.base_ref(image)), None)
     if base is not None:

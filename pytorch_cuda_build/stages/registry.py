@@ -29,6 +29,8 @@ _LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
 _PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"  # the distribution spec's path component
 _ADDRESS = re.compile(rf"^(?P<host>{_LABEL}(?:\.{_LABEL})*|\[[0-9a-fA-F:]+\])(?::(?P<port>[0-9]+))?/(?P<ns>{_PATH}(?:/{_PATH})*)$")
 USER_ENV, PASSWORD_ENV = "PYTORCH_CUDA_REGISTRY_USER", "PYTORCH_CUDA_REGISTRY_PASSWORD"
+# skopeo's limit on a push of an image's blobs (a read's is 30 s): 6 GB at 1 MB/s, with room
+PUSH_TIMEOUT = 4 * 3600
 
 
 class Transient(Exception):
@@ -81,17 +83,33 @@ def credentials(reg: Registry) -> dict | None:
     return None
 
 
+ZSTD_LAYER = "application/vnd.oci.image.layer.v1.tar+zstd"
+_GZIP_LAYERS = ("application/vnd.oci.image.layer.v1.tar+gzip", "application/vnd.docker.image.rootfs.diff.tar.gzip")
+
+
 @dataclass(frozen=True)
 class Remote:
     digest: str  # manifest digest: what `pull REPO@DIGEST` takes
     config: str | None  # config digest: the classic store's image ID
+    layers: tuple[str, ...] = ()  # each layer's mediaType, in order
+
+    @property
+    def form(self) -> str:
+        """How its layers are compressed: gzip, zstd, or mixed (anything else, such as none at all)."""
+        if self.layers and all(m == ZSTD_LAYER for m in self.layers):
+            return "zstd"
+        if self.layers and all(m in _GZIP_LAYERS for m in self.layers):
+            return "gzip"
+        return "mixed"
 
 
 class RegistryAPI:
     """Reads a tag's manifest with skopeo (containers/image: the client of podman and CRI-O),
     which speaks the distribution API with Basic and Bearer-token auth, TLS and redirects.
-    Pushes go through the Docker daemon (push_one); this is only the read-back. Credentials
-    reach skopeo through a private auth file, never its command line."""
+    Pushes go through the Docker daemon (publish.push_one), except the OCI layouts of an index or
+    of an image's zstd form and a copy of a manifest to another tag, which skopeo pushes with
+    --preserve-digests (what is pushed is what was written). Credentials reach skopeo through a
+    private auth file, never its command line."""
 
     def __init__(self, reg: Registry, creds: dict | None, ca_bundle: str | None, timeout: float = 30):
         self.reg, self.creds, self.ca_bundle, self.timeout = reg, creds, ca_bundle, timeout
@@ -115,13 +133,16 @@ class RegistryAPI:
             opts.append(f"--cert-dir={tmp / 'certs'}")
         return opts
 
-    def _skopeo(self, *args: str, side: str = "", timeout: float | None = None) -> bytes:
-        """skopeo ARGS with this registry's TLS and credentials options, for the side of a copy
-        that is the registry (side "dest": --dest-tls-verify, ...) or for a read (side "")."""
+    def _skopeo(self, *args: str, side: str | tuple[str, ...] = "", timeout: float | None = None) -> bytes:
+        """skopeo ARGS with this registry's TLS and credentials options, for the sides of a copy
+        that are the registry (side "dest": --dest-tls-verify, ...; ("src", "dest"): both) or for
+        a read (side "")."""
         if not self.binary:
             raise EnvironmentProblem("skopeo is not installed (the registry read-back uses it): apt-get install skopeo")
+        sides = (side,) if isinstance(side, str) else side
         with tempfile.TemporaryDirectory(prefix="pytorch-cuda-skopeo-") as tmp:
-            opts = [o.replace("--", f"--{side}-", 1) if side else o for o in self._options(Path(tmp))]
+            options = self._options(Path(tmp))
+            opts = [o.replace("--", f"--{s}-", 1) if s else o for s in sides for o in options]
             cmd = [self.binary, f"--command-timeout={timeout or self.timeout:g}s", args[0], "--retry-times=0",
                    *opts, *args[1:]]
             # HOME in the scratch directory: skopeo reads no auth or registries.conf of the user's
@@ -176,6 +197,24 @@ class RegistryAPI:
         self._skopeo("copy", "--multi-arch", "index-only", "--preserve-digests", "--quiet", f"oci:{layout}:{ref_name}",
                      f"docker://{self.reg.host}/{self.reg.namespace}/{name}:{tag}", side="dest")
 
+    def push_layout(self, layout: Path, ref_name: str, name: str, tag: str) -> None:
+        """The image that an OCI layout names ref_name to name:tag, blobs and manifest byte for byte:
+        blobs the repository holds already are not sent again (skopeo checks each by digest)."""
+        try:
+            self._skopeo("copy", "--preserve-digests", "--quiet", f"oci:{layout}:{ref_name}",
+                         f"docker://{self.reg.host}/{self.reg.namespace}/{name}:{tag}", side="dest", timeout=PUSH_TIMEOUT)
+        except _Absent as e:  # ECR, for one, says so of a repository nobody created
+            raise PublishError(f"registry {self.reg.host} has no repository {self.reg.namespace}/{name} to push to ({e})") from None
+
+    def retag(self, name: str, digest: str, tag: str) -> None:
+        """name@digest, a manifest the repository holds, to name:tag unchanged; its blobs are there
+        already, so only the manifest (and the small config, read and found) crosses."""
+        repo = f"docker://{self.reg.host}/{self.reg.namespace}/{name}"
+        try:
+            self._skopeo("copy", "--preserve-digests", "--quiet", f"{repo}@{digest}", f"{repo}:{tag}", side=("src", "dest"))
+        except _Absent as e:
+            raise PublishError(f"{name}@{digest} is gone from the registry ({e}); it cannot be copied to {tag}") from None
+
     def manifest(self, image: Image, tag: str, repository: str | None = None) -> Remote | None:
         """The tag in the row's repository, or in `repository` (the base's) under the same namespace."""
         name = repository or image.repository
@@ -183,11 +222,13 @@ class RegistryAPI:
         if raw is None:
             return None
         try:
-            config = (json.loads(raw).get("config") or {}).get("digest")
+            doc = json.loads(raw)
+            config = (doc.get("config") or {}).get("digest")
+            layers = tuple(layer.get("mediaType", "") for layer in doc.get("layers") or [])
         except (ValueError, AttributeError):
             raise PublishError(f"registry {self.reg.host} served {name}:{tag} as something other than a manifest") from None
         # The digest of the bytes served: what `docker pull REPO@DIGEST` and the push report.
-        return Remote("sha256:" + hashlib.sha256(raw).hexdigest(), config)
+        return Remote("sha256:" + hashlib.sha256(raw).hexdigest(), config, layers)
 
 
 class _Absent(Exception):

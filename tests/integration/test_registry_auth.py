@@ -38,7 +38,8 @@ def test_read_back_gets_a_token_for_the_repository_and_the_digests_it_pushed(tok
     reg, issuer, (digest, config) = token_registry
     client = api(reg, SECRET)
     client.ping(DEFAULT)
-    assert client.manifest(DEFAULT, "v2.7") == registry.Remote(digest, config)
+    remote = client.manifest(DEFAULT, "v2.7")
+    assert (remote.digest, remote.config) == (digest, config)
     assert client.manifest(DEFAULT, "never-pushed") is None
     asked = [r for r in issuer.requests if r["user"] == "ci"]
     assert {"user": "ci", "basic": True, "scope": [f"repository:ml/{DEFAULT.repository}:pull"],

@@ -17,7 +17,7 @@ from pytorch_cuda_build.errors import EnvironmentProblem, ImmutableTagTaken, Pub
 from pytorch_cuda_build.stages import publish, registry, render
 from pytorch_cuda_build.tools import propose
 
-from helpers import ROOT, run_build_py
+from helpers import ROOT, ExportingEngine, layer_tar, oci_export, run_build_py
 
 MATRIX = matrix.load(ROOT / "matrix.yaml")
 ROW = MATRIX.select("2.7", "12.1")
@@ -128,6 +128,8 @@ def test_propose_reads_the_pins_from_the_index(tmp_path):
     (["publish", "--torch", "2.7", "--registry", "127.0.0.1:5000/ml", "--retries", "0"], "argument --retries: must be at least 1"),
     (["--torch", "2.7", "--push"], "no registry"),  # before an hour of building, not after
     (["--torch", "2.7", "--push", "--registry", "https://ghcr.io/acme"], "malformed registry address"),
+    (["--torch", "2.7", "--compression", "zstd"], "--compression needs --push"),  # nothing to compress without a push
+    (["publish", "--torch", "2.11", "--registry", "127.0.0.1:5000/ml", "--merge", "--compression", "zstd"], "do not go together"),
 ])
 def test_publish_usage_errors_are_one_line(args, text):
     proc = run_build_py(ROOT, *args, env={"DOCKER_HOST": "unix:///nonexistent/docker.sock", "PYTORCH_CUDA_REGISTRY": ""})
@@ -245,9 +247,10 @@ class FakeImage:
 
 
 class FakeClient:
-    def __init__(self, image: FakeImage, store: str = "classic", base: bool = True):
+    def __init__(self, image: FakeImage, store: str = "classic", base: bool = True, exports: dict[str, bytes] | None = None):
         self.image, self.store, self.base = image, store, base
         self.images = self
+        self.api = ExportingEngine(exports or {})  # the containerd store's `docker save`, of these images
 
     def get(self, ref):
         if ref == BASE_ID:
@@ -279,8 +282,9 @@ def tested(monkeypatch):
     monkeypatch.setattr(publish.tags, "passed", lambda image_id, *a: {"mode": "cpu"})
 
 
-def _plan(remote: dict, store: str = "classic", labels: dict = LABELS, base: bool = True) -> list[publish.Move]:
-    c = FakeClient(FakeImage("sha256:" + "a" * 64, labels), store, base)
+def _plan(remote: dict, store: str = "classic", labels: dict = LABELS, base: bool = True, image_id: str = "sha256:" + "a" * 64,
+          exports: dict[str, bytes] | None = None) -> list[publish.Move]:
+    c = FakeClient(FakeImage(image_id, labels), store, base, exports)
     return publish.plan(c, FakeAPI(remote), [ROW], retry=lambda fn, what: fn())
 
 
@@ -347,12 +351,14 @@ def test_plan_lets_moving_tags_move_and_skips_a_dated_tag_already_in_place(teste
 
 def test_on_the_containerd_store_the_local_id_is_compared_with_the_manifest_digest(tested):
     """There the image ID is the manifest's digest, and a registry's config digest never equals it."""
-    here = registry.Remote("sha256:" + "a" * 64, "sha256:" + "c" * 64)  # manifest digest = local ID
-    config_only = registry.Remote("sha256:" + "e" * 64, "sha256:" + "a" * 64)  # a classic-store match, not this one
-    base, *moves = _plan({"2.7.1-cuda12.1-runtime-20261122-7904bf67": here, "2.7.1-cuda12.1-runtime": config_only}, "containerd")
+    image = oci_export([layer_tar({"f": b"x"})])
+    here = registry.Remote(image.image_id, image.config)  # manifest digest = local ID
+    config_only = registry.Remote("sha256:" + "e" * 64, image.image_id)  # a classic-store match, not this one
+    at = {"image_id": image.image_id, "exports": {image.image_id: image.tar}}
+    base, *moves = _plan({"2.7.1-cuda12.1-runtime-20261122-7904bf67": here, "2.7.1-cuda12.1-runtime": config_only}, "containerd", **at)
     assert base.by_manifest and moves[0].by_manifest and moves[0].in_place and not moves[1].in_place
     with pytest.raises(ImmutableTagTaken):
-        _plan({"2.7.1-cuda12.1-runtime-20261122-7904bf67": config_only}, "containerd")
+        _plan({"2.7.1-cuda12.1-runtime-20261122-7904bf67": config_only}, "containerd", **at)
 
 
 # ---- what a push reports: Docker 20.10 an aux record, 26 on the containerd store a status line ----

@@ -108,6 +108,8 @@ VALUE_CASES = {
     **{(cmd, "--allow-vulnerable"): [([cmd, "--torch", "2.7", *REG, "--allow-vulnerable", ""], "--allow-vulnerable takes an advisory ID"),
                                      ([cmd, "--torch", "2.7", *REG, "--allow-vulnerable", "GHSA-1 GHSA-2"], "takes an advisory ID")]
        for cmd in ("build", "publish")},
+    **{(cmd, "--compression"): [([cmd, "--torch", "2.7", *REG, "--compression", "zst"], "argument --compression: invalid choice: 'zst'")]
+       for cmd in ("build", "publish")},
     ("build", "--jobs"): [(["build", "--all", "--jobs", "0"], "argument --jobs: must be at least 1, not 0"),
                           (["build", "--all", "--jobs", "two"], "argument --jobs: takes a whole number, not 'two'")],
     ("build", "--cache-from"): [(["build", "--torch", "2.7", "--cache-from", "registry,ref=r/c"], "--cache-from 'registry,ref=r/c' is not buildx's")],
@@ -204,7 +206,7 @@ GIVE = {"jobs": ["--jobs", "2"], "retries": ["--retries", "2"], "allow_vulnerabl
         "cache_from": ["--cache-from", "type=registry,ref=r/c"], "cache_to": ["--cache-to", "type=registry,ref=r/c"],
         "result_json": ["--result-json", "{dir}/r.json"], "ca_bundle": ["--ca-bundle", "{pem}"], "cuda": ["--cuda", "12.1"],
         "cluster_runtime": ["--kind", "trainjob", "--cluster-runtime", "torch-distributed"], "rdma": ["--rdma", "rdma/ib=1"],
-        "platform": ["--platform", "linux/arm64"]}
+        "platform": ["--platform", "linux/arm64"], "compression": ["--compression", "zstd"]}
 
 
 def _give(command: str, dest: str, but: str | None = None) -> list[str]:
@@ -274,7 +276,9 @@ def test_every_rule_names_flags_its_command_has():
 
 
 @pytest.mark.parametrize("argv, completed", [
-    (["build", "--torch", "2.7"], {"jobs": 1, "retries": 4}),
+    (["build", "--torch", "2.7"], {"jobs": 1, "retries": 4, "compression": "gzip"}),
+    (["build", "--torch", "2.7", *REG, "--compression", "zstd"], {"compression": "zstd"}),
+    (["publish", "--torch", "2.7", "--registry", "127.0.0.1:5000/ml", "--compression", "zstd"], {"compression": "zstd"}),  # a dry run
     (["build", "--all", "--jobs", "3", *REG, "--retries", "2", "--allow-vulnerable", "GHSA-abcd-1234-wxyz"], {"jobs": 3, "retries": 2}),
     (["build", "--torch", "2.7", "--ca-bundle", certifi.where(), "--dry-run"], {"jobs": 1}),
     (["build", "--torch", "2.7", "--no-test", "--cache-from", "type=registry,ref=r/ns/c:{image}", "--cache-to", "type=inline"], {}),
@@ -299,7 +303,8 @@ def test_a_child_of_all_gets_arguments_that_validate(tmp_path, monkeypatch, regi
     """--all's rows run as `build.py build ... --result-json F` with the parent's options: those must pass too."""
     monkeypatch.delenv("PYTORCH_CUDA_REGISTRY", raising=False)
     opts = pipeline.Options(ca_path=certifi.where(), no_test=registry is None, no_cache=True, registry=registry, retries=2,
-                            allow_vulnerable=("GHSA-x",) if registry else (), cache_from=("type=registry,ref=r/c",))
+                            allow_vulnerable=("GHSA-x",) if registry else (), cache_from=("type=registry,ref=r/c",),
+                            compression="zstd" if registry else "gzip")
     argv = ["--matrix", str(ROOT / "matrix.yaml"), "build", "--torch", "2.7", "--cuda", "12.1", "--flavor", "runtime",
             "--result-json", str(tmp_path / "result.json"), *opts.argv(), "--quiet"]
     stage.validate(arguments.parser().parse_args(argv))
