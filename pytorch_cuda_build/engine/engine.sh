@@ -4,8 +4,8 @@
 # Our build hosts start with only a Docker client. As root on Debian we install
 # Debian's docker.io and start dockerd; anywhere else we stop with a message,
 # because installing an engine is the machine owner's decision, not ours.
-# Also installs debootstrap (local base images), and docker-registry and skopeo (publish
-# tests; publish reads the registry back with skopeo), Slurm's daemons, munge, umoci and runc (the
+# Also installs debootstrap (local base images), and docker-registry, skopeo and zstd (publish
+# tests; publish reads the registry back with skopeo, and compresses zstd layers), Slurm's daemons, munge, umoci and runc (the
 # Slurm test), podman, sudo, mmdebstrap and uidmap (the workflow
 # replay) when asked with --with-registry.
 #
@@ -162,6 +162,8 @@ main() {
   if ! command -v objdump >/dev/null 2>&1; then need_pkgs+=(binutils); fi
   if [ "$want_registry" = 1 ] && [ ! -x /usr/bin/docker-registry ]; then need_pkgs+=(docker-registry); fi
   if [ "$want_registry" = 1 ] && ! command -v skopeo >/dev/null 2>&1; then need_pkgs+=(skopeo); fi
+  # publish --compression zstd compresses each layer with it (tests/integration/test_zstd_publish.py).
+  if [ "$want_registry" = 1 ] && ! command -v zstd >/dev/null 2>&1; then need_pkgs+=(zstd); fi
   # The workflow replay's runner user (tests/integration/test_workflow_replay.py) has sudo, as a hosted runner's does.
   if [ "$want_registry" = 1 ] && ! command -v sudo >/dev/null 2>&1; then need_pkgs+=(sudo); fi
   # ... and, without sudo, builds the base with mmdebstrap in a user namespace (newuidmap is uidmap's).
