@@ -1,6 +1,7 @@
 """Assertion helpers shared by the test tiers: show the command and its output on failure."""
 from __future__ import annotations
 
+import base64
 import contextlib
 import gzip
 import hashlib
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import tarfile
 import types
+import zipfile
 from pathlib import Path
 from typing import NoReturn
 
@@ -443,3 +445,23 @@ class ExportingEngine:
             finally:
                 self.closed += 1
         return chunks()
+
+
+# ---- tiny wheels, made here -----------------------------------------------------------------
+
+def make_wheel(house: Path, name: str, version: str, files: dict[str, str]) -> str:
+    """A pure wheel of `files` (path in site-packages -> text) in house; its sha256."""
+    dist = f"{name}-{version}.dist-info"
+    files = {**files, f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+
+    def row(path: str, text: str) -> str:
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        return f"{path},sha256={digest},{len(text.encode())}"
+
+    record = "\n".join([*(row(p, t) for p, t in files.items()), f"{dist}/RECORD,,"]) + "\n"
+    path = house / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for p, t in {**files, f"{dist}/RECORD": record}.items():
+            z.writestr(zipfile.ZipInfo(p, date_time=(2026, 1, 1, 0, 0, 0)), t)
+    return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -201,8 +201,8 @@ def render_lock(image: Image, lock_text: str, apt: tuple[dict[str, str], dict[st
     platform (render_platform) under its directory, which lock.json vouches for too."""
     facts = resolve_pypi.wheel_facts(lock_text)
     agree(image, facts)
-    wheels, built = split(lock_text)
-    req = _header(image, "wheels, installed with --require-hashes") + wheels
+    wheel_lock, built = split(lock_text)
+    req = _header(image, "wheels, installed with --require-hashes") + wheel_lock
     ds = _header(image, "sdists built into wheels in the builder stage") + built
     tk_text, tk_version = toolkit
     meta = {
@@ -235,10 +235,10 @@ def render_platform(image: Image, platform: str, lock_text: str, toolkit: tuple[
     """A platform beside linux/amd64: its files and its part of lock.json. Its torch wheel must
     carry the CUDA, cuDNN and NCCL the row names, and its DeepSpeed sdist be linux/amd64's."""
     facts = platform_facts(image, platform, lock_text)
-    wheels, built = split(lock_text)
+    wheel_lock, built = split(lock_text)
     if _header(image, "sdists built into wheels in the builder stage") + built != deepspeed_lock:
         raise LockError(f"{image.name}: the DeepSpeed sdist resolved for {platform} is not linux/amd64's")
-    req = _header(image, f"{platform} wheels, installed with --require-hashes", platform) + wheels
+    req = _header(image, f"{platform} wheels, installed with --require-hashes", platform) + wheel_lock
     tk_text, tk_version = toolkit
     return {"files": {"requirements.lock": req, "toolkit.lock": tk_text},
             "meta": {"inputs": platform_inputs(image, platform), "wheel": asdict(facts),

@@ -4,14 +4,11 @@ and touches nothing an earlier layer installed: a byte-code file of an earlier w
 would be copied into this layer."""
 from __future__ import annotations
 
-import base64
-import hashlib
 import importlib.util
 import os
 import subprocess
 import sys
 import venv
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -21,26 +18,10 @@ sys.path.insert(0, str(ROOT))
 
 from pytorch_cuda_runtime import wheellayer  # noqa: E402
 
+from helpers import make_wheel  # noqa: E402
+
 SCRIPT = ROOT / "pytorch_cuda_runtime" / "wheellayer.py"
 EPOCH = 1767225600
-
-
-def make_wheel(house: Path, name: str, version: str, files: dict[str, str]) -> str:
-    """A pure wheel of `files` (path in site-packages -> text); its sha256."""
-    dist = f"{name}-{version}.dist-info"
-    files = {**files, f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-
-    def row(path: str, text: str) -> str:
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-        return f"{path},sha256={digest},{len(text.encode())}"
-
-    record = "\n".join([*(row(p, t) for p, t in files.items()), f"{dist}/RECORD,,"]) + "\n"
-    path = house / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as z:
-        for p, t in {**files, f"{dist}/RECORD": record}.items():
-            z.writestr(p, t)
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @pytest.fixture(scope="module")
