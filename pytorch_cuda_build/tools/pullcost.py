@@ -212,25 +212,34 @@ def _bound_cache(bc) -> None:
 # ---- pull times into an empty engine -------------------------------------------------------
 
 
-def zstd_copy(reg: Registry, repo: str, tag_: str) -> str:
-    """The image recompressed with zstd under tag-zstd (skopeo, registry to registry)."""
+def zstd_copy(reg: Registry, zreg: Registry, repo: str, tag_: str) -> str:
+    """The image recompressed with zstd into another registry (skopeo, registry to registry); its
+    reference there. Another registry: skopeo keeps a blob the destination holds already, gzip
+    or not, so a copy within one registry can stay gzip (the report lists the media types)."""
     if not shutil.which("skopeo"):
         raise EnvironmentProblem("the zstd pull needs skopeo: apt-get install skopeo")
-    dest = f"{tag_}-zstd"
+    dest = f"{zreg.host}/{repo}:{tag_}"
     proc = subprocess.run(["skopeo", "copy", "--quiet", "--src-tls-verify=false", "--dest-tls-verify=false",
-                           "--dest-compress-format", "zstd", f"docker://{reg.host}/{repo}:{tag_}", f"docker://{reg.host}/{repo}:{dest}"],
+                           "--dest-compress-format", "zstd", f"docker://{reg.host}/{repo}:{tag_}", f"docker://{dest}"],
                           capture_output=True, text=True, env={**os.environ, "HOME": str(reg.dir)})
     if proc.returncode != 0:
         raise EnvironmentProblem(f"skopeo copy to zstd failed: {(proc.stderr.strip().splitlines() or [''])[-1][:300]}")
     return dest
 
 
+def _wipe(store: engine_current.Store) -> None:
+    """The probe engine stopped and emptied: Docker's data root and containerd's, where the
+    containerd store keeps the blobs and the unpacked layers."""
+    engine_current.down(store)
+    for d in (store.state / "docker", store.state / "containerd", store.run):
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def timed_pull(ref: str, ca: str | None, log) -> float:
     """Seconds for `docker pull ref` into an empty current engine (containerd store, started for
-    this pull and removed after it)."""
+    this pull and emptied after it)."""
     store = engine_current.PROBE
-    engine_current.down(store)
-    shutil.rmtree(store.state / "docker", ignore_errors=True)
+    _wipe(store)
     env = engine_current.up(store, ca, log)
     try:
         t0 = time.monotonic()
@@ -240,8 +249,7 @@ def timed_pull(ref: str, ca: str | None, log) -> float:
             raise EnvironmentProblem(f"docker pull {ref} into the probe engine failed: {(proc.stderr.strip().splitlines() or [''])[-1]}")
         return seconds
     finally:
-        engine_current.down(store)
-        shutil.rmtree(store.state / "docker", ignore_errors=True)
+        _wipe(store)
 
 
 # ---- the measure ------------------------------------------------------------------------------
@@ -267,7 +275,7 @@ def measure(c, m: Matrix, root: Path, bc, ca: str | None, log, work: Path | None
         for layout in LAYOUTS:
             slug = layout.replace(" ", "-")
             copy = layout_copy(root, Path(tmp) / slug, layout, docker, log)
-            with Registry(Path(tmp) / f"registry-{slug}") as reg:
+            with Registry(Path(tmp) / f"registry-{slug}") as reg, Registry(Path(tmp) / f"registry-{slug}-zstd") as zreg:
                 repo = f"pull/{slug}"
                 built = r["build_s"][layout] = {}
                 built[names[0]] = build_and_push(c, copy, chosen[0], reg, repo, names[0], docker, bc.argv[0], log)
@@ -280,11 +288,11 @@ def measure(c, m: Matrix, root: Path, bc, ca: str | None, log, work: Path | None
                     built[image.name] = build_and_push(c, copy, image, reg, repo, image.name, docker, bc.argv[0], log)
                 _bound_cache(bc)
                 manifests[layout] = {t: reg.manifest(repo, t) for t in [*names, f"{names[0]}-refresh"]}
-                zstd = zstd_copy(reg, repo, names[0])
+                zstd = zstd_copy(reg, zreg, repo, names[0])
                 r.setdefault("media_types", {})[layout] = {"gzip": manifests[layout][names[0]]["media_types"],
-                                                           "zstd": reg.manifest(repo, zstd)["media_types"]}
+                                                           "zstd": zreg.manifest(repo, names[0])["media_types"]}
                 r["pull_s"][layout] = {"gzip": timed_pull(f"{reg.host}/{repo}:{names[0]}", ca, log),
-                                       "zstd": timed_pull(f"{reg.host}/{repo}:{zstd}", ca, log)}
+                                       "zstd": timed_pull(zstd, ca, log)}
             shutil.rmtree(copy, ignore_errors=True)
     r["refreshed"] = REFRESHED
     r["figures"] = figures(manifests, names, REFRESHED)
@@ -319,6 +327,10 @@ def markdown(r: dict) -> str:
     lines.append(f"| pull of {first} from 127.0.0.1 into an empty Docker 26 engine (containerd store), gzip / zstd | "
                  f"{pa['gzip']:.0f} s / {pa['zstd']:.0f} s | {pb['gzip']:.0f} s / {pb['zstd']:.0f} s | reported |")
     lines.append(f"| layers of {first}'s image | {f[a]['layers'][first]} | {f[b]['layers'][first]} | far below 127 |")
+    types = r.get("media_types", {})
+    lines.append(f"| layer media types of {first} (gzip push / after skopeo's zstd copy) | "
+                 + " | ".join(f"{', '.join(t.rsplit('.', 1)[-1] for t in types.get(lay, {}).get('gzip', []))} / "
+                              f"{', '.join(t.rsplit('.', 1)[-1] for t in types.get(lay, {}).get('zstd', []))}" for lay in LAYOUTS) + " | - |")
     builds = r["build_s"]
     lines += ["", "Build times of this run (build.py, no tests; the op compile only in the first layout that built a row): " +
               "; ".join(f"{lay}: " + ", ".join(f"{k} {v:.0f} s" for k, v in builds[lay].items()) for lay in LAYOUTS), ""]
