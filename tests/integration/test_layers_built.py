@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.docker]
 ROW = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
 
 
+@pytest.mark.slow
 def test_the_default_image_has_a_layer_per_large_wheel_in_the_lock_s_order(default_build, docker_client):
     image = docker_client.images.get(ROW.refs()[0])
     steps = [h for h in reversed(image.history()) if "/tmp/wheellayer.py" in (h.get("CreatedBy") or "")]
