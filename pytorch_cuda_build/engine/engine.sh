@@ -162,7 +162,7 @@ main() {
   if ! command -v objdump >/dev/null 2>&1; then need_pkgs+=(binutils); fi
   if [ "$want_registry" = 1 ] && [ ! -x /usr/bin/docker-registry ]; then need_pkgs+=(docker-registry); fi
   if [ "$want_registry" = 1 ] && ! command -v skopeo >/dev/null 2>&1; then need_pkgs+=(skopeo); fi
-  # publish --compression zstd compresses each layer with it (tests/integration/test_zstd_publish.py).
+  # publish --compression zstd compresses each layer with it (tests/integration/test_zstd_registry.py).
   if [ "$want_registry" = 1 ] && ! command -v zstd >/dev/null 2>&1; then need_pkgs+=(zstd); fi
   # The workflow replay's runner user (tests/integration/test_workflow_replay.py) has sudo, as a hosted runner's does.
   if [ "$want_registry" = 1 ] && ! command -v sudo >/dev/null 2>&1; then need_pkgs+=(sudo); fi
