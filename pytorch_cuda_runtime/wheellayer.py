@@ -21,7 +21,6 @@ Standard library and pip only; the build bind-mounts this one file.
 from __future__ import annotations
 
 import argparse
-import compileall
 import contextlib
 import concurrent.futures
 import importlib.metadata
@@ -129,18 +128,22 @@ def own_files(names: list[str]) -> list[Path]:
     return out
 
 
-def compile_all(sources: list[Path]) -> None:
+def compile_all(sources: list[Path]) -> list[str]:
     """Hash-based byte-code for each .py, in parallel, as `compileall -f --invalidation-mode
-    unchecked-hash` writes it."""
+    unchecked-hash` writes it; the files that are not this Python's syntax (torch ships a
+    py312_intrinsics.py), which get none, as pip leaves them. Any other failure stops the layer."""
     todo = sorted(str(p) for p in sources if p.suffix == ".py" and p.is_file())
     with concurrent.futures.ProcessPoolExecutor() as pool:
-        ok = list(pool.map(_compile, todo, chunksize=64))
-    if not all(ok):
-        raise LayerError(f"byte-compiling {ok.count(False)} file(s) failed; the errors are above")
+        results = list(pool.map(_compile, todo, chunksize=64))
+    return [path for path, ok in zip(todo, results) if not ok]
 
 
 def _compile(path: str) -> bool:
-    return bool(compileall.compile_file(path, quiet=1, force=True, invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH))
+    try:
+        py_compile.compile(path, doraise=True, invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    except py_compile.PyCompileError:
+        return False
+    return True
 
 
 def with_byte_code(files: list[Path]) -> list[Path]:
@@ -181,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
             if wrong:
                 raise LayerError(f"not installed as locked: {', '.join(wrong)}")
             files = own_files([n for n, _, _ in chosen])
-            compile_all(files)
+            for path in compile_all(files):
+                print(f"wheellayer: no byte-code for {path}: not Python {sys.version_info[0]}.{sys.version_info[1]} syntax", flush=True)
             set_times(with_byte_code(files), a.epoch)
     except (LayerError, OSError, importlib.metadata.PackageNotFoundError) as e:
         print(f"wheellayer: {e}", file=sys.stderr)

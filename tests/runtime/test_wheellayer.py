@@ -33,7 +33,8 @@ def env(tmp_path_factory):
     house.mkdir()
     hashes = {
         "alpha": make_wheel(house, "alpha", "1.0", {"alpha/__init__.py": "A = 1\n", "alpha/include/alpha.h": "#pragma once\n",
-                                                       "alpha/include/__init__.py": ""}),
+                                                       "alpha/include/__init__.py": "",
+                                                       "alpha/py399.py": "def f(x) => x\n"}),  # not this Python's syntax
         "beta": make_wheel(house, "beta", "2.0", {"beta/__init__.py": "B = 2\n"}),
     }
     run_env = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(house)}
@@ -54,6 +55,7 @@ def test_a_layer_installs_its_wheel_compiles_and_dates_its_own_files_and_leaves_
     python, house, hashes, run_env = env
     first = layer(python, house, run_env, f"alpha==1.0 --hash=sha256:{hashes['alpha']}")
     assert first.returncode == 0, first.stderr
+    assert "wheellayer: no byte-code for " in first.stdout and "py399.py: not Python" in first.stdout  # as pip leaves it
     sp = site(python)
     header, init = sp / "alpha/include/alpha.h", sp / "alpha/__init__.py"
     pyc = Path(importlib.util.cache_from_source(str(init)))
