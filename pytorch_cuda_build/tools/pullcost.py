@@ -118,6 +118,13 @@ class Registry:
             self.proc.terminate()
             self.proc.wait(timeout=30)
 
+    def clear(self) -> None:
+        """Stopped, emptied and started again on the same address. The figures come from the
+        manifests, read before: a benchmark host cannot keep a dozen 3 GB images."""
+        self.__exit__()
+        shutil.rmtree(self.dir / "storage", ignore_errors=True)
+        self.__enter__()
+
     def manifest(self, repo: str, tag: str) -> dict:
         req = urllib.request.Request(f"http://{self.host}/v2/{repo}/manifests/{tag}", headers={"Accept": ACCEPT})
         with urllib.request.urlopen(req, timeout=60) as r:
@@ -209,7 +216,7 @@ def rebuilt(log_path: Path, dockerfile: Path) -> dict:
 # Twelve builds of about 6 GB each do not fit a build host's disk together: between builds the
 # build cache keeps its newest layers up to this size, and every cache mount (the wheelhouse,
 # the compiled ops, which the second layout's builds take instead of compiling again).
-KEEP_CACHE = "12GB"
+KEEP_CACHE = "8GB"
 
 
 def _bound_cache(bc) -> None:
@@ -286,25 +293,29 @@ def measure(c, m: Matrix, root: Path, bc, ca: str | None, log, work: Path | None
             slug = layout.replace(" ", "-")
             copy = layout_copy(root, Path(tmp) / slug, layout, docker, log)
             with Registry(Path(tmp) / f"registry-{slug}") as reg, Registry(Path(tmp) / f"registry-{slug}-zstd") as zreg:
-                repo = f"pull/{slug}"
+                repo, found = f"pull/{slug}", {}
                 built = r["build_s"][layout] = {}
                 built[names[0]] = build_and_push(c, copy, chosen[0], reg, repo, names[0], docker, bc.argv[0], log)
+                found[names[0]] = reg.manifest(repo, names[0])
+                zstd = zstd_copy(reg, zreg, repo, names[0])
+                r.setdefault("media_types", {})[layout] = {"gzip": found[names[0]]["media_types"],
+                                                           "zstd": zreg.manifest(repo, names[0])["media_types"]}
+                r["pull_s"][layout] = {"gzip": timed_pull(f"{reg.host}/{repo}:{names[0]}", ca, log), "zstd": timed_pull(zstd, ca, log)}
+                zreg.clear()
                 # The refresh right after its row, whose layers are then still in the build cache.
                 r["refreshed_to"] = refresh_lock(copy, chosen[0], index)
                 _buildpy(copy, ["render"], docker, log)
                 built["refresh"] = build_and_push(c, copy, chosen[0], reg, repo, f"{names[0]}-refresh", docker, bc.argv[0], log)
+                found[f"{names[0]}-refresh"] = reg.manifest(repo, f"{names[0]}-refresh")
                 r.setdefault("refresh_rebuilt", {})[layout] = rebuilt(copy / "build-results" / names[0] / "build.log",
                                                                       build.dockerfile(copy, chosen[0]))
                 for image in chosen[1:]:
+                    reg.clear()
                     _bound_cache(bc)
                     built[image.name] = build_and_push(c, copy, image, reg, repo, image.name, docker, bc.argv[0], log)
+                    found[image.name] = reg.manifest(repo, image.name)
                 _bound_cache(bc)
-                manifests[layout] = {t: reg.manifest(repo, t) for t in [*names, f"{names[0]}-refresh"]}
-                zstd = zstd_copy(reg, zreg, repo, names[0])
-                r.setdefault("media_types", {})[layout] = {"gzip": manifests[layout][names[0]]["media_types"],
-                                                           "zstd": zreg.manifest(repo, names[0])["media_types"]}
-                r["pull_s"][layout] = {"gzip": timed_pull(f"{reg.host}/{repo}:{names[0]}", ca, log),
-                                       "zstd": timed_pull(zstd, ca, log)}
+                manifests[layout] = found
             shutil.rmtree(copy, ignore_errors=True)
     r["refreshed"] = REFRESHED
     r["figures"] = figures(manifests, names, REFRESHED)
