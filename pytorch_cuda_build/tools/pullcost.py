@@ -331,8 +331,8 @@ def markdown(r: dict) -> str:
     f = r["figures"]
     a, b = LAYOUTS
     first = r["rows"][0]
-    lines = [f"Measured {r['date']} on this machine ({r['cpus']} CPUs, {r['engine']}), by `python3 build.py bench --full --only pull "
-             f"--torch {first.split('-')[0]}`: the CUDA 13 rows ({', '.join(r['rows'])}) and a refresh of {first} that moves "
+    lines = [f"Measured {r['date']} on this machine ({r['cpus']} CPUs, {r['engine']}), by `python3 build.py bench --full --only pull` "
+             f"(any --torch: it measures these rows): the CUDA 13 rows ({', '.join(r['rows'])}) and a refresh of {first} that moves "
              f"{r['refreshed']} to {r['refreshed_to']}, built with every wheel in one layer and with the matrix's layout, each "
              "pushed to a registry of its own on 127.0.0.1 (gzip). Bytes are compressed blob sizes from the registry's manifests; "
              "a node pulls the blobs it does not hold.", "",
