@@ -170,6 +170,8 @@ def parser() -> argparse.ArgumentParser:
     bn.add_argument("--full", action="store_true", help="every benchmark; report in bench/ (~15 min; empties the build cache for the cold builds)")
     bn.add_argument("--cold-runs", type=positive_int, help="with --full: cold builds of each kind (default 1)")
     bn.add_argument("--only", help="with --full: comma list of " + ",".join(bench.MEASURES) + " (default: every one)")
+    bn.add_argument("--pull-rows", type=positive_int, metavar="N",
+                    help="with --only pull: build the first N CUDA 13 rows, oldest first (default: every one)")
     _flags(bn, yes="allow the cold and matrix measures to empty this daemon's whole build cache")
     _docker_ca(bn)
 

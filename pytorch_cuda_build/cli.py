@@ -16,7 +16,7 @@ from .arguments import COMMANDS, parser
 from .engine import docker_env
 from .errors import PipelineError
 from .stages import build, inputs, lock, publish, render, sbom, tag, zstd
-from .tools import bench, engine_current, gpubundle, propose, selftest, verify
+from .tools import bench, engine_current, gpubundle, propose, pullcost, selftest, verify
 from .validate import validate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -175,9 +175,11 @@ def cmd_sbom(m: matrix.Matrix, args) -> int:
 def cmd_bench(m: matrix.Matrix, args) -> int:
     image = m.select(args.torch, args.cuda, args.flavor)
     only = bench.parse_only(args.only)  # validated, with --yes for the cold measures
+    if args.pull_rows is not None:
+        pullcost.rows(m, args.pull_rows)  # within the matrix's CUDA 13 rows, before Docker is touched
     c = docker_env.ensure_engine(log)
     print(bench.run(c, m, image, ROOT, only, args.runs, args.cold_runs, args.full, args.yes, args.docker,
-                    lambda: ca.ca_bundle(args.ca_bundle), log))
+                    lambda: ca.ca_bundle(args.ca_bundle), log, pull_rows=args.pull_rows))
     return 0
 
 

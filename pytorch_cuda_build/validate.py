@@ -36,6 +36,7 @@ NEEDS = [
     ("bench", "only", "full", "it picks --full's measures"),
     ("bench", "cold_runs", "full", "it counts --full's cold builds"),
     ("bench", "yes", "full", "only --full empties the build cache"),
+    ("bench", "pull_rows", "full", "it picks the rows of --full's pull measure"),
 ]
 
 # (command, flag, flag, why): the two together contradict each other, or one does nothing.
@@ -249,6 +250,8 @@ def _combinations(args: argparse.Namespace) -> None:
         raise UsageError("pick the rows: --torch X [--cuda Y] for one, or --all")
     if command == "bench" and args.full:
         bench.check_consent(bench.parse_only(args.only), args.yes)
+        if args.pull_rows is not None and "pull" not in bench.parse_only(args.only):
+            raise UsageError("--pull-rows picks the rows of the pull measure, and --only leaves it out")
     if command == "job":
         _job_combinations(args)
 

@@ -211,10 +211,10 @@ def svg_bars(title: str, unit: str, bars: list[tuple[str, float]]) -> str:
 
 
 def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_runs: int, only: set[str],
-         out_dir: Path, log, yes: bool = False) -> dict:
+         out_dir: Path, log, yes: bool = False, pull_rows: int | None = None) -> dict:
     """Every figure of the benchmark issue for one row, measured in one run on this machine.
 
-    yes: the user allowed emptying the daemon's whole build cache (cold, matrix)."""
+    yes: the user allowed emptying the daemon's whole build cache (cold, matrix). pull_rows: --pull-rows."""
     check_consent(only, yes)
     buildpy = [sys.executable, str(root / "build.py")]
     chosen = {DOCKER_ENV: bc.argv[0]}  # the build.py runs measured here use the same Docker CLI
@@ -300,7 +300,7 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
         platforms(c, image, root, bc, out_dir, log)  # its own report: bench/arm64.md
     if "pull" in only:
         log("bench: pull cost, one layer of wheels against the layered layout (the CUDA 13 rows, both layouts built)")
-        r["pull"] = pullcost.measure(c, m, root, bc, ca, log)
+        r["pull"] = pullcost.measure(c, m, root, bc, ca, log, first=pull_rows)
         pullcost.write(r["pull"], out_dir)  # also its own report: bench/pull.md
     if r.get("cold") is None or "cold" not in only:
         r.pop("cold", None)  # only borrowed for the ratios: merge_previous carries the measured one
@@ -617,7 +617,7 @@ def parse_only(text: str | None) -> set[str]:
 
 
 def run(c, m, image: Image, root: Path, only: set[str], runs: int, cold_runs: int, every: bool, yes: bool,
-        docker: str | None, ca: Callable[[], str | None], log) -> str:
+        docker: str | None, ca: Callable[[], str | None], log, pull_rows: int | None = None) -> str:
     """`build.py bench`: the banner alone, or (every: --full) each measure of `only`; the report as markdown."""
 
     if every and only == {"arm64"}:  # the platforms' own builds: nothing else is built or run
@@ -631,7 +631,7 @@ def run(c, m, image: Image, root: Path, only: set[str], runs: int, cold_runs: in
     if only & set(EMPTIES_CACHE):
         build.check_disk(docker_env.root_dir(c))
     try:
-        result = full(c, m, image, root, bc, ca(), runs, cold_runs, only, root / "bench", log, yes=yes)
+        result = full(c, m, image, root, bc, ca(), runs, cold_runs, only, root / "bench", log, yes=yes, pull_rows=pull_rows)
     except BenchError as e:
         raise PipelineError(f"benchmark step failed: {e}") from None
     return report_markdown(result)

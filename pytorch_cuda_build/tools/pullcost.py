@@ -38,9 +38,13 @@ ACCEPT = ", ".join(["application/vnd.oci.image.manifest.v1+json", "application/v
 LAYOUTS = ("one layer", "layered")  # before layers.py, and the matrix's rule
 
 
-def rows(m: Matrix) -> list[Image]:
-    """The CUDA 13 rows (runtime flavor, linux/amd64), oldest torch first: neighbours follow each other."""
-    return sorted((i for i in m.images if i.cuda_major == "13" and i.flavor == "runtime"), key=lambda i: Version(i.torch))
+def rows(m: Matrix, first: int | None = None) -> list[Image]:
+    """The CUDA 13 rows (runtime flavor, linux/amd64), oldest torch first: neighbours follow each
+    other. first (--pull-rows): only the first that many, for a run that must fit a few hours."""
+    found = sorted((i for i in m.images if i.cuda_major == "13" and i.flavor == "runtime"), key=lambda i: Version(i.torch))
+    if first is not None and not 2 <= first <= len(found):
+        raise UsageError(f"--pull-rows takes 2 to {len(found)} (the matrix's CUDA 13 rows), not {first}")
+    return found[:first]
 
 
 def pulled(held: dict, new: dict) -> int:
@@ -272,14 +276,14 @@ def timed_pull(ref: str, ca: str | None, log) -> float:
 # ---- the measure ------------------------------------------------------------------------------
 
 
-def measure(c, m: Matrix, root: Path, bc, ca: str | None, log, work: Path | None = None) -> dict:
-    """Both layouts built, pushed and read back; the figures and the pull times."""
+def measure(c, m: Matrix, root: Path, bc, ca: str | None, log, work: Path | None = None, first: int | None = None) -> dict:
+    """Both layouts built, pushed and read back; the figures and the pull times. first: --pull-rows."""
     if getattr(bc, "export", "load") != "oci":
         # Without rewrite-timestamp a layer's tar keeps the build's time on the directories of its
         # mount points (/etc, /run/secrets, /tmp): every build is another blob, and nothing is shared.
         raise UsageError(f"the pull measure needs an engine that rewrites file times ({bc.description} does not): "
                          "a containerd image store with buildx >= 0.13, e.g. eval \"$(python3 build.py engine)\"")
-    chosen = rows(m)
+    chosen = rows(m, first)
     if len(chosen) < 2:
         raise UsageError("the pull measure needs at least two CUDA 13 rows in the matrix")
     docker = {docker_env.DOCKER_ENV: bc.argv[0]}
@@ -287,7 +291,7 @@ def measure(c, m: Matrix, root: Path, bc, ca: str | None, log, work: Path | None
     names = [i.name for i in chosen]
     manifests: dict[str, dict[str, dict]] = {}
     r: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(), "engine": bc.description,
-               "rows": names, "build_s": {}, "pull_s": {}}
+               "rows": names, "of_rows": len(rows(m)), "build_s": {}, "pull_s": {}}
     with tempfile.TemporaryDirectory(prefix="pytorch-cuda-pull-", dir=work) as tmp:
         for layout in LAYOUTS:
             slug = layout.replace(" ", "-")
@@ -331,8 +335,11 @@ def markdown(r: dict) -> str:
     f = r["figures"]
     a, b = LAYOUTS
     first = r["rows"][0]
-    lines = [f"Measured {r['date']} on this machine ({r['cpus']} CPUs, {r['engine']}), by `python3 build.py bench --full --only pull` "
-             f"(any --torch: it measures these rows): the CUDA 13 rows ({', '.join(r['rows'])}) and a refresh of {first} that moves "
+    n, of = len(r["rows"]), r.get("of_rows", len(r["rows"]))
+    command = "python3 build.py bench --full --only pull" + (f" --pull-rows {n}" if n < of else "")
+    which = "the CUDA 13 rows" if n == of else f"the first {n} of the matrix's {of} CUDA 13 rows"
+    lines = [f"Measured {r['date']} on this machine ({r['cpus']} CPUs, {r['engine']}), by `{command}` "
+             f"(any --torch: it measures these rows): {which} ({', '.join(r['rows'])}) and a refresh of {first} that moves "
              f"{r['refreshed']} to {r['refreshed_to']}, built with every wheel in one layer and with the matrix's layout, each "
              "pushed to a registry of its own on 127.0.0.1 (gzip). Bytes are compressed blob sizes from the registry's manifests; "
              "a node pulls the blobs it does not hold.", "",
@@ -344,7 +351,7 @@ def markdown(r: dict) -> str:
         lines.append(f"| a node holding {pa['held']} pulls for {pa['next']} | {_pct(pa['pulled'], pa['image'])} | "
                      f"{_pct(pb['pulled'], pb['image'])} | <= 35% |")
     ga, gb = f[a]["registry"], f[b]["registry"]
-    lines.append(f"| registry bytes for the {len(r['rows'])} CUDA 13 rows together (sum of their images) | {ga['stored'] / 1e9:.2f} GB "
+    lines.append(f"| registry bytes for these {n} CUDA 13 rows together (sum of their images) | {ga['stored'] / 1e9:.2f} GB "
                  f"({ga['sum_of_images'] / 1e9:.2f} GB) | {gb['stored'] / 1e9:.2f} GB ({gb['sum_of_images'] / 1e9:.2f} GB) | reported |")
     pa, pb = r["pull_s"][a], r["pull_s"][b]
     lines.append(f"| pull of {first} from 127.0.0.1 into an empty Docker 26 engine (containerd store), gzip / zstd | "

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from pytorch_cuda_build import matrix
+from pytorch_cuda_build.errors import UsageError
 from pytorch_cuda_build.stages import lock
 from pytorch_cuda_build.tools import pullcost
 
@@ -33,6 +36,22 @@ def test_a_node_pulls_the_blobs_it_lacks_and_a_registry_keeps_each_once():
 def test_the_cuda_13_rows_are_measured_oldest_first():
     names = [i.name for i in pullcost.rows(MATRIX)]
     assert names[0] == "2.11.0-cuda13.0-runtime" and names[-1] == "2.15.0-cuda13.2-runtime" and len(names) == 5
+    assert [i.name for i in pullcost.rows(MATRIX, 2)] == names[:2]  # --pull-rows 2: the two oldest, neighbours
+    for n in (1, 6):
+        with pytest.raises(UsageError, match=f"--pull-rows takes 2 to 5 .*not {n}"):
+            pullcost.rows(MATRIX, n)
+
+
+def test_the_report_names_a_subset_of_rows_and_its_command():
+    r = {"date": "d", "cpus": 2, "engine": "e", "rows": ["r1", "r2"], "of_rows": 5, "refreshed": "certifi", "refreshed_to": "1",
+         "pull_s": {lay: {"gzip": 1.0, "zstd": 2.0} for lay in pullcost.LAYOUTS}, "build_s": {lay: {"r1": 1.0} for lay in pullcost.LAYOUTS}}
+    a, b = man("ca", ("x", 100)), man("cb", ("x", 100), ("y", 10))
+    r["figures"] = pullcost.figures({lay: {"r1": a, "r2": b, "r1-refresh": b} for lay in pullcost.LAYOUTS}, ["r1", "r2"], "certifi")
+    text = pullcost.markdown(r)
+    assert "`python3 build.py bench --full --only pull --pull-rows 2`" in text and "the first 2 of the matrix's 5 CUDA 13 rows" in text
+    assert "registry bytes for these 2 CUDA 13 rows together" in text
+    r["of_rows"] = 2
+    assert "`python3 build.py bench --full --only pull`" in pullcost.markdown(r)
 
 
 class FakeIndex:
