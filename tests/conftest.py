@@ -135,3 +135,13 @@ def gpu_runtime(docker_client):
     if docker_env.gpu_request(docker_client) is None:
         pytest.skip("no NVIDIA container runtime or CDI GPU device in this Docker daemon: GPU checks need a GPU host")
     return True
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    """A registry of the module's own on 127.0.0.1 (Debian's docker-registry), stopped after it."""
+    from registry import LocalRegistry, require_binary
+    require_binary()
+    reg = LocalRegistry(tmp_path_factory.mktemp("registry")).start()
+    yield reg
+    reg.stop()

@@ -15,7 +15,7 @@ from pytorch_cuda_build.stages import index, publish, tag
 from pytorch_cuda_build.stages.registry import Registry
 
 from helpers import ROOT, shown
-from registry import LocalRegistry, require_binary
+from registry import LocalRegistry
 
 pytestmark = [pytest.mark.docker]
 
@@ -56,14 +56,6 @@ def images(docker_client, row, tmp_path_factory):
     yield ids
     for p in row.platforms:
         docker_client.images.remove(tag.own_ref(row.on(p)), force=True)
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory):
-    require_binary()
-    reg = LocalRegistry(tmp_path_factory.mktemp("registry")).start()
-    yield reg
-    reg.stop()
 
 
 def run(docker_client, row, reg: LocalRegistry, namespace: str, push: bool = True) -> list[str]:

@@ -21,21 +21,13 @@ from pytorch_cuda_build.stages import publish as publishing
 from pytorch_cuda_build.stages import tag
 
 from helpers import ROOT, run_build_py, shown
-from registry import LocalRegistry, require_binary
+from registry import LocalRegistry
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 DEFAULT = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
 RESULTS = ROOT / "build-results" / DEFAULT.name
 FAST = {"PYTORCH_CUDA_RETRY_BACKOFF": "0.2"}
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory):
-    require_binary()
-    reg = LocalRegistry(tmp_path_factory.mktemp("registry")).start()
-    yield reg
-    reg.stop()
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from pytorch_cuda_build.stages import build, publish, tag, zstd
 from pytorch_cuda_build.stages.registry import ZSTD_LAYER, Registry, RegistryAPI
 
 from helpers import CURRENT_ENGINE_ENV, ROOT, current_engine, one_error_line, require, shown
-from registry import LocalRegistry, require_binary
+from registry import LocalRegistry
 
 pytestmark = [pytest.mark.docker]
 
@@ -95,14 +95,6 @@ def images(engine, row, tmp_path_factory):
     yield {"base": base_id, "row": row_id, "row_config": config_in_export(tmp / row_ref.replace(":", "-") / "image.oci.tar", row_id)}
     for ref in (row_ref, base_ref):
         c.images.remove(ref, force=True)
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory):
-    require_binary()
-    reg = LocalRegistry(tmp_path_factory.mktemp("registry")).start()
-    yield reg
-    reg.stop()
 
 
 def requests_seen(reg: LocalRegistry) -> list[tuple[str, str]]:
