@@ -28,7 +28,9 @@ def arm64_base(docker_client, tmp_path_factory):
     if docker_env.host_platform() != "linux/amd64":
         pytest.skip("this checks emulation on an x86-64 host; an arm64 host builds its base natively")
     docker_env.ensure_emulation("linux/arm64")  # the session's engine.sh registered it already (root)
-    return base.ensure(docker_client, ARM, tmp_path_factory.mktemp("arm64-base"), docker_cli=docker_env.docker_cli())
+    # the build client's CLI, as the pipeline passes it: `docker` on PATH may be a newer client
+    # without buildx (this machine's /usr/local/bin/docker 28.2), which cannot load the tree
+    return base.ensure(docker_client, ARM, tmp_path_factory.mktemp("arm64-base"), docker_cli=docker_env.build_client().argv[0])
 
 
 def test_qemu_is_registered_with_flag_f():
