@@ -169,11 +169,13 @@ def oci_tarball(iidfile: Path) -> Path:
 
 def run(bc: BuildClient, root: Path, image: Image, log_path: Path, ca_bundle: str | None,
         no_cache: bool = False, echo: bool | Callable[[str], None] = True, tag: str | None = None,
-        base_id: str | None = None, cache_args: list[str] | tuple[str, ...] = (), ops_seed: bool = True) -> str:
+        base_id: str | None = None, cache_args: list[str] | tuple[str, ...] = (), ops_seed: bool = True,
+        src: Source | None = None) -> str:
     """Build the candidate; return its image ID. The log is kept in full; each line also goes
     to echo: a callable (a console), True (stderr, raw) or False (nowhere). A --no-cache build
-    takes the host's ops seed unless ops_seed is False (then it compiles, as a fresh machine does)."""
-    src = source(root)
+    takes the host's ops seed unless ops_seed is False (then it compiles, as a fresh machine does).
+    src: the commit the labels name (default: the checkout's now)."""
+    src = src or source(root)
     with tempfile.TemporaryDirectory(prefix="pytorch-cuda-context-") as tmp:
         context = Path(tmp) / "context"
         context.mkdir()

@@ -217,6 +217,9 @@ def run(root: Path, image, results: Path, docker: str | None, ca: str | None, lo
     build.check_disk(docker_env.root_dir(c))
     results.mkdir(parents=True, exist_ok=True)
     base_id = base.ensure(c, image, results, log, docker_cli=bc.argv[0])
+    # Read once: both builds' labels name this commit, even if the checkout is edited or
+    # committed to while they run (a second reading would make the configs, so the digests, differ).
+    src = build.source(root)
     ids, diff_ids, indexes, kept_refs = [], [], [], []
     refs = tuple(f"{image.repository}-verify:{image.local_name}-{n}" for n in (1, 2))
     try:
@@ -224,7 +227,7 @@ def run(root: Path, image, results: Path, docker: str | None, ca: str | None, lo
             log(f"verify: build {n} of 2 without the layer cache (log: {results / f'build{n}.log'})")
             kept_refs.append(ref)  # removed below whatever happens
             ids.append(build.run(bc, root, image, results / f"build{n}.log", ca, no_cache=True, echo=False, tag=ref, base_id=base_id,
-                                 ops_seed=not compile_ops))
+                                 ops_seed=not compile_ops, src=src))
             log(f"verify: reading build {n}'s layers")
             attrs = c.images.get(ids[-1]).attrs
             diff_ids.append(attrs["RootFS"]["Layers"])

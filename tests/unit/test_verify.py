@@ -226,8 +226,12 @@ def _verify_run(monkeypatch, tmp_path, fail_on: int | None = None, room_for_two:
     monkeypatch.setattr(verify.build, "check_disk", lambda root: None)
     monkeypatch.setattr(verify.base, "ensure", lambda *a, **kw: "sha256:base")
 
-    def build_run(bc, root, image, log_path, ca, *, no_cache, echo, tag, base_id, ops_seed):
+    sources = iter([verify.build.Source("abc", 1), verify.build.Source("abc-dirty", 1)])  # the checkout edited after build 1 began
+    monkeypatch.setattr(verify.build, "source", lambda root: next(sources))
+
+    def build_run(bc, root, image, log_path, ca, *, no_cache, echo, tag, base_id, ops_seed, src):
         assert no_cache and base_id == "sha256:base"
+        assert src == verify.build.Source("abc", 1), "both builds' labels must name the commit read at the start"
         assert ops_seed is not compile_ops, "--compile-ops must keep the host's ops seed out of both builds"
         events.append(f"build {tag[-1]}")
         if fail_on == int(tag[-1]):
