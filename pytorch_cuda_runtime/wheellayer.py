@@ -10,7 +10,7 @@ same blob (docs/performance.md#layers):
 - byte-code is compiled for the installed distributions' own files only (hash-based, so it is
   the same on every build); compileall over the whole venv would rewrite, and so copy into this
   layer, every earlier layer's .pyc;
-- every file it installed and every directory above them takes one fixed mtime, the image's
+- every file it installed and every directory above them, up to the venv, takes one fixed mtime, the image's
   epoch: a layer's tar records them, and engines that cannot rewrite times (Docker 20.10, the
   classic store) would otherwise make a new blob on every build. The headers need it anyway:
   nvcc records their times, and GCC's #pragma once compares them. Only this layer's own entries:
@@ -152,9 +152,11 @@ def with_byte_code(files: list[Path]) -> list[Path]:
     return files + [p for p in pycs if p.exists()]
 
 
-def set_times(files: list[Path], epoch: int) -> int:
-    """files, and every directory above them but /, to mtime `epoch`; how many entries."""
-    dirs = {parent for p in files for parent in p.parents if parent != Path(parent.anchor)}
+def set_times(files: list[Path], epoch: int, top: Path) -> int:
+    """files, and every directory above them up to top (the environment's prefix, which every
+    install scheme path lies in), to mtime `epoch`; how many entries. Not above top: pip writes
+    nothing there, and a directory it did not write (/opt, a runner's /tmp) may not be ours."""
+    dirs = {parent for p in files for parent in p.parents if parent == top or top in parent.parents}
     entries = [p for p in files if os.path.lexists(p)] + sorted(dirs, key=lambda d: -len(d.parts))  # deepest first
     for p in entries:
         os.utime(p, (epoch, epoch), follow_symlinks=False)
@@ -186,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             files = own_files([n for n, _, _ in chosen])
             for path in compile_all(files):
                 print(f"wheellayer: no byte-code for {path}: not Python {sys.version_info[0]}.{sys.version_info[1]} syntax", flush=True)
-            set_times(with_byte_code(files), a.epoch)
+            set_times(with_byte_code(files), a.epoch, Path(sys.prefix).resolve())
     except (LayerError, OSError, importlib.metadata.PackageNotFoundError) as e:
         print(f"wheellayer: {e}", file=sys.stderr)
         return 1

@@ -53,6 +53,8 @@ def layer(python: Path, house: Path, run_env: dict, *args: str) -> subprocess.Co
 
 def test_a_layer_installs_its_wheel_compiles_and_dates_its_own_files_and_leaves_earlier_ones(env):
     python, house, hashes, run_env = env
+    venv_dir = python.parent.parent
+    outside = venv_dir.parent.stat().st_mtime_ns
     first = layer(python, house, run_env, f"alpha==1.0 --hash=sha256:{hashes['alpha']}")
     assert first.returncode == 0, first.stderr
     assert "wheellayer: no byte-code for " in first.stdout and "py399.py: not Python" in first.stdout  # as pip leaves it
@@ -63,6 +65,8 @@ def test_a_layer_installs_its_wheel_compiles_and_dates_its_own_files_and_leaves_
     dist_info = sp / "alpha-1.0.dist-info"
     for p in (header, init, pyc, include_pyc, dist_info / "RECORD", pyc.parent, sp / "alpha", sp, sp.parent, dist_info):
         assert p.stat().st_mtime == EPOCH, p  # files, byte-code and every directory above them
+    assert venv_dir.stat().st_mtime == EPOCH
+    assert venv_dir.parent.stat().st_mtime_ns == outside  # nothing above the venv: not the layer's, maybe not ours
     flags = int.from_bytes(pyc.read_bytes()[4:8], "little")
     assert flags == 0b01, "hash-based byte-code, unchecked (flags 1)"
     assert not list((house / ".tmp").iterdir())  # pip's scratch space was the wheelhouse's, and is gone
