@@ -161,14 +161,15 @@ def test_daemon_killed_mid_build_is_named_and_moves_no_tag(built, docker_client,
 
 def test_index_refusing_downloads_names_the_step_and_moves_no_tag(built, docker_client, tmp_path):
     """A real index failure: the build's pip cannot verify the index (a CA bundle without
-    the proxy's CA). A token in the download step makes that step (and only it) run anew:
-    --no-cache would also redo the base layers and leave a second chain in the cache."""
+    the proxy's CA). A token in the wheel layers' step makes them run anew, and the first fails
+    at its pip download, which asks the index even for a wheel the wheelhouse holds: --no-cache
+    would also redo the base layers and leave a second chain in the cache."""
     import certifi
 
     root = fault_copy(tmp_path / "p", docker_client)
     tpl = root / "templates" / "python_env.j2"
     token = uuid.uuid4().hex
-    tpl.write_text(tpl.read_text().replace("    set -eu; \\\n", f"    set -eu; : {token}; \\\n", 1))
+    tpl.write_text(tpl.read_text().replace("    python /tmp/wheellayer.py", f"    : {token}; python /tmp/wheellayer.py", 1))
     assert token in tpl.read_text()
     m = matrix.load(root / "matrix.yaml")
     render.write(root, m, list(m.images), log=lambda s: None)
