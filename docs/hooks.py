@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PUBLISHED = {
     "bench/report.md": "bench/report.md",
     "bench/arm64.md": "bench/arm64.md",
+    "bench/pull.md": "bench/pull.md",
     "bench/sizes.svg": "bench/sizes.svg",
     "bench/cold-build.svg": "bench/cold-build.svg",
     "CHANGELOG.md": "changelog.md",

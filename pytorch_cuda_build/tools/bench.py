@@ -521,10 +521,13 @@ def merge_previous(path: Path, r: dict, only: set[str]) -> dict:
         old = json.loads(path.read_text())
     except (OSError, ValueError):
         return r
-    if old.get("image") != r["image"] or set(MEASURES) <= only:
+    # The pull measure builds rows of its own, whatever --torch names: it joins the report of
+    # any row instead of starting another row's report with nothing but itself.
+    row_free = only <= {"pull"}
+    if (old.get("image") != r["image"] and not row_free) or set(MEASURES) <= only:
         return r
     first = old.get("measured_first", old["date"])
-    merged = {**old, **r, "date": first, "measured_first": first,
+    merged = {**old, **r, "image": old["image"], "date": first, "measured_first": first,
               "updated": [*old.get("updated", []), {"date": r["date"], "measures": sorted(only)}]}
     # Two measures fill "size": size (the image, its floor) and cold (the naive images).
     merged["size"] = {**old.get("size", {}), **r.get("size", {})}

@@ -80,6 +80,10 @@ def test_a_partial_run_keeps_the_other_figures_and_says_when(tmp_path):
     # a full run, or another image's report, starts afresh
     assert bench.merge_previous(path, later, set(bench.MEASURES)) is later
     assert bench.merge_previous(path, {**later, "image": "y"}, {"matrix"})["date"] == "tuesday"
+    # the pull measure builds its own rows: it joins the report, whichever --torch it ran with
+    merged = bench.merge_previous(path, {"image": "y", "date": "wednesday", "cpus": 2, "pull": {"rows": ["a", "b"]}}, {"pull"})
+    assert merged["image"] == "x" and merged["pull"] == {"rows": ["a", "b"]} and merged["rebuild_nochange_s"]["median"] == 1.0
+    assert merged["updated"][-1] == {"date": "wednesday", "measures": ["pull"]}
 
 
 def test_busy_fraction_from_proc_stat_samples():
