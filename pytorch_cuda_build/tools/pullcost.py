@@ -210,8 +210,9 @@ def build_and_push(c, copy: Path, image: Image, reg: Registry, repo: str, tag_: 
 def rebuilt(log_path: Path, dockerfile: Path) -> dict:
     """What the refresh's build ran again: the python-env steps its log shows run (BuildKit does
     not always list a step it took from the cache), out of the stage's steps in the Dockerfile."""
-    st = [x for x in progress.steps(progress.readable(log_path.read_text(errors="replace")))
-          if x["stage"] == "python-env" and not x["cached"]]
+    # steps() reads both progress formats; Docker 26's buildx writes rawjson, whose readable()
+    # form it does not parse (that read 0 steps for every refresh).
+    st = [x for x in progress.steps(log_path.read_text(errors="replace")) if x["stage"] == "python-env" and not x["cached"]]
     text = dockerfile.read_text()
     stage = text[text.index(" AS python-env"):].split("\nFROM ", 1)[0]
     return {"python_env_steps": len(re.findall(r"^(?:RUN|COPY) ", stage, re.M)), "ran": [x["cmd"][:100] for x in st]}

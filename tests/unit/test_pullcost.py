@@ -96,3 +96,20 @@ def test_the_report_puts_both_layouts_side_by_side():
     text = pullcost.markdown(r)
     assert "| figure | one layer | layered | goal |" in text and "<= 3%" in text and "<= 35%" in text
     json.dumps(r)
+
+
+def test_the_refresh_reads_which_python_env_steps_ran_from_a_rawjson_log(tmp_path):
+    def status(**kw):
+        return json.dumps(kw, indent=2) + "\n"
+    ran, kept, other = ("sha256:" + c * 64 for c in "abc")
+    log = tmp_path / "build.log"
+    log.write_text("$ docker buildx build --load --progress=rawjson --file Dockerfile .\n" + status(vertexes=[
+        {"digest": kept, "name": "[python-env 2/3] RUN python /tmp/wheellayer.py torch", "cached": True,
+         "started": "2026-01-01T00:00:00Z", "completed": "2026-01-01T00:00:00Z"},
+        {"digest": ran, "name": "[python-env 3/3] RUN python /tmp/wheellayer.py certifi", "started": "2026-01-01T00:00:00Z",
+         "completed": "2026-01-01T00:00:09Z"},
+        {"digest": other, "name": "[runtime 1/2] RUN pip check", "started": "2026-01-01T00:00:09Z", "completed": "2026-01-01T00:00:10Z"}]))
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text("FROM base AS python-env\nCOPY a /a\nRUN python /tmp/wheellayer.py torch\n"
+                          "RUN python /tmp/wheellayer.py certifi\nFROM python-env AS runtime\nRUN pip check\n")
+    assert pullcost.rebuilt(log, dockerfile) == {"python_env_steps": 3, "ran": ["RUN python /tmp/wheellayer.py certifi"]}
