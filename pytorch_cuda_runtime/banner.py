@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from . import manifest as mf
+from . import stack
 
 SHM_MIN_BYTES = 1 << 30
 SMI_TIMEOUT_S = 5
@@ -117,11 +118,32 @@ def ib_line(names, passed):
     return "InfiniBand/RoCE: no devices visible (NCCL uses TCP sockets across nodes)"
 
 
-def render(m, gpus, shm, ib=((), False)):
+def stack_changes():
+    """What moved away from the tested stack (stack.py), or None where the image has no
+    constraints file to compare with."""
+    try:
+        return stack.changes(stack.read(), stack.installed())
+    except OSError:
+        return None
+
+
+def extend_line(moved):
+    """How to add packages, and how the pinned stack is held (and lifted): the resolvers' own
+    refusal cannot say it."""
+    if moved is None:
+        return []
+    return [f"pip/uv install as any user; torch, triton, DeepSpeed and the CUDA wheels stay as tested "
+            f"({stack.CONSTRAINTS}; to move one: {stack.HOW_TO_OVERRIDE})"]
+
+
+def render(m, gpus, shm, ib=((), False), moved=None):
     lines = version_lines(m)
     lines += gpu_lines(gpus or [])
     lines.append(ib_line(*ib))
+    lines += extend_line(moved)
     lines += [f"WARNING: {w}" for w in warnings_for(m, gpus, shm)]
+    if moved:
+        lines.append(f"WARNING: {stack.changed_line(moved)}")
     return "\n".join(lines)
 
 
@@ -134,7 +156,7 @@ def main():
         except (OSError, ValueError) as e:
             m = {}
             print(f"pytorch-cuda: manifest unreadable ({e})", file=sys.stderr)
-        print(render(m, query_gpus(), shm_bytes(), ib_devices()), file=sys.stderr)
+        print(render(m, query_gpus(), shm_bytes(), ib_devices(), stack_changes()), file=sys.stderr)
     except Exception as e:  # never block the container start
         print(f"pytorch-cuda: banner skipped ({type(e).__name__}: {e})", file=sys.stderr)
     return 0

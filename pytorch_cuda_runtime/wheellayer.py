@@ -14,7 +14,11 @@ same blob (docs/performance.md#layers):
   epoch: a layer's tar records them, and engines that cannot rewrite times (Docker 20.10, the
   classic store) would otherwise make a new blob on every build. The headers need it anyway:
   nvcc records their times, and GCC's #pragma once compares them. Only this layer's own entries:
-  touching an earlier layer's file copies it up into this one.
+  touching an earlier layer's file copies it up into this one;
+- the same entries get the environment's owner (--owner, the image's user and group 0) and group
+  rights equal to the owner's, so that user and any uid in group 0 can add, upgrade and remove
+  packages (docs/extending.md). Set here, in the step that writes them: a later `chown -R`
+  would copy the whole environment into a layer of its own.
 
 Standard library and pip only; the build bind-mounts this one file.
 """
@@ -152,15 +156,38 @@ def with_byte_code(files: list[Path]) -> list[Path]:
     return files + [p for p in pycs if p.exists()]
 
 
-def set_times(files: list[Path], epoch: int, top: Path) -> int:
-    """files, and every directory above them up to top (the environment's prefix, which every
-    install scheme path lies in), to mtime `epoch`; how many entries. Not above top: pip writes
-    nothing there, and a directory it did not write (/opt, a runner's /tmp) may not be ours."""
-    dirs = {parent for p in files for parent in p.parents if parent == top or top in parent.parents}
-    entries = [p for p in files if os.path.lexists(p)] + sorted(dirs, key=lambda d: -len(d.parts))  # deepest first
+def set_times(entries: list[Path], epoch: int) -> int:
+    """Each entry (layer_entries: deepest first) to mtime `epoch`; how many."""
     for p in entries:
         os.utime(p, (epoch, epoch), follow_symlinks=False)
     return len(entries)
+
+
+def owner(text: str) -> tuple[int, int]:
+    """UID:GID, both numeric (the image's user exists only in the image's own /etc/passwd)."""
+    uid, sep, gid = text.partition(":")
+    if not (sep and uid.isdigit() and gid.isdigit()):
+        raise argparse.ArgumentTypeError(f"--owner takes numeric UID:GID, not {text!r}")
+    return int(uid), int(gid)
+
+
+def set_owner(entries: list[Path], uid: int, gid: int) -> None:
+    """Each entry to uid:gid with its group's rights equal to its owner's (chmod g=u), as
+    jupyter/docker-stacks' fix-permissions leaves its environment. A symlink's own owner
+    changes; its mode is not its own."""
+    for p in entries:
+        os.chown(p, uid, gid, follow_symlinks=False)
+        if not p.is_symlink():
+            mode = p.stat().st_mode
+            os.chmod(p, (mode & ~0o070) | ((mode & 0o700) >> 3))
+
+
+def layer_entries(files: list[Path], top: Path) -> list[Path]:
+    """The files that exist, then every directory above them up to top, deepest first. Not
+    above top (the environment's prefix, which every install scheme path lies in): pip writes
+    nothing there, and a directory it did not write (/opt, a runner's /tmp) may not be ours."""
+    dirs = {parent for p in files for parent in p.parents if parent == top or top in parent.parents}
+    return [p for p in files if os.path.lexists(p)] + sorted(dirs, key=lambda d: -len(d.parts))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("requirement", nargs="*", help="pinned requirement lines: 'NAME==VERSION --hash=sha256:HEX'")
     ap.add_argument("--rest", type=Path, metavar="LOCK", help="every pin of this requirements lock not yet installed")
     ap.add_argument("--epoch", type=int, required=True, help="the mtime of every file and directory the layer writes (the image's SOURCE_DATE_EPOCH)")
+    ap.add_argument("--owner", type=owner, metavar="UID:GID",
+                    help="the owner of every file and directory the layer writes, whose group gets the owner's rights")
     ap.add_argument("--wheelhouse", default="/wheelhouse")
     a = ap.parse_args(argv)
     if bool(a.requirement) == bool(a.rest):
@@ -188,7 +217,10 @@ def main(argv: list[str] | None = None) -> int:
             files = own_files([n for n, _, _ in chosen])
             for path in compile_all(files):
                 print(f"wheellayer: no byte-code for {path}: not Python {sys.version_info[0]}.{sys.version_info[1]} syntax", flush=True)
-            set_times(with_byte_code(files), a.epoch, Path(sys.prefix).resolve())
+            entries = layer_entries(with_byte_code(files), Path(sys.prefix).resolve())
+            if a.owner:
+                set_owner(entries, *a.owner)
+            set_times(entries, a.epoch)
     except (LayerError, OSError, importlib.metadata.PackageNotFoundError) as e:
         print(f"wheellayer: {e}", file=sys.stderr)
         return 1

@@ -99,11 +99,42 @@ def test_installed_versions_come_from_the_lock(host, row, lock_meta, project_roo
     pins = dict(lock_meta["pins"])
     if row.flavor == "devel" and row.toolkit.source == "pypi":  # nvcc & co. from toolkit.lock
         pins.update(resolve_pypi.pins((project_root / "images" / row.name / "toolkit.lock").read_text()))
-    # The venv's own pip and setuptools predate the lock; everything else must be pinned.
-    extra = {n: v for n, v in installed.items() if n not in pins and n not in ("pip", "setuptools")}
+    # Everything must be pinned (pip and uv too: users install with them).
+    extra = {n: v for n, v in installed.items() if n not in pins}
     assert not extra, f"installed but not in the lock: {extra}"
     differ = {n: (v, installed.get(n)) for n, v in pins.items() if installed.get(n) != v and n != "setuptools"}
     assert not differ, f"lock pin vs installed: {differ}"
+
+
+# Root's own writes into the venv, after the environment is complete: the runtime package's path
+# entry and JupyterLab's server config (runtime.j2). Users need not change either.
+VENV_ROOT_FILES = {"/opt/venv/etc/jupyter/jupyter_server_config.py", "/opt/venv/lib/python{python}/site-packages/pytorch_cuda_runtime.pth"}
+
+
+def test_the_venv_is_the_users_and_group_0_may_write_it_too(root_host, row):
+    """pip and uv as uid 1000 and as any uid in group 0 (docs/extending.md): every entry of the venv
+    is 1000:0, and group 0 has the owner's rights, except root's few files named above."""
+    allowed = {f.format(python=row.python) for f in VENV_ROOT_FILES}
+    odd = set(root_host.check_output("find /opt/venv \\( ! -user 1000 -o ! -group 0 \\) -print").splitlines()) - allowed
+    assert not odd, f"not 1000:0: {sorted(odd)[:8]}"
+    for bit in ("r", "w", "x"):
+        odd = set(root_host.check_output(f"find /opt/venv ! -type l -perm -u={bit} ! -perm -g={bit} -print").splitlines()) - allowed
+        assert not odd, f"the owner may {bit} but group 0 may not: {sorted(odd)[:8]}"
+
+
+def test_pip_and_uv_hold_the_tested_stack(host, row, lock_meta):
+    """PIP_CONSTRAINT and UV_CONSTRAINT name the constraints file, which pins torch, triton, DeepSpeed
+    and every nvidia-*/cuda-* wheel at the installed (locked) version; uv is at its pin."""
+    env = dict(line.split("=", 1) for line in host.check_output("env").splitlines() if "=" in line)
+    assert env.get("PIP_CONSTRAINT") == env.get("UV_CONSTRAINT") == "/opt/pytorch-cuda/constraints.txt"
+    pins = dict(re.findall(r"^([a-z0-9-]+)==(\S+)$", host.file("/opt/pytorch-cuda/constraints.txt").content_string, re.M))
+    locked = lock_meta["pins"]
+    want = {n: v for n, v in locked.items() if re.match(r"^(torch|triton|nvidia-.+|cuda-.+)$", n)}
+    assert {n: v for n, v in pins.items() if n != "deepspeed" and n in locked} == want
+    assert pins["deepspeed"] == row.deepspeed
+    cmd = host.run("python -m pytorch_cuda_runtime.stack check")
+    assert cmd.rc == 0, cmd.stdout + cmd.stderr
+    assert host.check_output("uv --version").split()[1] == locked["uv"]
 
 
 def test_pip_check_passes(host):

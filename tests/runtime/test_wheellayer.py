@@ -36,6 +36,7 @@ def env(tmp_path_factory):
                                                        "alpha/include/__init__.py": "",
                                                        "alpha/py399.py": "def f(x) => x\n"}),  # not this Python's syntax
         "beta": make_wheel(house, "beta", "2.0", {"beta/__init__.py": "B = 2\n"}),
+        "gamma": make_wheel(house, "gamma", "3.0", {"gamma/__init__.py": "G = 3\n", "gamma/sub/data.txt": "g\n"}),
     }
     run_env = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(house)}
     return tmp / "venv" / "bin" / "python", house, hashes, run_env
@@ -91,6 +92,29 @@ def test_a_wheel_whose_hash_is_not_the_locked_one_fails_the_layer(env, tmp_path)
     proc = layer(python, own, {**run_env, "PIP_FIND_LINKS": str(own)}, f"beta==2.0 --hash=sha256:{'0' * 64}")
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("wheellayer: pip download failed (exit ")
+
+
+def test_owner_and_group_rights_go_to_the_layers_own_entries_only(env):
+    """--owner: the layer's files and the directories above them get the owner, and the group the
+    owner's rights (so uid 1000 and any uid in group 0 may pip install over them); an earlier
+    layer's files keep theirs. As root, the image's own 1000:0; otherwise this user's own ids."""
+    python, house, hashes, run_env = env
+    uid, gid = (1000, 0) if os.geteuid() == 0 else (os.getuid(), os.getgid())
+    sp = site(python)
+    before = (sp / "alpha/__init__.py").stat() if (sp / "alpha/__init__.py").exists() else None
+    proc = layer(python, house, run_env, "--owner", f"{uid}:{gid}", f"gamma==3.0 --hash=sha256:{hashes['gamma']}")
+    assert proc.returncode == 0, proc.stderr
+    pyc = Path(importlib.util.cache_from_source(str(sp / "gamma/__init__.py")))
+    for p in (sp / "gamma/__init__.py", sp / "gamma/sub/data.txt", pyc, pyc.parent, sp / "gamma/sub", sp / "gamma", sp,
+              python.parent.parent, sp / "gamma-3.0.dist-info/RECORD"):
+        st = p.stat()
+        assert (st.st_uid, st.st_gid) == (uid, gid), p
+        assert (st.st_mode >> 3) & 0o7 == (st.st_mode >> 6) & 0o7, f"{p}: {oct(st.st_mode)} (group rights != owner's)"
+    if before is not None:  # an earlier layer's file: neither owner nor mode touched
+        after = (sp / "alpha/__init__.py").stat()
+        assert (after.st_uid, after.st_gid, after.st_mode) == (before.st_uid, before.st_gid, before.st_mode)
+    bad = layer(python, house, run_env, "--owner", "trainer:0", f"gamma==3.0 --hash=sha256:{hashes['gamma']}")
+    assert bad.returncode == 2 and "--owner takes numeric UID:GID, not 'trainer:0'" in bad.stderr, bad.stderr
 
 
 def test_arguments_and_lock_reading():
