@@ -200,11 +200,29 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+JOB_EPILOG = """\
+code and data:
+  Slurm: submit from the directory that holds SCRIPT, on a filesystem every node mounts. The
+  submit directory is bound at the same path and is the working directory; --mount binds more
+  shared directories (the oci runtime's bundle step in the script's header binds them).
+    python3 build.py job --torch 2.7 --scheduler slurm --nodes 2 --gpus-per-node 8 \\
+      --mount /shared/datasets:/data:ro --output . -- train.py --deepspeed ds.json --data /data
+  Kubernetes: --mount pvc:CLAIM:TARGET (a PersistentVolumeClaim) or HOSTDIR:TARGET (a hostPath,
+  which ignores fsGroup: uid 1000 or group 1000 must be able to read it on every node). The first
+  mount's TARGET is the working directory, so put the code first.
+    python3 build.py job --torch 2.7 --scheduler kubernetes --kind jobset --nodes 2 \\
+      --mount pvc:code:/code:ro --mount pvc:datasets:/data:ro --output job.yaml \\
+      -- train.py --deepspeed ds.json
+  Relative paths in SCRIPT and ARGS are taken from the working directory (--workdir to pick it);
+  the ARGS reach the script as written."""
+
+
 def _job(sub) -> None:
     jb = sub.add_parser("job", help="write a multi-node job that runs SCRIPT through the image's launch contract: an sbatch "
                                      "script (--scheduler slurm) or manifests (--scheduler kubernetes), image pinned by digest",
-                        description="After `--`, SCRIPT [ARGS] as `pytorch-cuda-launch` takes them, e.g. "
-                                    "`job --torch 2.7 --scheduler slurm --nodes 2 --gpus-per-node 8 -- train.py --lr 1e-4`.")
+                        description="After `--`, SCRIPT [ARGS] as `pytorch-cuda-launch` takes them, e.g.\n"
+                                    "`job --torch 2.7 --scheduler slurm --nodes 2 --gpus-per-node 8 -- train.py --lr 1e-4`.",
+                        epilog=JOB_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     _selection(jb)
     jb.add_argument("--scheduler", required=True, choices=("slurm", "kubernetes"), help="what runs the job")
     jb.add_argument("--nodes", required=True, type=positive_int, help="nodes (pods), one launch per node")
@@ -217,6 +235,12 @@ def _job(sub) -> None:
     jb.add_argument("--network", default="auto", choices=("auto", "socket"),
                     help="auto (default): NCCL uses InfiniBand where present; socket: TCP only (NCCL_IB_DISABLE=1)")
     jb.add_argument("--socket-ifname", metavar="IFNAME", help="NCCL_SOCKET_IFNAME, e.g. eth0 or ^docker,lo (default: NCCL picks)")
+    jb.add_argument("--mount", action="append", default=[], metavar="SOURCE:TARGET[:ro]",
+                    help="the user's code or data at TARGET in every task; repeatable. SOURCE: Kubernetes pvc:CLAIM or an "
+                         "absolute host path (hostPath, type Directory); Slurm an absolute path on the shared filesystem")
+    jb.add_argument("--workdir", metavar="DIR",
+                    help="the tasks' working directory, where relative paths in SCRIPT and ARGS are taken from "
+                         "(default: Slurm the submit directory; Kubernetes the first --mount's TARGET, else the image's /workspace)")
     jb.add_argument("--output", type=Path, metavar="FILE|DIR", help="file to write, or a directory for <name>.sbatch / <name>.yaml (default: stdout)")
     jb.add_argument("--runtime", choices=slurm.RUNTIMES, help="slurm: oci (default; srun --container), pyxis (enroot) or apptainer")
     jb.add_argument("--bundle", metavar="DIR", help="slurm oci: the OCI bundle on a shared filesystem "

@@ -18,6 +18,7 @@ from pathlib import Path
 from . import jobs
 from .engine import docker_env
 from .errors import UsageError
+from .jobs import mounts
 from .stages import publish
 from .tools import bench, gpubundle
 
@@ -161,6 +162,11 @@ def _job_values(args: argparse.Namespace) -> None:
         if value is not None and not (re.fullmatch(SHARED_PATH, value) and value.endswith(suffix)):
             raise UsageError(f"{flag(dest)} takes an absolute path{' to a ' + suffix + ' file' if suffix else ''} that every node "
                              f"sees (or one under $SLURM_SUBMIT_DIR/), without quotes, blanks or other $, not {value!r}")
+    mounts.parse_all(args.mount)
+    if args.workdir is not None and not (re.fullmatch(SHARED_PATH, args.workdir) and ":" not in args.workdir
+                                         and os.path.normpath(args.workdir) == args.workdir):
+        raise UsageError(f"--workdir takes an absolute directory in the container (or one under $SLURM_SUBMIT_DIR/), in normal form, "
+                         f"without quotes, blanks, : or other $, not {args.workdir!r}")
     _job_script(args.script)
 
 
@@ -263,3 +269,11 @@ def _job_combinations(args: argparse.Namespace) -> None:
         value = getattr(args, other) or (JOB_DEFAULTS[other](args) if other in JOB_DEFAULTS else None)
         if cmd == args.command and given(args, dest) and value not in values:
             raise UsageError(f"{flag(dest)} needs {flag(other)} {' or '.join(values)}: {why}")
+    if args.scheduler == "slurm":
+        claim = next((text for text in args.mount if mounts.parse(text).pvc), None)
+        if claim is not None:
+            raise UsageError(f"--mount {claim!r} needs --scheduler kubernetes: pvc:CLAIM is a Kubernetes PersistentVolumeClaim; "
+                             "under Slurm SOURCE is an absolute path on a filesystem every node mounts")
+    elif args.workdir is not None and "$" in args.workdir:
+        raise UsageError(f"--workdir {args.workdir!r} needs --scheduler slurm: $SLURM_SUBMIT_DIR is Slurm's; "
+                         "under Kubernetes it is an absolute directory in the container")

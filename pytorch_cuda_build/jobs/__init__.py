@@ -10,6 +10,10 @@ The image reference always carries a digest: a tag can move between the submissi
 moment a node pulls, and every node of one job must run the same bytes. It comes from the
 row's published record (build-results/<image>/published.json, written by `publish --push`)
 or from --image REPO@sha256:... . Rendering is pure: the same Job gives the same text.
+
+The user's code and data come in through --mount (mounts.py). Each task starts in one working
+directory, so that relative paths in SCRIPT and ARGS resolve where SCRIPT does: --workdir, else
+Slurm's submit directory or the first Kubernetes mount. SCRIPT and ARGS go as the user wrote them.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
+from .mounts import Mount, parse_all
 
 LAUNCH = "pytorch-cuda-launch"
 LAUNCH_PATH = "/usr/local/bin/pytorch-cuda-launch"  # srun's PATH replaces the image's inside containers
@@ -108,6 +113,8 @@ class Job:
     rdma: tuple[tuple[str, int], ...] = ()
     namespace: str | None = None
     cluster_runtime: str | None = None
+    mounts: tuple[Mount, ...] = ()  # --mount, in the order given
+    workdir: str | None = None  # --workdir; the renderers' defaults: Slurm the submit directory, Kubernetes the first mount
 
     def nccl_env(self) -> dict[str, str]:
         """NCCL's environment. NCCL finds InfiniBand (and RoCE) itself; only a socket-only choice
@@ -163,6 +170,9 @@ def from_args(args, row: str, image: ImageRef) -> Job:
         if getattr(args, dest, None):
             argv += ["--" + dest.replace("_", "-"), getattr(args, dest)]
     argv += [a for r in args.rdma for a in ("--rdma", r)]
+    mounts = parse_all(args.mount)
+    argv += [a for m in mounts for a in ("--mount", str(m))]
+    argv += ["--workdir", args.workdir] if args.workdir else []
     argv += [*(["--shm-size", args.shm_size] if args.shm_size != "16Gi" else []),
              *(["--network", args.network] if args.network != "auto" else []), "--", *args.script]
     return Job(scheduler=args.scheduler, name=name, row=row, image=image, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
@@ -170,4 +180,4 @@ def from_args(args, row: str, image: ImageRef) -> Job:
                socket_ifname=args.socket_ifname, argv=tuple(argv), runtime=(args.runtime or "oci") if slurm else "",
                bundle=args.bundle, sif=args.sif, kind=args.kind,
                rdma=tuple((r.split("=")[0], int(r.split("=")[1])) for r in args.rdma),
-               namespace=args.namespace, cluster_runtime=args.cluster_runtime)
+               namespace=args.namespace, cluster_runtime=args.cluster_runtime, mounts=mounts, workdir=args.workdir)

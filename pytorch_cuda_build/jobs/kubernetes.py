@@ -20,10 +20,18 @@ kinds differ in how a pod learns its place, read from each controller's source
                pod 0 is <job>-0.<job>.
 JobSet and Indexed Jobs set no rendezvous variables: the manifest sets the contract's own
 PYTORCH_CUDA_NNODES and PYTORCH_CUDA_MASTER_ADDR, and Kubernetes sets JOB_COMPLETION_INDEX.
+
+Code and data (--mount, mounts.py): each mount is a volume, a PersistentVolumeClaim or a hostPath
+of type Directory, and a volumeMount in the container. The working directory (`workingDir`) is
+--workdir, else the first mount's TARGET; with neither, the image's /workspace. A TrainJob over a
+ClusterTrainingRuntime cannot set workingDir (v2.1's overrides carry no such field), so it gets
+PYTORCH_CUDA_WORKDIR, which the launch contract changes to. hostPath volumes ignore fsGroup, which
+the header says, beside the paths it concerns.
 """
 from __future__ import annotations
 
 import re
+import textwrap
 
 import yaml
 
@@ -33,6 +41,7 @@ KINDS = ("trainjob", "pytorchjob", "jobset", "indexed-job")
 TRAINER = "trainer.kubeflow.org/v1alpha1"
 UID = GID = 1000  # the image's user (templates/finish.j2: USER 1000:1000)
 SHM = "dshm"
+WORKDIR = "PYTORCH_CUDA_WORKDIR"  # the launch contract changes to it (pytorch_cuda_runtime/launch)
 RJOB = "node"  # Trainer's replicated job and container name, reused for JobSet
 PORT = 29500  # torchrun's default, and Trainer's PET_MASTER_PORT
 
@@ -61,8 +70,30 @@ def dump(doc: dict) -> str:
 
 def render(job: Job) -> str:
     docs = {"trainjob": trainjob, "pytorchjob": pytorchjob, "jobset": jobset, "indexed-job": indexed_job}[job.kind](job)
-    head = "".join(f"# {line}\n" for line in job.header())
+    head = "".join(f"# {line}".rstrip() + "\n" for line in [*job.header(), *_mount_notes(job)])
     return head + "---\n".join(dump(d) for d in docs)
+
+
+def _mount_notes(job: Job) -> list[str]:
+    """The header's lines on --mount: each volume, the working directory, and what fsGroup does
+    and does not do for the image's uid 1000."""
+    if not job.mounts and not job.workdir:
+        return []
+    who = ("the installed ClusterTrainingRuntime's securityContext sets the pods' user and fsGroup"
+           if job.cluster_runtime else f"the pods run as uid {UID}, gid {GID}, with fsGroup {GID}")
+    lines = [""] + ([f"Code and data (--mount); {who}:"] if job.mounts else [])
+    lines += [f"  {m.target}: {'PersistentVolumeClaim ' + m.source if m.pvc else 'hostPath ' + m.source + ' (type Directory)'}"
+              f"{', read-only' if m.read_only else ''}" for m in job.mounts]
+    notes = [f"The working directory is {workdir(job)}: relative paths in SCRIPT and ARGS are taken from there."]
+    if any(m.pvc for m in job.mounts):
+        notes.append("A PersistentVolumeClaim's files get fsGroup's group where its volume plugin supports it "
+                     "(for a CSI driver its fsGroupPolicy decides; an NFS volume does not).")
+    hosts = [m.source for m in job.mounts if not m.pvc]
+    if hosts:
+        notes.append(f"hostPath volumes ignore fsGroup: on every node, {', '.join(hosts)} must exist and be readable "
+                     f"(and writable where outputs go) by uid {UID} or group {GID}"
+                     + (", or by the runtime's user." if job.cluster_runtime else "."))
+    return lines + [wrapped for note in notes for wrapped in textwrap.wrap(note, 96)]
 
 
 def _meta(job: Job, name: str | None = None) -> dict:
@@ -89,11 +120,34 @@ def shm_volume(job: Job) -> dict:
     return {"name": SHM, "emptyDir": {"medium": "Memory", "sizeLimit": quantity(job.shm_mib)}}
 
 
+def workdir(job: Job) -> str | None:
+    """--workdir, else the first mount's TARGET (the code); None: the image's."""
+    return job.workdir or (job.mounts[0].target if job.mounts else None)
+
+
+def volumes(job: Job) -> list[dict]:
+    """/dev/shm, then one volume per --mount."""
+    out = [shm_volume(job)]
+    for i, m in enumerate(job.mounts):
+        source = {"persistentVolumeClaim": {"claimName": m.source}} if m.pvc else {"hostPath": {"path": m.source, "type": "Directory"}}
+        out.append({"name": f"mount-{i}", **source})
+    return out
+
+
+def volume_mounts(job: Job) -> list[dict]:
+    out = [{"name": SHM, "mountPath": "/dev/shm"}]
+    for i, m in enumerate(job.mounts):
+        out.append({"name": f"mount-{i}", "mountPath": m.target, **({"readOnly": True} if m.read_only else {})})
+    return out
+
+
 def container(job: Job, name: str, env: dict[str, str], image: bool = True, ports: list | None = None) -> dict:
     c: dict = {"name": name}
     if image:
         c["image"] = str(job.image)
         c["command"] = [LAUNCH, *job.command]
+    if image and workdir(job):
+        c["workingDir"] = workdir(job)
     if env:
         c["env"] = _env(env)
     if ports:
@@ -104,7 +158,7 @@ def container(job: Job, name: str, env: dict[str, str], image: bool = True, port
     if job.rdma:  # RDMA registers (pins) memory; where the runtime grants it, IPC_LOCK lifts RLIMIT_MEMLOCK
         caps["add"] = ["IPC_LOCK"]
     c["securityContext"] = {"allowPrivilegeEscalation": False, "capabilities": caps}
-    c["volumeMounts"] = [{"name": SHM, "mountPath": "/dev/shm"}]
+    c["volumeMounts"] = volume_mounts(job)
     return c
 
 
@@ -112,7 +166,7 @@ def pod_spec(job: Job, c: dict, restart: bool = True, **extra) -> dict:
     """restart False: the owner sets restartPolicy (a PyTorchJob's replica spec)."""
     return {**extra, **({"restartPolicy": "Never"} if restart else {}),
             "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": GID, "fsGroup": GID},
-            "containers": [c], "volumes": [shm_volume(job)]}
+            "containers": [c], "volumes": volumes(job)}
 
 
 def _nproc(job: Job) -> int:
@@ -122,8 +176,9 @@ def _nproc(job: Job) -> int:
 def trainjob(job: Job) -> list[dict]:
     trainer = {"image": str(job.image), "command": [LAUNCH, *job.command], "numNodes": job.nodes,
                "numProcPerNode": _nproc(job)}
-    if job.nccl_env():
-        trainer["env"] = _env(job.nccl_env())
+    env = {**job.nccl_env(), **({WORKDIR: workdir(job)} if job.cluster_runtime and workdir(job) else {})}
+    if env:
+        trainer["env"] = _env(env)
     if limits(job):
         trainer["resourcesPerNode"] = {"limits": limits(job)}
     spec: dict = {"trainer": trainer}
@@ -131,8 +186,8 @@ def trainjob(job: Job) -> list[dict]:
         spec = {"runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime", "name": job.cluster_runtime},
                 **spec,
                 "podTemplateOverrides": [{"targetJobs": [{"name": RJOB}],
-                                          "spec": {"volumes": [shm_volume(job)],
-                                                   "containers": [{"name": RJOB, "volumeMounts": [{"name": SHM, "mountPath": "/dev/shm"}]}]}}]}
+                                          "spec": {"volumes": volumes(job),
+                                                   "containers": [{"name": RJOB, "volumeMounts": volume_mounts(job)}]}}]}
         return [{"apiVersion": TRAINER, "kind": "TrainJob", "metadata": _meta(job), "spec": spec}]
     runtime = {"apiVersion": TRAINER, "kind": "TrainingRuntime", "metadata": {**_meta(job), "labels": {
         **_meta(job)["labels"], "trainer.kubeflow.org/framework": "torch"}},

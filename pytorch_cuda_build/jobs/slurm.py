@@ -17,19 +17,28 @@ What the runtimes need, checked against their own sources:
 - sbatch reads `#SBATCH` lines with src/sbatch/opt.c's _get_argument, where an unescaped `#`
   starts a comment ("found an un-escaped #, rest of line is a comment"): pyxis's `#` must be
   written `\\#` there. On the srun line, quoted, bash passes it as it is.
-- Apptainer (cmd/internal/cli/action_flags.go): `exec --nv --bind SRC --pwd DIR IMAGE CMD`.
+- Apptainer (cmd/internal/cli/action_flags.go): `exec --nv --bind SRC[:DST[:ro]] --pwd DIR IMAGE CMD`.
   Its defaults `mount dev = yes` share the host's /dev, so /dev/shm is the host's. Not
   --contain/--containall: --contain puts a tmpfs of `sessiondir max size` (64 MiB by default)
   on /dev/shm, and --containall also cleans the environment, which drops SLURM_*.
+
+The working directory: the submit directory (bound at the same path under every runtime), or
+--workdir. The script exports it as PYTORCH_CUDA_WORKDIR, which the launch contract changes to
+before it starts torchrun: an OCI bundle's cwd is fixed in config.json, made once for any number
+of submit directories, while the job's environment reaches the container. pyxis and Apptainer
+get it as --container-workdir and --pwd as well. SCRIPT and ARGS go as the user wrote them.
 """
 from __future__ import annotations
 
 import shlex
+import textwrap
 
 from . import LAUNCH_PATH, Job
 
 RUNTIMES = ("oci", "pyxis", "apptainer")
 SUBMIT = "${SLURM_SUBMIT_DIR}"
+WORKDIR = "PYTORCH_CUDA_WORKDIR"  # the launch contract changes to it (pytorch_cuda_runtime/launch)
+WIDTH = 96  # the header's prose, wrapped
 OCI_CONF = [  # Slurm 22.05 knows these four keys (or RunTimeCreate plus RunTimeStart instead of RunTimeRun)
     'RunTimeQuery="runc --root=/run/runc-slurm state %n.%u.%j.%s.%t"',
     'RunTimeKill="runc --root=/run/runc-slurm kill -a %n.%u.%j.%s.%t"',
@@ -46,6 +55,16 @@ def sbatch_escape(value: str) -> str:
 def bundle_dir(job: Job) -> str:
     """The OCI bundle: --bundle, or one per image digest under the submit directory."""
     return job.bundle or f"{SUBMIT}/bundles/{job.row}-{job.image.digest[7:19]}"
+
+
+def workdir(job: Job) -> str:
+    """The tasks' working directory, as the script writes it in double quotes."""
+    return job.workdir or SUBMIT
+
+
+def _binds(job: Job, submit: str) -> str:
+    """The submit directory's bind, then each --mount's, as pyxis's and Apptainer's SRC:DST[:ro] lists."""
+    return ",".join([submit, *(m.bind() for m in job.mounts)])
 
 
 def render(job: Job) -> str:
@@ -80,15 +99,18 @@ def _prepare_oci(job: Job) -> list[str]:
             "    (a plain-HTTP registry: add --src-tls-verify=false; from this host's Docker instead:",
             f"    skopeo copy docker-daemon:REPO:TAG oci:{store}:{job.row}, after checking that tag's digest)",
             f"  umoci unpack --image {store}:{job.row} {bundle}",
-            f"  python3 -m pytorch_cuda_build.jobs.bundle {bundle} --shm-size {shm} --bind \"$PWD\"",
-            "The last step edits the bundle's config.json: it drops the network namespace (the ranks of two",
-            "nodes reach each other over the node's network) and the uts namespace (the node's hostname),",
-            f"mounts a {shm} tmpfs on /dev/shm (NCCL's and the data loaders' shared memory), binds the node's",
-            "/etc/hosts and /etc/resolv.conf and the submit directory, and keeps the image's user (1000),",
-            "working directory (/workspace) and environment.",
+            f"  python3 -m pytorch_cuda_build.jobs.bundle {bundle} --shm-size {shm} --bind \"$PWD\""
+            + "".join(f" --bind {m.bind()}" for m in job.mounts),
+            *textwrap.wrap(
+                "The last step edits the bundle's config.json: it drops the network namespace (the ranks of two nodes "
+                "reach each other over the node's network) and the uts namespace (the node's hostname), mounts a "
+                f"{shm} tmpfs on /dev/shm (NCCL's and the data loaders' shared memory), binds the node's /etc/hosts and "
+                "/etc/resolv.conf and the submit directory" + (" and each --mount" if job.mounts else "") + ", and keeps "
+                "the image's user (1000), working directory (/workspace) and environment. The binds are the bundle's "
+                "own: run the step again when the submit directory or the --mount list changes.", WIDTH),
             "/etc/slurm/oci.conf on every node, for runc as root (22.05 refuses the %U pattern):",
             *[f"  {line}" for line in OCI_CONF],
-            "A relative SCRIPT is taken from the submit directory, which the bundle binds at the same path."]
+            *_workdir_note(job)]
 
 
 def _prepare_pyxis(job: Job) -> list[str]:
@@ -101,7 +123,7 @@ def _prepare_pyxis(job: Job) -> list[str]:
             "A plain-HTTP registry needs ENROOT_ALLOW_HTTP=yes in the environment srun passes on.",
             "/dev/shm: enroot bind-mounts the node's own /dev/shm (conf/mounts/10-system.fstab), so its",
             f"size is the node's; this job asked for {job.shm_mib} MiB (--shm-size), which the node must have.",
-            "The submit directory is mounted at the same path and is the working directory."]
+            *_workdir_note(job)]
 
 
 def _prepare_apptainer(job: Job) -> list[str]:
@@ -113,7 +135,15 @@ def _prepare_apptainer(job: Job) -> list[str]:
             "/dev/shm: Apptainer shares the node's /dev (mount dev = yes), and with it the node's /dev/shm;",
             f"this job asked for {job.shm_mib} MiB (--shm-size), which the node must have. Not --contain or",
             "--containall: the first puts a 64 MiB tmpfs on /dev/shm, the second also drops SLURM_*.",
-            "The submit directory is bound at the same path and is the working directory."]
+            *_workdir_note(job)]
+
+
+def _workdir_note(job: Job) -> list[str]:
+    where = "the submit directory" if job.workdir is None else job.workdir
+    lines = ["The submit directory is bound at the same path" + (", and each --mount at its TARGET." if job.mounts else ".")]
+    lines += [f"  {m.source} at {m.target}{' (read-only)' if m.read_only else ''}" for m in job.mounts]
+    return lines + textwrap.wrap(f"The working directory is {where}: the script exports it as {WORKDIR}, which the "
+                                 "launch contract changes to; relative paths in SCRIPT and ARGS are taken from it.", WIDTH)
 
 
 def _environment(job: Job) -> list[str]:
@@ -124,19 +154,12 @@ def _environment(job: Job) -> list[str]:
     lines += [f"export {k}={shlex.quote(v)}" for k, v in {**nccl, **job.launch_env()}.items()]
     if job.scheduler == "slurm" and not job.gpus_per_node:
         lines.append("# No GPU requested: the launch contract starts one rank per GPU the node shows, else one CPU rank.")
-    return lines
+    return lines + ["# The tasks' working directory, which the launch contract changes to.", f'export {WORKDIR}="{workdir(job)}"']
 
 
-def _command(job: Job, relative_to_submit: bool) -> str:
-    """The launch contract and SCRIPT [ARGS], shell-quoted; a relative SCRIPT taken from the
-    submit directory where the container's working directory is not it (the OCI bundle's)."""
-    script, *args = job.command
-    if relative_to_submit and script != "-m" and not script.startswith("/"):
-        script = f"{SUBMIT}/{script}"
-        first = f'"{script}"'
-    else:
-        first = shlex.quote(script)
-    return " ".join([LAUNCH_PATH, first, *map(shlex.quote, args)])
+def _command(job: Job) -> str:
+    """The launch contract and SCRIPT [ARGS], shell-quoted, as the user wrote them."""
+    return " ".join([LAUNCH_PATH, *map(shlex.quote, job.command)])
 
 
 def _srun(job: Job) -> list[str]:
@@ -151,14 +174,14 @@ def _run(job: Job) -> list[str]:
     if job.runtime == "oci":
         return [f'BUNDLE="{bundle_dir(job)}"',
                 "srun --ntasks-per-node=1 --container=\"$BUNDLE\" \\",
-                f"  {_command(job, relative_to_submit=True)}"]
+                f"  {_command(job)}"]
     if job.runtime == "pyxis":
         return [f"IMAGE={shlex.quote(job.image.pyxis())}",
                 "srun --ntasks-per-node=1 --container-image=\"$IMAGE\" --no-container-entrypoint \\",
-                f'  --container-mounts="{SUBMIT}:{SUBMIT}" --container-workdir="{SUBMIT}" \\',
-                f"  {_command(job, relative_to_submit=False)}"]
+                f'  --container-mounts="{_binds(job, f"{SUBMIT}:{SUBMIT}")}" --container-workdir="${WORKDIR}" \\',
+                f"  {_command(job)}"]
     image = job.sif or f"docker://{job.image}"
     nv = "--nv " if job.gpus_per_node else ""
     return [f'IMAGE="{image}"',  # validated: no quote, backslash or backquote; a $VAR in --sif expands
-            f"srun --ntasks-per-node=1 apptainer exec {nv}--bind \"{SUBMIT}\" --pwd \"{SUBMIT}\" \"$IMAGE\" \\",
-            f"  {_command(job, relative_to_submit=False)}"]
+            f"srun --ntasks-per-node=1 apptainer exec {nv}--bind \"{_binds(job, SUBMIT)}\" --pwd \"${WORKDIR}\" \"$IMAGE\" \\",
+            f"  {_command(job)}"]

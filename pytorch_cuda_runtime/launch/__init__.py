@@ -24,6 +24,10 @@ Sources, tried in this order; the first that applies decides (sources.py):
 Ranks per node (nproc.py): PYTORCH_CUDA_NPROC_PER_NODE, else the scheduler's own count
 (PET_NPROC_PER_NODE, SLURM_GPUS_ON_NODE), else one per local GPU, else one CPU rank.
 
+The working directory: PYTORCH_CUDA_WORKDIR where set (an absolute directory; `build.py job`'s
+sbatch script sets it to the submit directory), else the one the launcher started in. A relative
+SCRIPT and relative paths in ARGS are taken from it; the ARGS are never rewritten.
+
 The environment torchrun gets (environment.py): the image's PATH first (srun replaces it), a
 writable HOME and writable caches, and none of the scheduler's RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT or PET_* (torchrun sets the ranks' own; PyTorchJob's RANK is a node index while its

@@ -3,8 +3,13 @@
     pytorch-cuda-launch [--print | --dry-run] [-m] SCRIPT [ARGS...]
 
 --print writes the resolved launch (source, nodes, node rank or rendezvous, ranks per node, the
-environment changes, the exact argv) and starts nothing. -m runs SCRIPT as a module, as
-`python -m` does. Everything after SCRIPT is the script's.
+working directory, the environment changes, the exact argv) and starts nothing. -m runs SCRIPT
+as a module, as `python -m` does. Everything after SCRIPT is the script's, passed on as it is.
+
+PYTORCH_CUDA_WORKDIR, where set, is the directory torchrun and the ranks start in: the launcher
+changes to it first, so a relative SCRIPT and relative paths in ARGS are taken from there. It is
+how `build.py job` gives an OCI bundle's tasks the submit directory: the bundle's cwd is fixed
+in its config.json, while the job's environment reaches the container.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from . import LaunchError, environment, nproc, sources
 from .. import hostlist
 
 USAGE = "usage: pytorch-cuda-launch [--print] [-m] SCRIPT [ARGS...]"
+WORKDIR = "PYTORCH_CUDA_WORKDIR"
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,7 @@ class Machine:
     gpus: Callable[[Mapping[str, str]], tuple[int, str]] = nproc.visible_gpus
     writable: Callable[[str], bool] = environment.writable
     is_file: Callable[[str], bool] = os.path.isfile
+    is_dir: Callable[[str], bool] = os.path.isdir
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,7 @@ class Launch:
     env: dict[str, str]
     changes: list[str]
     dry_run: bool
+    cwd: str | None = None  # PYTORCH_CUDA_WORKDIR; None: where the launcher was started
 
 
 def parse(args: list[str]) -> tuple[bool, bool, str, list[str]]:
@@ -77,17 +85,32 @@ def torchrun_argv(python: str, topo: sources.Topology, nproc_value: str, module:
     return argv + (["--module"] if module else []) + [script, *script_args]
 
 
+def workdir(env: Mapping[str, str], machine: Machine) -> str | None:
+    """PYTORCH_CUDA_WORKDIR: an absolute path to a directory, or unset (or empty)."""
+    cwd = env.get(WORKDIR, "")
+    if not cwd:
+        return None
+    if not cwd.startswith("/"):
+        raise LaunchError(f"{WORKDIR}={cwd!r} is not an absolute path")
+    if not machine.is_dir(cwd):
+        raise LaunchError(f"{WORKDIR}={cwd} is not a directory here (is it mounted into the container?)")
+    return cwd
+
+
 def plan(args: list[str], env: Mapping[str, str], machine: Machine | None = None) -> Launch:
     """The whole decision, with no side effect: LaunchError where the environment cannot launch."""
     machine = machine or Machine()
     dry_run, module, script, script_args = parse(args)
-    if not module and not machine.is_file(script):
-        raise LaunchError(f"SCRIPT {script!r}: no such file")
+    cwd = workdir(env, machine)
+    if not module and not machine.is_file(os.path.join(cwd or "", script)):
+        raise LaunchError(f"SCRIPT {script!r}: no such file" + (f" in {cwd} ({WORKDIR})" if cwd and not script.startswith("/") else ""))
     topo = sources.detect(env, machine.hostnames)
     nproc_value, why = nproc.nproc_per_node(env, topo, lambda: machine.gpus(env))
     child, changes = environment.child_env(env, machine.uid, machine.passwd_home, machine.writable)
+    if cwd and child.get("PWD") not in (None, cwd):
+        child["PWD"] = cwd  # what a shell in a rank takes as its directory
     argv = torchrun_argv(machine.python, topo, nproc_value, module, script, script_args)
-    return Launch(topo, nproc_value, why, argv, child, changes, dry_run)
+    return Launch(topo, nproc_value, why, argv, child, changes, dry_run, cwd)
 
 
 def render(launch: Launch) -> str:
@@ -100,6 +123,8 @@ def render(launch: Launch) -> str:
         place = f"node rank: {t.node_rank}\nrendezvous: static, master {t.master_addr}:{t.master_port}"
     lines = [f"source: {t.source}" + (f" ({', '.join(t.read)})" if t.read else ""),
              f"nnodes: {t.nnodes}", place, f"nproc_per_node: {launch.nproc} ({launch.nproc_why})"]
+    if launch.cwd:
+        lines.append(f"cwd: {launch.cwd} ({WORKDIR})")
     lines += [f"env: {c}" for c in launch.changes]
     lines.append(f"argv: {shlex.join(launch.argv)}")
     return "\n".join(lines)
@@ -122,6 +147,11 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
             raise LaunchError(f"cannot make HOME {home}: {e.strerror}") from None
         if not os.access(home, os.W_OK | os.X_OK):
             raise LaunchError(f"no writable HOME: {home} is not writable by uid {os.getuid()}")
+        if launch.cwd:
+            try:
+                os.chdir(launch.cwd)
+            except OSError as e:
+                raise LaunchError(f"cannot change to {WORKDIR}={launch.cwd}: {e.strerror}") from None
     except LaunchError as e:
         print(f"pytorch-cuda: error: {e}", file=sys.stderr)
         return 2

@@ -7,7 +7,9 @@ layout, `umoci unpack`, then `python3 -m pytorch_cuda_build.jobs.bundle`. The im
 and unpublished, so the script is rendered for `pytorch-cuda@<its image ID>` (for the oci runtime
 the reference is only named in the header) with `--bundle` pointing at that bundle.
 
-The job is tests/data/k8s_replay/train.py, in the submit directory: ZeRO-3 through torchrun and
+The job is tests/data/k8s_replay/train.py, in the submit directory, named as the relative
+`train.py`: the script exports PYTORCH_CUDA_WORKDIR (the submit directory), and the launch
+contract changes to it inside the bundle, whose own cwd is the image's. ZeRO-3 through torchrun and
 deepspeed.initialize, then FSDP2, one CPU rank per node on gloo over the nodes' own network (no
 ssh, no per-task Slurm variables inside the container: the launch contract's c10d rendezvous on
 the first node assigns the ranks). The smoke suite's checks decide: the loss falls, each rank
@@ -104,7 +106,9 @@ def test_the_generated_sbatch_script_trains_zero3_then_fsdp2_on_two_nodes(cluste
                    "--", "train.py", *FAMILIES)
     assert proc.returncode == 0, shown(proc)
     script = submit / "slurmtest.sbatch"
-    assert f'BUNDLE="{bundle}"' in script.read_text()
+    text = script.read_text()
+    assert f'BUNDLE="{bundle}"' in text and 'export PYTORCH_CUDA_WORKDIR="${SLURM_SUBMIT_DIR}"' in text
+    assert "pytorch-cuda-launch train.py zero3 fsdp2" in text  # as written: the working directory finds it
     # What a user's environment adds: CPU ranks on gloo over the nodes' own interface.
     job = cluster.sbatch(script, submit, {"DS_ACCELERATOR": "cpu", "GLOO_SOCKET_IFNAME": "eth0"})
     t0 = time.monotonic()

@@ -222,6 +222,34 @@ def test_a_missing_script():
         plan(["train.py"], {}, m)
 
 
+# ---- the working directory: PYTORCH_CUDA_WORKDIR (build.py job's sbatch script sets it)
+
+
+def workdir_machine(files: tuple[str, ...] = ("/home/alice/job/train.py",), dirs: tuple[str, ...] = ("/home/alice/job",)) -> Machine:
+    return Machine(python=PY, uid=1000, passwd_home="/home/trainer", hostnames=hostlist.expand, gpus=lambda env: (0, ""),
+                   writable=lambda p: True, is_file=lambda p: p in files, is_dir=lambda p: p in dirs)
+
+
+def test_the_workdir_is_where_a_relative_script_is_found_and_the_args_go_as_written():
+    env = {**SLURM, "PYTORCH_CUDA_WORKDIR": "/home/alice/job", "PWD": "/home/alice"}
+    got = plan(["train.py", "--deepspeed", "ds.json"], env, workdir_machine())
+    assert got.cwd == "/home/alice/job" and got.env["PWD"] == "/home/alice/job"
+    assert got.argv[-3:] == ["train.py", "--deepspeed", "ds.json"]  # relative, as given: the ranks start in the workdir
+    assert "cwd: /home/alice/job (PYTORCH_CUDA_WORKDIR)" in render(got).splitlines()
+    assert plan(["train.py"], {**SLURM, "PWD": "/x"}, workdir_machine(files=("train.py",))).cwd is None  # unset: where it started
+
+
+@pytest.mark.parametrize("workdir, args, says", [
+    ("job", ["train.py"], "PYTORCH_CUDA_WORKDIR='job' is not an absolute path"),
+    ("/data", ["train.py"], "PYTORCH_CUDA_WORKDIR=/data is not a directory here (is it mounted into the container?)"),
+    ("/home/alice/job", ["eval.py"], "SCRIPT 'eval.py': no such file in /home/alice/job (PYTORCH_CUDA_WORKDIR)"),
+])
+def test_a_bad_workdir_or_a_script_not_in_it_is_one_line(workdir, args, says):
+    with pytest.raises(LaunchError) as e:
+        plan(args, {**SLURM, "PYTORCH_CUDA_WORKDIR": workdir}, workdir_machine())
+    assert str(e.value) == says
+
+
 # ---- PATH, HOME and caches
 
 
@@ -379,16 +407,35 @@ def test_the_script_prints_the_launch(tmp_path):
 
 FAKE_TORCHRUN = """import json, os, sys
 with open(os.environ["FAKE_TORCHRUN_OUT"], "w") as f:
-    json.dump({"pid": os.getpid(), "argv": sys.argv[1:], "env": dict(os.environ)}, f)
+    json.dump({"pid": os.getpid(), "argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd()}, f)
 """
 
 
-def test_the_script_execs_torchrun_with_the_restored_environment(tmp_path):
+def fake_torch(tmp_path: Path) -> Path:
+    """A torch package whose torch.distributed.run records its pid, argv, environment and cwd."""
     fake = tmp_path / "fake"
     (fake / "torch" / "distributed").mkdir(parents=True)
     (fake / "torch" / "__init__.py").write_text("")
     (fake / "torch" / "distributed" / "__init__.py").write_text("")
     (fake / "torch" / "distributed" / "run.py").write_text(FAKE_TORCHRUN)
+    return fake
+
+
+def test_the_script_execs_torchrun_in_the_workdir(tmp_path):
+    fake, job = fake_torch(tmp_path), tmp_path / "submit"
+    job.mkdir()
+    (job / "train.py").write_text("")
+    out = tmp_path / "out.json"
+    p = subprocess.run(["sh", str(BIN), "train.py", "--deepspeed", "ds.json"], cwd=tmp_path, timeout=60,
+                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{ROOT}:{fake}", "PYTORCH_CUDA_PYTHON": sys.executable,
+                            "HOME": str(tmp_path / "home"), "FAKE_TORCHRUN_OUT": str(out), "PYTORCH_CUDA_WORKDIR": str(job)})
+    assert p.returncode == 0
+    got = json.loads(out.read_text())
+    assert got["cwd"] == str(job) and got["argv"][-3:] == ["train.py", "--deepspeed", "ds.json"]
+
+
+def test_the_script_execs_torchrun_with_the_restored_environment(tmp_path):
+    fake = fake_torch(tmp_path)
     (tmp_path / "t.py").write_text("")
     out = tmp_path / "out.json"
     env = {**pytorchjob_pod(1), "FAKE_TORCHRUN_OUT": str(out), "HOME": str(tmp_path / "home"),

@@ -1,10 +1,11 @@
 """`build.py job`: the sbatch script and the Kubernetes manifests it writes, offline.
 
 Every manifest validates: core kinds (Job, Service) with kubernetes-validate against the API
-schemas of Kubernetes 1.30 and 1.37, the CRDs (TrainJob, TrainingRuntime, PyTorchJob, JobSet)
+schemas of Kubernetes 1.30, 1.33 and 1.37, the CRDs (TrainJob, TrainingRuntime, PyTorchJob, JobSet)
 with jsonschema against their published openAPIV3Schema (tests/data/crds/SOURCE.md), unknown
 fields refused. The sbatch script passes `bash -n` and shellcheck, and runs against a stand-in
 `srun` that records its argv: what reaches srun is checked word for word (pyxis's `#`, quoting).
+--mount reaches every runtime and kind, and the working directory is set, never the ARGS rewritten.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import yaml
 
 from pytorch_cuda_build import jobs, pipeline
 from pytorch_cuda_build.errors import UsageError
-from pytorch_cuda_build.jobs import bundle, kubernetes, slurm
+from pytorch_cuda_build.jobs import bundle, kubernetes, mounts, slurm
 
 from helpers import ROOT, one_error_line, require, run_cli
 
@@ -31,7 +32,7 @@ ROW = "2.7.1-cuda12.1-runtime"
 CRDS = ROOT / "tests" / "data" / "crds"
 CRD_FILES = {"TrainJob": "trainer.kubeflow.org_trainjobs.yaml", "TrainingRuntime": "trainer.kubeflow.org_trainingruntimes.yaml",
              "PyTorchJob": "kubeflow.org_pytorchjobs.yaml", "JobSet": "jobset.x-k8s.io_jobsets.yaml"}
-K8S_VERSIONS = ("1.30.0", "1.37.0")  # the oldest we name in the docs, and the newest kubernetes-validate carries
+K8S_VERSIONS = ("1.30.0", "1.33.0", "1.37.0")  # the oldest we name in the docs, 1.33, and the newest kubernetes-validate carries
 NO_DOCKER = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}
 SCRIPT = ("train.py", "--lr", "1e-4", "--note", "it's a \"test\" $HOME", "--tag", "a#b")
 
@@ -98,6 +99,13 @@ def test_without_a_published_record_or_image_the_cli_says_how_in_one_line(monkey
     (["--scheduler", "kubernetes"], "--scheduler kubernetes needs --kind"),
     (["--scheduler", "kubernetes", "--kind", "deployment"], "argument --kind: invalid choice: 'deployment'"),
     (["--scheduler", "slurm", "--runtime", "pyxis", "--bundle", "/shared/b"], "--bundle needs --runtime oci"),
+    (["--scheduler", "kubernetes", "--kind", "jobset", "--mount", "code:/code"], "SOURCE 'code' is relative"),
+    (["--scheduler", "kubernetes", "--kind", "jobset", "--mount", "/shared/code:code"], "TARGET 'code' is relative"),
+    (["--scheduler", "kubernetes", "--kind", "jobset", "--mount", "nfs:server:/code"], "unknown SOURCE kind 'nfs:'"),
+    (["--scheduler", "slurm", "--mount", "pvc:code:/code"], "--mount 'pvc:code:/code' needs --scheduler kubernetes"),
+    (["--scheduler", "kubernetes", "--kind", "jobset", "--mount", "pvc:a:/data", "--mount", "/b:/data"], "both mount on /data"),
+    (["--scheduler", "kubernetes", "--kind", "jobset", "--mount", "pvc:a:/dev/shm"], "TARGET /dev/shm is /dev/shm, which the job mounts"),
+    (["--scheduler", "slurm", "--workdir", "src"], "--workdir takes an absolute directory"),
 ])
 def test_bad_job_input_is_one_line_and_exit_2(argv, says):
     proc = run_cli(ROOT, "job", "--torch", "2.7", "--nodes", "2", *(["--image", IMAGE] if "--image" not in argv else []),
@@ -117,6 +125,14 @@ def test_no_nodes_or_no_script_is_one_line_and_exit_2(tail, says):
 def test_job_is_in_help():
     proc = run_cli(ROOT, "--help")
     assert "job" in proc.stdout and "launch contract" in proc.stdout
+
+
+def test_job_help_shows_how_code_and_data_reach_the_tasks():
+    proc = run_cli(ROOT, "job", "--help")
+    assert proc.returncode == 0, proc.stderr
+    for said in ("--mount SOURCE:TARGET[:ro]", "--workdir DIR", "code and data:", "--mount /shared/datasets:/data:ro",
+                 "--mount pvc:code:/code:ro", "ignores fsGroup", "uid 1000 or group 1000"):
+        assert said in proc.stdout, said
 
 
 # --- Slurm -------------------------------------------------------------------------------------
@@ -173,12 +189,11 @@ def run_script(tmp_path: Path, text: str) -> tuple[list[str], dict[str, str]]:
     return argv, environ
 
 
-LAUNCHED = ["/usr/local/bin/pytorch-cuda-launch", *SCRIPT]
+LAUNCHED = ["/usr/local/bin/pytorch-cuda-launch", *SCRIPT]  # SCRIPT and ARGS as written: the working directory does the rest
 
 
 @pytest.mark.parametrize("runtime, srun_argv", [
-    ("oci", ["--ntasks-per-node=1", "--container=/submit dir/bundles/2.7.1-cuda12.1-runtime-0123456789ab",
-             LAUNCHED[0], "/submit dir/train.py", *SCRIPT[1:]]),
+    ("oci", ["--ntasks-per-node=1", "--container=/submit dir/bundles/2.7.1-cuda12.1-runtime-0123456789ab", *LAUNCHED]),
     ("pyxis", ["--ntasks-per-node=1", f"--container-image=127.0.0.1:5000#ml/pytorch-cuda@{DIGEST}", "--no-container-entrypoint",
                "--container-mounts=/submit dir:/submit dir", "--container-workdir=/submit dir", *LAUNCHED]),
     ("apptainer", ["--ntasks-per-node=1", "apptainer", "exec", "--nv", "--bind", "/submit dir", "--pwd", "/submit dir",
@@ -191,13 +206,38 @@ def test_the_sbatch_script_runs_the_launch_contract_under_each_runtime(tmp_path,
     argv, env = run_script(tmp_path, text)
     assert argv == srun_argv
     assert env["PYTORCH_CUDA_NPROC_PER_NODE"] == "8"
+    assert env["PYTORCH_CUDA_WORKDIR"] == "/submit dir"  # the launch contract changes to it: relative ARGS resolve there
     assert "NCCL_IB_DISABLE" not in env and "NCCL_SOCKET_IFNAME" not in env  # NCCL finds InfiniBand itself
+
+
+MOUNTS = mounts.parse_all(["/shared/datasets:/data:ro", "/shared/out:/out"])
+BINDS = "/shared/datasets:/data:ro,/shared/out:/out"
+
+
+@pytest.mark.parametrize("workdir, cwd", [(None, "/submit dir"), ("/data", "/data"), ("$SLURM_SUBMIT_DIR/src", "/submit dir/src")])
+@pytest.mark.parametrize("runtime, srun_argv", [
+    ("oci", ["--ntasks-per-node=1", "--container=/submit dir/bundles/2.7.1-cuda12.1-runtime-0123456789ab", *LAUNCHED]),
+    ("pyxis", ["--ntasks-per-node=1", f"--container-image=127.0.0.1:5000#ml/pytorch-cuda@{DIGEST}", "--no-container-entrypoint",
+               f"--container-mounts=/submit dir:/submit dir,{BINDS}", "--container-workdir={cwd}", *LAUNCHED]),
+    ("apptainer", ["--ntasks-per-node=1", "apptainer", "exec", "--nv", "--bind", f"/submit dir,{BINDS}", "--pwd", "{cwd}",
+                   f"docker://{IMAGE}", *LAUNCHED]),
+])
+def test_mounts_reach_each_slurm_runtime_and_the_tasks_start_in_the_workdir(tmp_path, runtime, srun_argv, workdir, cwd):
+    text = slurm.render(make(runtime=runtime, mounts=MOUNTS, workdir=workdir))
+    argv, env = run_script(tmp_path, text)
+    assert argv == [a.format(cwd=cwd) for a in srun_argv]
+    assert env["PYTORCH_CUDA_WORKDIR"] == cwd
+    assert "#   /shared/datasets at /data (read-only)" in text and "#   /shared/out at /out" in text
+    if runtime == "oci":  # the bundle's config.json holds the binds: the header's bundle step makes them
+        step = next(line for line in text.splitlines() if "pytorch_cuda_build.jobs.bundle" in line)
+        assert step.endswith('--bind "$PWD" --bind /shared/datasets:/data:ro --bind /shared/out:/out')
 
 
 @pytest.mark.parametrize("runtime", slurm.RUNTIMES)
 def test_the_sbatch_script_passes_bash_n_and_shellcheck(tmp_path, runtime):
     path = tmp_path / "job.sbatch"
-    path.write_text(slurm.render(make(runtime=runtime, socket_ifname="^docker,lo", network="socket")))
+    path.write_text(slurm.render(make(runtime=runtime, socket_ifname="^docker,lo", network="socket", mounts=MOUNTS,
+                                      workdir="${SLURM_SUBMIT_DIR}/src")))
     r = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     require(shutil.which("shellcheck"), "shellcheck is not installed (Debian: apt-get install shellcheck)")
@@ -236,6 +276,17 @@ def test_the_oci_header_says_how_to_make_the_bundle_and_oci_conf():
     assert "%b %n.%u.%j.%s.%t" in text and "%U\"" not in text
 
 
+def test_the_cli_writes_mounts_and_workdir_into_the_script_and_its_header(tmp_path):
+    proc = run_cli(ROOT, "job", "--torch", "2.7", "--scheduler", "slurm", "--runtime", "apptainer", "--nodes", "2", "--image", IMAGE,
+                   "--mount", "/shared/datasets:/data:ro", "--workdir", "/data", "--output", str(tmp_path), "--",
+                   "train.py", "--deepspeed", "ds.json", env=NO_DOCKER)
+    assert proc.returncode == 0 and proc.stdout == "", proc.stderr
+    text = (tmp_path / "pytorch-cuda-2-7.sbatch").read_text()
+    assert "--mount /shared/datasets:/data:ro --workdir /data -- train.py --deepspeed ds.json" in text.splitlines()[1]
+    argv, env = run_script(tmp_path, text)
+    assert argv[-3:] == ["train.py", "--deepspeed", "ds.json"] and env["PYTORCH_CUDA_WORKDIR"] == "/data"
+
+
 def test_the_cli_writes_the_script_into_a_directory(tmp_path):
     proc = run_cli(ROOT, "job", "--torch", "2.7", "--scheduler", "slurm", "--runtime", "pyxis", "--nodes", "4", "--image", IMAGE,
                    "--name", "llm", "--output", str(tmp_path), "--", "train.py", env=NO_DOCKER)
@@ -264,6 +315,27 @@ def test_the_bundle_patch_shares_the_node_network_and_sizes_dev_shm():
     assert out["process"] == UMOCI_CONFIG["process"]  # the image's user, cwd and environment
     assert [ns["type"] for ns in UMOCI_CONFIG["linux"]["namespaces"]][1] == "network"  # the input is untouched
     assert bundle.patch(out, 16 * 1024, ("/shared/work",)) == out  # twice is once
+
+
+def test_the_bundle_binds_a_mount_at_its_target_read_only_with_ro():
+    out = bundle.patch(UMOCI_CONFIG, 1024, ("/home/alice/job", "/shared/datasets:/data:ro", "/shared/out:/out"))
+    binds = [(m["source"], m["destination"], m["options"]) for m in out["mounts"] if m["type"] == "bind"]
+    assert binds[2:] == [("/home/alice/job", "/home/alice/job", ["rbind", "rw"]), ("/shared/datasets", "/data", ["rbind", "ro"]),
+                         ("/shared/out", "/out", ["rbind", "rw"])]
+    assert out["process"]["cwd"] == "/workspace"  # the tasks' working directory comes from PYTORCH_CUDA_WORKDIR
+    assert bundle.patch(out, 1024, ("/home/alice/job", "/shared/datasets:/data:ro", "/shared/out:/out")) == out
+
+
+@pytest.mark.parametrize("bind, says", [("relative", "--bind takes an absolute directory"),
+                                        ("pvc:code:/code", "not a PersistentVolumeClaim"),
+                                        ("/shared/x:/dev/shm", "TARGET /dev/shm is /dev/shm"),
+                                        ("/shared/x:data", "TARGET 'data' is relative")])
+def test_the_bundle_command_refuses_a_bad_bind_in_one_line(tmp_path, capsys, bind, says):
+    (tmp_path / "config.json").write_text(json.dumps(UMOCI_CONFIG))
+    assert bundle.main([str(tmp_path), "--bind", bind]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: ") and says in line
+    assert json.loads((tmp_path / "config.json").read_text()) == UMOCI_CONFIG  # nothing written
 
 
 def test_the_bundle_command_edits_config_json_and_refuses_a_missing_bundle(tmp_path, capsys):
@@ -347,6 +419,98 @@ def test_every_manifest_validates_against_its_schema(kind, variant):
         limits = c.get("resources", {}).get("limits", {})
         assert limits == ({"nvidia.com/gpu": 8, "rdma/ib": 1} if job.gpus_per_node else {})
         assert ("IPC_LOCK" in c["securityContext"]["capabilities"].get("add", [])) == bool(job.rdma)
+
+
+K8S_MOUNTS = {"pvc": mounts.parse_all(["pvc:code:/code:ro", "pvc:datasets:/data"]),
+              "hostpath": mounts.parse_all(["/shared/code:/code:ro", "/shared/datasets:/data"])}
+K8S_VOLUMES = {"pvc": [{"name": "mount-0", "persistentVolumeClaim": {"claimName": "code"}},
+                       {"name": "mount-1", "persistentVolumeClaim": {"claimName": "datasets"}}],
+               "hostpath": [{"name": "mount-0", "hostPath": {"path": "/shared/code", "type": "Directory"}},
+                            {"name": "mount-1", "hostPath": {"path": "/shared/datasets", "type": "Directory"}}]}
+K8S_MOUNT_POINTS = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "mount-0", "mountPath": "/code", "readOnly": True},
+                    {"name": "mount-1", "mountPath": "/data"}]
+
+
+@pytest.mark.parametrize("workdir", [None, "/data"])
+@pytest.mark.parametrize("source", ["pvc", "hostpath"])
+@pytest.mark.parametrize("kind", kubernetes.KINDS)
+def test_manifests_with_a_pvc_or_a_hostpath_mount_validate_and_start_in_the_code(kind, source, workdir):
+    job = make("kubernetes", kind=kind, mounts=K8S_MOUNTS[source], workdir=workdir, command=("train.py", "--deepspeed", "ds.json"))
+    text = kubernetes.render(job)
+    docs = list(yaml.safe_load_all(text))
+    for doc in docs:
+        validate(doc)  # Job and Service against Kubernetes 1.30, 1.33 and 1.37, strict; the others against their CRDs
+    pods = [p for d in docs for p in pod_specs(d)]
+    assert pods
+    for pod in pods:
+        assert pod["volumes"][1:] == K8S_VOLUMES[source] and pod["securityContext"]["fsGroup"] == 1000
+        (c,) = pod["containers"]
+        assert c["volumeMounts"] == K8S_MOUNT_POINTS
+        assert c["workingDir"] == (workdir or "/code")  # the first mount, the code, unless --workdir
+        assert c["command"] == ["pytorch-cuda-launch", "train.py", "--deepspeed", "ds.json"]  # as written
+    header = [line for line in text.splitlines() if line.startswith("#")]
+    assert f"# The working directory is {workdir or '/code'}: relative paths in SCRIPT and ARGS are taken from there." in header
+    said = " ".join(line[2:] for line in header)
+    if source == "hostpath":
+        assert "hostPath volumes ignore fsGroup: on every node, /shared/code, /shared/datasets must exist and be readable " \
+               "(and writable where outputs go) by uid 1000 or group 1000." in said
+    else:
+        assert "A PersistentVolumeClaim's files get fsGroup's group where its volume plugin supports it" in said
+        assert "ignores fsGroup" not in said and "ignore fsGroup" not in said
+
+
+@pytest.mark.parametrize("source", ["pvc", "hostpath"])
+def test_a_trainjob_over_a_cluster_runtime_gets_the_mounts_as_overrides_and_the_workdir_as_the_contracts_variable(source):
+    (doc,) = yaml.safe_load_all(kubernetes.render(make("kubernetes", kind="trainjob", cluster_runtime="torch-distributed",
+                                                      mounts=K8S_MOUNTS[source])))
+    validate(doc)
+    (override,) = doc["spec"]["podTemplateOverrides"]
+    assert override["spec"]["volumes"][1:] == K8S_VOLUMES[source]
+    assert override["spec"]["containers"] == [{"name": "node", "volumeMounts": K8S_MOUNT_POINTS}]
+    assert {"name": "PYTORCH_CUDA_WORKDIR", "value": "/code"} in doc["spec"]["trainer"]["env"]  # v2.1's override has no workingDir
+
+
+def test_without_a_mount_the_pods_keep_the_images_working_directory():
+    for kind in kubernetes.KINDS:
+        text = kubernetes.render(make("kubernetes", kind=kind))
+        assert "workingDir" not in text and "PYTORCH_CUDA_WORKDIR" not in text and "fsGroup:" in text
+    (_, job) = yaml.safe_load_all(kubernetes.render(make("kubernetes", kind="indexed-job", workdir="/app")))
+    assert job["spec"]["template"]["spec"]["containers"][0]["workingDir"] == "/app"
+
+
+@pytest.mark.parametrize("text, mount", [
+    ("pvc:code:/code", mounts.Mount("code", "/code", pvc=True)),
+    ("pvc:my.claim-1:/data:ro", mounts.Mount("my.claim-1", "/data", read_only=True, pvc=True)),
+    ("/shared/code:/workspace", mounts.Mount("/shared/code", "/workspace")),
+    ("/:/host:ro", mounts.Mount("/", "/host", read_only=True)),
+])
+def test_a_mount_is_read_and_written_back_as_given(text, mount):
+    assert mounts.parse(text) == mount and str(mount) == text
+
+
+@pytest.mark.parametrize("text, says", [
+    ("/a", "--mount takes SOURCE:TARGET[:ro]"),
+    ("pvc:code", "--mount takes SOURCE:TARGET[:ro]"),
+    ("/a:/b:ro:x", "--mount takes SOURCE:TARGET[:ro]"),
+    ("/a:/b:rw", "'rw' is no option of a mount; the one option is ro"),
+    ("data:/data:ro", "SOURCE 'data' is relative"),
+    ("s3:bucket:/data", "unknown SOURCE kind 's3:'"),
+    ("pvc:Code:/code", "CLAIM 'Code' is not a PersistentVolumeClaim's name"),
+    ("/a:/b/", "TARGET '/b/' is not in normal form (/b)"),
+    ("/a$HOME:/b", "SOURCE '/a$HOME' holds a blank, quote, backslash, $, : or comma"),
+    ("/a:/", "TARGET / would hide /dev/shm"),
+    ("/a:/dev", "TARGET /dev would hide /dev/shm"),
+    ("/a:/dev/shm/x", "TARGET /dev/shm/x is inside /dev/shm, which the job mounts (--shm-size)"),
+    ("/a:/proc/x", "TARGET /proc/x is inside /proc"),
+    ("/a:/etc", "TARGET /etc would hide /etc/hosts"),
+    ("/a:/etc/resolv.conf", "TARGET /etc/resolv.conf is /etc/resolv.conf"),
+    ("/a:/opt", "TARGET /opt would hide /opt/venv, which holds the image's Python and torch"),
+    ("/a:/usr/local/bin", "TARGET /usr/local/bin is inside /usr"),
+])
+def test_a_bad_mount_is_one_line_naming_what_is_wrong(text, says):
+    with pytest.raises(UsageError) as e:
+        mounts.parse(text)
+    assert says in str(e.value) and "\n" not in str(e.value)
 
 
 def env_of(doc: dict) -> dict[str, str]:
