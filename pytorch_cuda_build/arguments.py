@@ -252,4 +252,16 @@ def _job(sub) -> None:
     jb.add_argument("--namespace", help="kubernetes: the namespace (default: none written, kubectl's current)")
     jb.add_argument("--cluster-runtime", metavar="NAME",
                     help="trainjob: use this installed ClusterTrainingRuntime (e.g. torch-distributed) instead of writing a TrainingRuntime")
+    jb.add_argument("--cpus-per-node", type=positive_int, metavar="N", help="kubernetes: CPUs each pod requests (default: none)")
+    jb.add_argument("--memory-per-node", metavar="SIZE",
+                    help="kubernetes: memory each pod requests, /dev/shm and working memory together, e.g. 64Gi; "
+                         "more than --shm-size (default: --shm-size's, /dev/shm alone)")
+    jb.add_argument("--qos", choices=kubernetes.QOS,
+                    help="kubernetes: burstable (default: requests, and limits only for GPUs and RDMA) or guaranteed "
+                         "(cpu and memory limits equal to the requests; needs --cpus-per-node and --memory-per-node)")
+    jb.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME",
+                    help="kubernetes: a Secret in the job's namespace that the pods pull the image with; repeatable")
+    jb.add_argument("--deadline", metavar="DURATION",
+                    help="kubernetes: the job's activeDeadlineSeconds, e.g. 24h, 90m, 1h30m, 2d or seconds "
+                         "(default: none); not with --cluster-runtime")
     jb.add_argument("script", nargs="*", metavar="SCRIPT", help="after --: SCRIPT [ARGS...], run by pytorch-cuda-launch in the image")

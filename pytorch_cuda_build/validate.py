@@ -18,13 +18,13 @@ from pathlib import Path
 from . import jobs
 from .engine import docker_env
 from .errors import UsageError
-from .jobs import mounts
+from .jobs import kubernetes, mounts
 from .stages import publish
 from .tools import bench, gpubundle
 
 # Given as None by the parser, so that a flag given where it does nothing can be told from
 # its default; filled in once the checks pass.
-DEFAULTS = {"jobs": 1, "retries": 4, "cold_runs": 1, "compression": "gzip"}
+DEFAULTS = {"jobs": 1, "retries": 4, "cold_runs": 1, "compression": "gzip", "qos": "burstable"}
 
 # (command, flag, the flag it needs, what it is for): the first does nothing without the second.
 NEEDS = [
@@ -65,6 +65,8 @@ CLASHES = [
     ("matrix", "indexes", "ca_bundle", "--indexes is offline and uses no CA"),
     ("job", "cluster_runtime", "rdma", "a TrainJob cannot add IPC_LOCK to a ClusterTrainingRuntime's container (Trainer v2.1's "
                                        "podTemplateOverrides carry no capabilities); without --cluster-runtime the job brings its own runtime"),
+    ("job", "cluster_runtime", "deadline", "Trainer v2.1's TrainJob has no deadline and its podTemplateOverrides carry none: the "
+                                           "ClusterTrainingRuntime's own Job template decides; without --cluster-runtime the job brings its own runtime"),
 ]
 
 # (command, flag, other flag, its values, why): the first does nothing, or cannot be honoured,
@@ -78,6 +80,14 @@ ONLY_WITH = [
     ("job", "rdma", "scheduler", ("kubernetes",), "it requests a Kubernetes device resource; under Slurm NCCL finds InfiniBand itself"),
     ("job", "namespace", "scheduler", ("kubernetes",), "Slurm has no namespaces"),
     ("job", "cluster_runtime", "kind", ("trainjob",), "only a TrainJob refers to a training runtime"),
+    ("job", "cpus_per_node", "scheduler", ("kubernetes",), "it sets a Kubernetes pod's CPU request; the sbatch script takes whole nodes (--exclusive)"),
+    ("job", "memory_per_node", "scheduler", ("kubernetes",), "it sets a Kubernetes pod's memory request; under Slurm, sbatch's --mem "
+                                                             "on its command line does"),
+    ("job", "qos", "scheduler", ("kubernetes",), "it picks a Kubernetes pod's QoS class; the sbatch script takes whole nodes (--exclusive)"),
+    ("job", "deadline", "scheduler", ("kubernetes",), "it sets a Kubernetes job's activeDeadlineSeconds; under Slurm, sbatch's --time "
+                                                      "on its command line does"),
+    ("job", "image_pull_secret", "scheduler", ("kubernetes",), "it names a Kubernetes Secret; under Slurm each runtime "
+                                                               "pulls with its own credentials (enroot, Apptainer, skopeo)"),
 ]
 JOB_DEFAULTS = {"runtime": lambda a: "oci" if a.scheduler == "slurm" else None}
 
@@ -162,6 +172,13 @@ def _job_values(args: argparse.Namespace) -> None:
         if value is not None and not (re.fullmatch(SHARED_PATH, value) and value.endswith(suffix)):
             raise UsageError(f"{flag(dest)} takes an absolute path{' to a ' + suffix + ' file' if suffix else ''} that every node "
                              f"sees (or one under $SLURM_SUBMIT_DIR/), without quotes, blanks or other $, not {value!r}")
+    if args.memory_per_node is not None:
+        kubernetes.memory_mib(args.memory_per_node)
+    if args.deadline is not None:
+        kubernetes.deadline_seconds(args.deadline)
+    for name in args.image_pull_secret:
+        if not re.fullmatch(DNS_SUBDOMAIN, name):
+            raise UsageError(f"--image-pull-secret takes a Secret's name (a lowercase DNS name: a-z, 0-9, - and .), not {name!r}")
     mounts.parse_all(args.mount)
     if args.workdir is not None and not (re.fullmatch(SHARED_PATH, args.workdir) and ":" not in args.workdir
                                          and os.path.normpath(args.workdir) == args.workdir):
@@ -269,6 +286,12 @@ def _job_combinations(args: argparse.Namespace) -> None:
         value = getattr(args, other) or (JOB_DEFAULTS[other](args) if other in JOB_DEFAULTS else None)
         if cmd == args.command and given(args, dest) and value not in values:
             raise UsageError(f"{flag(dest)} needs {flag(other)} {' or '.join(values)}: {why}")
+    if args.memory_per_node is not None and kubernetes.memory_mib(args.memory_per_node) <= jobs.shm_mib(args.shm_size):
+        raise UsageError(f"--memory-per-node {args.memory_per_node} must be larger than --shm-size {args.shm_size}: a memory-backed "
+                         "/dev/shm counts against the pod's memory, which must also hold the processes' working memory")
+    if args.qos == "guaranteed" and not (args.cpus_per_node and args.memory_per_node):
+        raise UsageError("--qos guaranteed needs --cpus-per-node and --memory-per-node: Guaranteed sets the limits equal to "
+                         "the requests, and the job guesses neither")
     if args.scheduler == "slurm":
         claim = next((text for text in args.mount if mounts.parse(text).pvc), None)
         if claim is not None:

@@ -115,6 +115,11 @@ class Job:
     cluster_runtime: str | None = None
     mounts: tuple[Mount, ...] = ()  # --mount, in the order given
     workdir: str | None = None  # --workdir; the renderers' defaults: Slurm the submit directory, Kubernetes the first mount
+    cpus: int | None = None  # kubernetes: --cpus-per-node; None: no CPU requested
+    memory_mib: int | None = None  # kubernetes: --memory-per-node, /dev/shm included; None: /dev/shm's size is requested
+    qos: str = "burstable"  # kubernetes: burstable (requests) or guaranteed (limits equal to the requests)
+    pull_secrets: tuple[str, ...] = ()  # kubernetes: --image-pull-secret, in the order given
+    deadline_s: int | None = None  # kubernetes: --deadline in seconds, the job's activeDeadlineSeconds; None: no deadline
 
     def nccl_env(self) -> dict[str, str]:
         """NCCL's environment. NCCL finds InfiniBand (and RoCE) itself; only a socket-only choice
@@ -160,6 +165,7 @@ def default_name(torch: str) -> str:
 
 def from_args(args, row: str, image: ImageRef) -> Job:
     """The Job that validated arguments describe; its argv is their canonical form, for the header."""
+    from . import kubernetes  # here: it imports Job from this module
     slurm = args.scheduler == "slurm"
     name = args.name or default_name(args.torch)
     argv = ["job", "--torch", args.torch, *(["--cuda", args.cuda] if args.cuda else []),
@@ -173,6 +179,11 @@ def from_args(args, row: str, image: ImageRef) -> Job:
     mounts = parse_all(args.mount)
     argv += [a for m in mounts for a in ("--mount", str(m))]
     argv += ["--workdir", args.workdir] if args.workdir else []
+    argv += [*(["--cpus-per-node", str(args.cpus_per_node)] if args.cpus_per_node else []),
+             *(["--memory-per-node", args.memory_per_node] if args.memory_per_node else []),
+             *(["--qos", args.qos] if args.qos == "guaranteed" else []),
+             *[a for s in args.image_pull_secret for a in ("--image-pull-secret", s)],
+             *(["--deadline", args.deadline] if args.deadline else [])]
     argv += [*(["--shm-size", args.shm_size] if args.shm_size != "16Gi" else []),
              *(["--network", args.network] if args.network != "auto" else []), "--", *args.script]
     return Job(scheduler=args.scheduler, name=name, row=row, image=image, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
@@ -180,4 +191,7 @@ def from_args(args, row: str, image: ImageRef) -> Job:
                socket_ifname=args.socket_ifname, argv=tuple(argv), runtime=(args.runtime or "oci") if slurm else "",
                bundle=args.bundle, sif=args.sif, kind=args.kind,
                rdma=tuple((r.split("=")[0], int(r.split("=")[1])) for r in args.rdma),
-               namespace=args.namespace, cluster_runtime=args.cluster_runtime, mounts=mounts, workdir=args.workdir)
+               namespace=args.namespace, cluster_runtime=args.cluster_runtime, mounts=mounts, workdir=args.workdir,
+               cpus=args.cpus_per_node, memory_mib=kubernetes.memory_mib(args.memory_per_node) if args.memory_per_node else None,
+               qos=args.qos or "burstable", pull_secrets=tuple(args.image_pull_secret),
+               deadline_s=kubernetes.deadline_seconds(args.deadline) if args.deadline else None)

@@ -27,6 +27,24 @@ of type Directory, and a volumeMount in the container. The working directory (`w
 ClusterTrainingRuntime cannot set workingDir (v2.1's overrides carry no such field), so it gets
 PYTORCH_CUDA_WORKDIR, which the launch contract changes to. hostPath volumes ignore fsGroup, which
 the header says, beside the paths it concerns.
+
+Resources (resources): a memory-backed /dev/shm counts against the container's memory, so every
+pod requests memory: --memory-per-node (/dev/shm plus working memory), else /dev/shm's size, so
+that no pod is BestEffort. --qos burstable (the default) writes requests, and limits only for the
+GPUs and RDMA devices; --qos guaranteed also limits cpu and memory to the requests, which needs
+both --cpus-per-node and --memory-per-node. --image-pull-secret names the pods' imagePullSecrets.
+
+Failure (gang): a static rendezvous cannot take a replacement pod, so one failed pod fails the
+whole job, with no retry, and --deadline bounds the job's time, each in the kind's own terms:
+the Indexed Job (alone, in a JobSet or in the TrainingRuntime's JobSet template) has backoffLimit
+0, a podFailurePolicy that fails the Job on a non-zero exit and on a disruption (a replaced pod
+could not rejoin: the survivors would wait on it until NCCL's timeout), and activeDeadlineSeconds;
+a JobSet adds failurePolicy maxRestarts 0. A PyTorchJob's replicas have restartPolicy Never, with
+which training-operator v1.8/v1.9 fails the job on one failed pod; its runPolicy has cleanPodPolicy
+Running (once the job has ended, its running and pending pods go, the failed ones stay for their
+logs) and activeDeadlineSeconds, and no backoffLimit: past one, the operator deletes every pod at
+once, the failed one and its logs included. A TrainJob over a ClusterTrainingRuntime can set
+neither: v2.1's TrainJob has no such fields, and that runtime decides (notes() says so).
 """
 from __future__ import annotations
 
@@ -35,7 +53,8 @@ import textwrap
 
 import yaml
 
-from . import LAUNCH, Job, quantity
+from ..errors import UsageError
+from . import LAUNCH, SIZE, Job, quantity
 
 KINDS = ("trainjob", "pytorchjob", "jobset", "indexed-job")
 TRAINER = "trainer.kubeflow.org/v1alpha1"
@@ -44,6 +63,9 @@ SHM = "dshm"
 WORKDIR = "PYTORCH_CUDA_WORKDIR"  # the launch contract changes to it (pytorch_cuda_runtime/launch)
 RJOB = "node"  # Trainer's replicated job and container name, reused for JobSet
 PORT = 29500  # torchrun's default, and Trainer's PET_MASTER_PORT
+QOS = ("burstable", "guaranteed")
+# 24h, 90m, 1h30m, 2d, 45s, or a number of seconds
+DURATION = re.compile(r"(?=\d)(?:(?P<d>\d+)d)?(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+)s)?|(?P<bare>\d+)")
 
 
 # What YAML 1.2's core schema (Kubernetes' sigs.k8s.io/yaml) reads as a number, boolean or null
@@ -68,10 +90,67 @@ def dump(doc: dict) -> str:
     return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
 
 
+def memory_mib(text: str) -> int:
+    """--memory-per-node, 64Gi or 512Mi (G and M read as Gi and Mi, as --shm-size), in MiB."""
+    m = SIZE.fullmatch(text)
+    if not m:
+        raise UsageError(f"--memory-per-node takes a size like 64Gi or 512Mi, not {text!r}")
+    return int(m["n"]) * (1024 if m["unit"].startswith("G") else 1)
+
+
+def deadline_seconds(text: str) -> int:
+    """--deadline, 24h, 90m, 1h30m, 2d or seconds, in seconds (at least 1)."""
+    m = DURATION.fullmatch(text)
+    seconds = 0 if not m else int(m["bare"]) if m["bare"] else \
+        sum(int(m[unit] or 0) * factor for unit, factor in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)))
+    if seconds < 1:
+        raise UsageError(f"--deadline takes a duration of at least 1s like 24h, 90m, 1h30m, 2d or seconds (3600), not {text!r}")
+    return seconds
+
+
 def render(job: Job) -> str:
     docs = {"trainjob": trainjob, "pytorchjob": pytorchjob, "jobset": jobset, "indexed-job": indexed_job}[job.kind](job)
-    head = "".join(f"# {line}".rstrip() + "\n" for line in [*job.header(), *_mount_notes(job)])
+    head = "".join(f"# {line}".rstrip() + "\n" for line in [*job.header(), *notes(job), *_mount_notes(job)])
     return head + "---\n".join(dump(d) for d in docs)
+
+
+# Where each kind says that one failed pod fails the whole job (the header's words).
+FAILURE = {"trainjob": "the TrainingRuntime's JobSet has failurePolicy maxRestarts 0, its Job backoffLimit 0 and a podFailurePolicy",
+           "pytorchjob": "the replicas' restartPolicy Never, and runPolicy cleanPodPolicy Running: once the job has ended, "
+                         "its running pods are deleted and the failed ones kept for their logs",
+           "jobset": "the JobSet has failurePolicy maxRestarts 0, its Job backoffLimit 0 and a podFailurePolicy",
+           "indexed-job": "the Job has backoffLimit 0 and a podFailurePolicy"}
+
+
+def _listed(values: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in values.items()) or "none"
+
+
+def notes(job: Job) -> list[str]:
+    """The header's lines on each pod's resources, the failure policy and the deadline, and, over
+    a ClusterTrainingRuntime, what the TrainJob cannot set."""
+    r = resources(job)
+    shm = quantity(job.shm_mib)
+    said = [f"Each pod: QoS class {job.qos.capitalize()}; requests {_listed(r['requests'])}; limits {_listed(r.get('limits', {}))}. "
+            + (f"The memory holds /dev/shm ({shm}, memory-backed, so counted against it) and "
+               f"{quantity(job.memory_mib - job.shm_mib)} of working memory."
+               if job.memory_mib else f"The memory request is /dev/shm's {shm} alone (memory-backed, so counted against it): "
+                                      "--memory-per-node sets /dev/shm plus the processes' working memory.")]
+    if job.cluster_runtime:
+        said.append(f"Trainer v2.1's TrainJob has no failure policy or deadline, nor do its podTemplateOverrides: the "
+                    f"ClusterTrainingRuntime {job.cluster_runtime} decides them (its JobSet's failurePolicy, its Job's "
+                    "backoffLimit, podFailurePolicy and activeDeadlineSeconds), and the pods' securityContext. "
+                    "trainer.resourcesPerNode replaces the runtime container's resources"
+                    + ("; podTemplateOverrides' imagePullSecrets are merged into the runtime's, by name" if job.pull_secrets else "")
+                    + (". QoS Guaranteed holds only where the runtime's other containers, if any, have limits equal to "
+                       "their requests." if job.qos == "guaranteed" else "."))
+    else:
+        said.append("One failed or disrupted pod fails the whole job, with no retry (a static rendezvous cannot take a "
+                    f"replacement pod): {FAILURE[job.kind]}. "
+                    + (f"Deadline: activeDeadlineSeconds {job.deadline_s}." if job.deadline_s
+                       else "No deadline (--deadline sets activeDeadlineSeconds)."))
+    return [""] + [wrapped for line in said for wrapped in textwrap.wrap(line, 96)]
+
 
 
 def _mount_notes(job: Job) -> list[str]:
@@ -109,11 +188,28 @@ def _env(values: dict[str, str]) -> list[dict]:
 
 
 def limits(job: Job) -> dict:
+    """The device limits (GPUs, RDMA): a device resource's request is its limit."""
     out: dict = {}
     if job.gpus_per_node:
         out["nvidia.com/gpu"] = job.gpus_per_node
     out.update({resource: count for resource, count in job.rdma})
     return out
+
+
+def resources(job: Job) -> dict:
+    """The container's requests and limits. Memory is always requested, at least /dev/shm's size:
+    a memory-backed emptyDir counts against the container's memory, and a pod with no request
+    would be BestEffort, the first evicted. Guaranteed limits cpu and memory to the requests."""
+    requests: dict = {**({"cpu": job.cpus} if job.cpus else {}), "memory": quantity(job.memory_mib or job.shm_mib)}
+    out: dict = {"requests": requests}
+    lim = {**(requests if job.qos == "guaranteed" else {}), **limits(job)}
+    if lim:
+        out["limits"] = lim
+    return out
+
+
+def pull_secrets(job: Job) -> dict:
+    return {"imagePullSecrets": [{"name": name} for name in job.pull_secrets]} if job.pull_secrets else {}
 
 
 def shm_volume(job: Job) -> dict:
@@ -152,8 +248,8 @@ def container(job: Job, name: str, env: dict[str, str], image: bool = True, port
         c["env"] = _env(env)
     if ports:
         c["ports"] = ports
-    if limits(job) and image:
-        c["resources"] = {"limits": limits(job)}
+    if image:
+        c["resources"] = resources(job)
     caps: dict = {"drop": ["ALL"]}
     if job.rdma:  # RDMA registers (pins) memory; where the runtime grants it, IPC_LOCK lifts RLIMIT_MEMLOCK
         caps["add"] = ["IPC_LOCK"]
@@ -166,7 +262,21 @@ def pod_spec(job: Job, c: dict, restart: bool = True, **extra) -> dict:
     """restart False: the owner sets restartPolicy (a PyTorchJob's replica spec)."""
     return {**extra, **({"restartPolicy": "Never"} if restart else {}),
             "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": GID, "fsGroup": GID},
-            "containers": [c], "volumes": volumes(job)}
+            **pull_secrets(job), "containers": [c], "volumes": volumes(job)}
+
+
+def gang_job(job: Job, container_name: str) -> dict:
+    """An Indexed Job's failure fields: no retry, a failed Job on a non-zero exit of the container or
+    a disruption (eviction, preemption, node drain), and the deadline where one is given. Ignoring a
+    disruption would only replace the pod, which cannot rejoin the survivors' rendezvous."""
+    return {"backoffLimit": 0,
+            "podFailurePolicy": {"rules": [
+                {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                {"action": "FailJob", "onExitCodes": {"containerName": container_name, "operator": "NotIn", "values": [0]}}]},
+            **({"activeDeadlineSeconds": job.deadline_s} if job.deadline_s else {})}
+
+
+NO_RESTART = {"failurePolicy": {"maxRestarts": 0}}  # a JobSet's: a failed Job fails the JobSet, never recreated
 
 
 def _nproc(job: Job) -> int:
@@ -179,23 +289,23 @@ def trainjob(job: Job) -> list[dict]:
     env = {**job.nccl_env(), **({WORKDIR: workdir(job)} if job.cluster_runtime and workdir(job) else {})}
     if env:
         trainer["env"] = _env(env)
-    if limits(job):
-        trainer["resourcesPerNode"] = {"limits": limits(job)}
+    trainer["resourcesPerNode"] = resources(job)  # it replaces the runtime container's resources whole
     spec: dict = {"trainer": trainer}
     if job.cluster_runtime:
         spec = {"runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime", "name": job.cluster_runtime},
                 **spec,
                 "podTemplateOverrides": [{"targetJobs": [{"name": RJOB}],
-                                          "spec": {"volumes": volumes(job),
+                                          "spec": {**pull_secrets(job), "volumes": volumes(job),
                                                    "containers": [{"name": RJOB, "volumeMounts": volume_mounts(job)}]}}]}
         return [{"apiVersion": TRAINER, "kind": "TrainJob", "metadata": _meta(job), "spec": spec}]
     runtime = {"apiVersion": TRAINER, "kind": "TrainingRuntime", "metadata": {**_meta(job), "labels": {
         **_meta(job)["labels"], "trainer.kubeflow.org/framework": "torch"}},
         "spec": {"mlPolicy": {"numNodes": job.nodes, "torch": {"numProcPerNode": _nproc(job)}},
-                 "template": {"spec": {"replicatedJobs": [{
+                 "template": {"spec": {**NO_RESTART, "replicatedJobs": [{
                      "name": RJOB, "replicas": 1,
                      "template": {"metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
-                                  "spec": {"template": {"spec": pod_spec(job, container(job, RJOB, {}))}}}}]}}}}
+                                  "spec": {**gang_job(job, RJOB),
+                                           "template": {"spec": pod_spec(job, container(job, RJOB, {}))}}}}]}}}}
     spec = {"runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime", "name": job.name}, **spec}
     return [runtime, {"apiVersion": TRAINER, "kind": "TrainJob", "metadata": _meta(job), "spec": spec}]
 
@@ -206,8 +316,13 @@ def pytorchjob(job: Job) -> list[dict]:
     specs = {role: {"replicas": n, "restartPolicy": "Never",
                     "template": {"spec": pod_spec(job, container(job, "pytorch", job.nccl_env(), ports=ports), restart=False)}}
              for role, n in replicas.items()}
+    # restartPolicy Never already fails the job on one failed pod (v1.8/v1.9's UpdateJobStatus). cleanPodPolicy
+    # Running: once it has ended, the pods still running (or pending) go and free their GPUs; the operator's
+    # default, None, would leave them waiting on the lost rank. No backoffLimit: past it the operator deletes
+    # every pod before it marks the job failed, the failed pod and its logs included (common/job.go).
+    run_policy = {"cleanPodPolicy": "Running", **({"activeDeadlineSeconds": job.deadline_s} if job.deadline_s else {})}
     return [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": _meta(job),
-             "spec": {"nprocPerNode": str(_nproc(job)), "pytorchReplicaSpecs": specs}}]
+             "spec": {"nprocPerNode": str(_nproc(job)), "runPolicy": run_policy, "pytorchReplicaSpecs": specs}}]
 
 
 def _indexed(job: Job, master: str, subdomain: str | None = None) -> dict:
@@ -216,7 +331,7 @@ def _indexed(job: Job, master: str, subdomain: str | None = None) -> dict:
     env = {"PYTORCH_CUDA_NNODES": str(job.nodes), "PYTORCH_CUDA_MASTER_ADDR": master,
            "PYTORCH_CUDA_MASTER_PORT": str(PORT), **job.launch_env(), **job.nccl_env()}
     extra = {"subdomain": subdomain} if subdomain else {}
-    return {"completionMode": "Indexed", "completions": job.nodes, "parallelism": job.nodes, "backoffLimit": 0,
+    return {"completionMode": "Indexed", "completions": job.nodes, "parallelism": job.nodes, **gang_job(job, RJOB),
             "template": {"metadata": {"labels": _meta(job)["labels"]},
                          "spec": pod_spec(job, container(job, RJOB, env), **extra)}}
 
@@ -224,7 +339,7 @@ def _indexed(job: Job, master: str, subdomain: str | None = None) -> dict:
 def jobset(job: Job) -> list[dict]:
     master = f"{job.name}-{RJOB}-0-0.{job.name}"
     return [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": _meta(job),
-             "spec": {"network": {"enableDNSHostnames": True},
+             "spec": {"network": {"enableDNSHostnames": True}, **NO_RESTART,
                       "replicatedJobs": [{"name": RJOB, "replicas": 1, "template": {"spec": _indexed(job, master)}}]}}]
 
 

@@ -6,6 +6,8 @@ with jsonschema against their published openAPIV3Schema (tests/data/crds/SOURCE.
 fields refused. The sbatch script passes `bash -n` and shellcheck, and runs against a stand-in
 `srun` that records its argv: what reaches srun is checked word for word (pyxis's `#`, quoting).
 --mount reaches every runtime and kind, and the working directory is set, never the ARGS rewritten.
+Every kind's pods request memory (at least /dev/shm's) in the QoS class asked for, and every kind
+fails the whole gang on one failed pod, in its own fields, with the deadline where one is given.
 """
 from __future__ import annotations
 
@@ -106,6 +108,21 @@ def test_without_a_published_record_or_image_the_cli_says_how_in_one_line(monkey
     (["--scheduler", "kubernetes", "--kind", "jobset", "--mount", "pvc:a:/data", "--mount", "/b:/data"], "both mount on /data"),
     (["--scheduler", "kubernetes", "--kind", "jobset", "--mount", "pvc:a:/dev/shm"], "TARGET /dev/shm is /dev/shm, which the job mounts"),
     (["--scheduler", "slurm", "--workdir", "src"], "--workdir takes an absolute directory"),
+    (["--scheduler", "kubernetes", "--kind", "jobset", "--memory-per-node", "16Gi"],
+     "--memory-per-node 16Gi must be larger than --shm-size 16Gi"),
+    (["--scheduler", "kubernetes", "--kind", "jobset", "--shm-size", "32Gi", "--memory-per-node", "24Gi"],
+     "--memory-per-node 24Gi must be larger than --shm-size 32Gi"),
+    (["--scheduler", "kubernetes", "--kind", "jobset", "--memory-per-node", "64GB"], "--memory-per-node takes a size like 64Gi"),
+    (["--scheduler", "kubernetes", "--kind", "jobset", "--qos", "guaranteed", "--memory-per-node", "64Gi"],
+     "--qos guaranteed needs --cpus-per-node and --memory-per-node"),
+    (["--scheduler", "kubernetes", "--kind", "jobset", "--qos", "besteffort"], "argument --qos: invalid choice: 'besteffort'"),
+    (["--scheduler", "kubernetes", "--kind", "jobset", "--cpus-per-node", "0"], "argument --cpus-per-node: must be at least 1, not 0"),
+    (["--scheduler", "kubernetes", "--kind", "jobset", "--image-pull-secret", "Reg_Cred"], "--image-pull-secret takes a Secret's name"),
+    (["--scheduler", "kubernetes", "--kind", "jobset", "--deadline", "1 day"], "--deadline takes a duration"),
+    (["--scheduler", "kubernetes", "--kind", "trainjob", "--cluster-runtime", "torch-distributed", "--deadline", "24h"],
+     "--cluster-runtime and --deadline do not go together"),
+    (["--scheduler", "slurm", "--memory-per-node", "64Gi"], "--memory-per-node needs --scheduler kubernetes"),
+    (["--scheduler", "slurm", "--deadline", "24h"], "--deadline needs --scheduler kubernetes"),
 ])
 def test_bad_job_input_is_one_line_and_exit_2(argv, says):
     proc = run_cli(ROOT, "job", "--torch", "2.7", "--nodes", "2", *(["--image", IMAGE] if "--image" not in argv else []),
@@ -397,10 +414,11 @@ def pod_specs(doc: dict) -> list[dict]:
 
 
 VARIANTS = [dict(gpus_per_node=8, rdma=(("rdma/ib", 1),), namespace="ml", network="socket", socket_ifname="eth0"),
-            dict(gpus_per_node=0, nodes=1)]
+            dict(gpus_per_node=0, nodes=1),
+            dict(cpus=32, memory_mib=256 * 1024, qos="guaranteed", pull_secrets=("regcred", "mirror.pull"), deadline_s=86400)]
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=["gpu-rdma", "cpu-one-node"])
+@pytest.mark.parametrize("variant", VARIANTS, ids=["gpu-rdma", "cpu-one-node", "guaranteed-secrets-deadline"])
 @pytest.mark.parametrize("kind", kubernetes.KINDS)
 def test_every_manifest_validates_against_its_schema(kind, variant):
     job = make("kubernetes", kind=kind, **variant)
@@ -416,8 +434,9 @@ def test_every_manifest_validates_against_its_schema(kind, variant):
         (c,) = pod["containers"]
         assert c["image"] == IMAGE and c["command"] == ["pytorch-cuda-launch", *SCRIPT]
         assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
-        limits = c.get("resources", {}).get("limits", {})
-        assert limits == ({"nvidia.com/gpu": 8, "rdma/ib": 1} if job.gpus_per_node else {})
+        devices = {k: v for k, v in c["resources"].get("limits", {}).items() if k not in ("cpu", "memory")}
+        assert devices == ({"nvidia.com/gpu": 8, **({"rdma/ib": 1} if job.rdma else {})} if job.gpus_per_node else {})
+        assert "memory" in c["resources"]["requests"]  # never BestEffort
         assert ("IPC_LOCK" in c["securityContext"]["capabilities"].get("add", [])) == bool(job.rdma)
 
 
@@ -564,6 +583,226 @@ def test_strict_validation_catches_a_misplaced_field():
     job["spec"]["template"]["spec"]["containers"][0]["shmSize"] = "1Gi"
     with pytest.raises(Exception):
         validate(job)
+
+
+# --- resources, pull secrets, failure policy and deadline ---------------------------------------
+
+def containers_of(docs: list[dict]) -> list[dict]:
+    """Every container the pods run, and a TrainJob's trainer (resourcesPerNode replaces the runtime
+    container's resources, so it must say the same)."""
+    out = [p["containers"][0] for d in docs for p in pod_specs(d)]
+    out += [{"resources": d["spec"]["trainer"]["resourcesPerNode"]} for d in docs if d["kind"] == "TrainJob"]
+    return out
+
+
+QOS_CASES = {
+    "default": (dict(), {"requests": {"memory": "16Gi"}, "limits": {"nvidia.com/gpu": 8}}),
+    "default-no-gpu": (dict(gpus_per_node=0, shm_mib=512), {"requests": {"memory": "512Mi"}}),
+    "burstable": (dict(cpus=16, memory_mib=64 * 1024), {"requests": {"cpu": 16, "memory": "64Gi"}, "limits": {"nvidia.com/gpu": 8}}),
+    "guaranteed": (dict(cpus=16, memory_mib=64 * 1024 + 512, qos="guaranteed", rdma=(("rdma/ib", 1),)),
+                   {"requests": {"cpu": 16, "memory": "66048Mi"},
+                    "limits": {"cpu": 16, "memory": "66048Mi", "nvidia.com/gpu": 8, "rdma/ib": 1}}),
+}
+
+
+@pytest.mark.parametrize("case", QOS_CASES)
+@pytest.mark.parametrize("kind", kubernetes.KINDS)
+def test_every_pod_requests_memory_and_guaranteed_limits_equal_the_requests(kind, case):
+    fields, resources = QOS_CASES[case]
+    docs = list(yaml.safe_load_all(kubernetes.render(make("kubernetes", kind=kind, **fields))))
+    for doc in docs:
+        validate(doc)
+    found = containers_of(docs)
+    assert len(found) == {"trainjob": 2, "pytorchjob": 2, "jobset": 1, "indexed-job": 1}[kind]
+    assert all(c["resources"] == resources for c in found)
+    header = " ".join(line[2:] for line in kubernetes.render(make("kubernetes", kind=kind, **fields)).splitlines()
+                      if line.startswith("# "))
+    assert f"QoS class {'Guaranteed' if fields.get('qos') == 'guaranteed' else 'Burstable'}" in header
+    if "memory_mib" in fields:
+        assert "of working memory" in header
+    else:
+        assert "The memory request is /dev/shm's" in header and "--memory-per-node sets /dev/shm plus" in header
+
+
+def qos_class(pod: dict) -> str:
+    """Kubernetes' rule (pkg/apis/core/helper/qos): cpu and memory only; Guaranteed where every
+    container limits both and any request equals its limit, BestEffort where none sets either."""
+    cs = pod["containers"]
+    named = [{k: v for k, v in c.get("resources", {}).get(part, {}).items() if k in ("cpu", "memory")}
+             for c in cs for part in ("requests", "limits")]
+    if not any(named):
+        return "BestEffort"
+    if all({"cpu", "memory"} <= set(c["resources"].get("limits", {})) and
+           all(c["resources"]["limits"][k] == v for k, v in c["resources"].get("requests", {}).items()) for c in cs):
+        return "Guaranteed"
+    return "Burstable"
+
+
+@pytest.mark.parametrize("kind", kubernetes.KINDS)
+def test_the_qos_option_gives_its_class_and_no_pod_is_besteffort(kind):
+    for fields, expected in [(dict(), "Burstable"), (dict(gpus_per_node=0), "Burstable"), (dict(cpus=8), "Burstable"),
+                             (dict(cpus=8, memory_mib=40 * 1024, qos="guaranteed"), "Guaranteed")]:
+        pods = [p for d in yaml.safe_load_all(kubernetes.render(make("kubernetes", kind=kind, **fields))) for p in pod_specs(d)]
+        assert pods and {qos_class(p) for p in pods} == {expected}, fields
+
+
+@pytest.mark.parametrize("kind", kubernetes.KINDS)
+def test_image_pull_secrets_reach_every_pod(kind):
+    docs = list(yaml.safe_load_all(kubernetes.render(make("kubernetes", kind=kind, pull_secrets=("regcred", "mirror.pull")))))
+    for doc in docs:
+        validate(doc)
+    pods = [p for d in docs for p in pod_specs(d)]
+    assert pods and all(p["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror.pull"}] for p in pods)
+    assert not any("imagePullSecrets" in p for d in yaml.safe_load_all(kubernetes.render(make("kubernetes", kind=kind)))
+                   for p in pod_specs(d))
+
+
+GANG = {"backoffLimit": 0,
+        "podFailurePolicy": {"rules": [
+            {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            {"action": "FailJob", "onExitCodes": {"containerName": "node", "operator": "NotIn", "values": [0]}}]}}
+
+
+def failure_fields(doc: dict) -> dict:
+    """The failure and deadline fields of one document, where its kind keeps them."""
+    spec, keys = doc["spec"], ("backoffLimit", "podFailurePolicy", "activeDeadlineSeconds", "backoffLimitPerIndex")
+    if doc["kind"] == "Job":
+        return {k: spec[k] for k in keys if k in spec}
+    if doc["kind"] == "JobSet":
+        (rjob,) = spec["replicatedJobs"]
+        return {"failurePolicy": spec["failurePolicy"], **{k: rjob["template"]["spec"][k] for k in keys if k in rjob["template"]["spec"]}}
+    if doc["kind"] == "TrainingRuntime":
+        template = spec["template"]["spec"]
+        (rjob,) = template["replicatedJobs"]
+        return {"failurePolicy": template["failurePolicy"], **{k: rjob["template"]["spec"][k] for k in keys if k in rjob["template"]["spec"]}}
+    if doc["kind"] == "PyTorchJob":
+        assert {r["restartPolicy"] for r in spec["pytorchReplicaSpecs"].values()} == {"Never"}  # one failed pod fails the job
+        return {"runPolicy": spec["runPolicy"]}
+    return {}
+
+
+@pytest.mark.parametrize("deadline", [None, 5400])
+@pytest.mark.parametrize("kind, kinds, expected", [
+    ("indexed-job", ["Service", "Job"], [{}, GANG]),
+    ("jobset", ["JobSet"], [{"failurePolicy": {"maxRestarts": 0}, **GANG}]),
+    ("trainjob", ["TrainingRuntime", "TrainJob"], [{"failurePolicy": {"maxRestarts": 0}, **GANG}, {}]),
+    ("pytorchjob", ["PyTorchJob"], [{"runPolicy": {"cleanPodPolicy": "Running"}}]),
+])
+def test_each_kind_fails_the_gang_on_one_pod_and_takes_the_deadline_in_its_own_fields(kind, kinds, expected, deadline):
+    docs = list(yaml.safe_load_all(kubernetes.render(make("kubernetes", kind=kind, deadline_s=deadline))))
+    for doc in docs:
+        validate(doc)
+    assert [d["kind"] for d in docs] == kinds
+    if deadline:
+        expected = [{**e, **({"activeDeadlineSeconds": deadline} if "podFailurePolicy" in e else {})} for e in expected]
+        expected = [{"runPolicy": {**e["runPolicy"], "activeDeadlineSeconds": deadline}} if "runPolicy" in e else e for e in expected]
+    assert [failure_fields(d) for d in docs] == expected
+    said = " ".join(line[2:] for line in kubernetes.render(make("kubernetes", kind=kind, deadline_s=deadline)).splitlines()
+                    if line.startswith("# "))
+    assert "One failed or disrupted pod fails the whole job, with no retry" in said
+    assert (f"Deadline: activeDeadlineSeconds {deadline}." if deadline else "No deadline (--deadline sets activeDeadlineSeconds).") in said
+
+
+def test_a_trainjob_over_a_cluster_runtime_sets_requests_and_pull_secrets_and_says_what_it_cannot_set():
+    text = kubernetes.render(make("kubernetes", kind="trainjob", cluster_runtime="torch-distributed", cpus=16, memory_mib=64 * 1024,
+                                  qos="guaranteed", pull_secrets=("regcred",)))
+    (doc,) = yaml.safe_load_all(text)
+    validate(doc)
+    assert doc["spec"]["trainer"]["resourcesPerNode"] == {"requests": {"cpu": 16, "memory": "64Gi"},
+                                                          "limits": {"cpu": 16, "memory": "64Gi", "nvidia.com/gpu": 8}}
+    (override,) = doc["spec"]["podTemplateOverrides"]
+    assert override["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    assert not {"failurePolicy", "activeDeadlineSeconds", "backoffLimit", "runPolicy"} & set(doc["spec"])
+    said = " ".join(line[2:] for line in text.splitlines() if line.startswith("# "))
+    for fact in ("Trainer v2.1's TrainJob has no failure policy or deadline, nor do its podTemplateOverrides: the "
+                 "ClusterTrainingRuntime torch-distributed decides them (its JobSet's failurePolicy, its Job's backoffLimit, "
+                 "podFailurePolicy and activeDeadlineSeconds), and the pods' securityContext.",
+                 "trainer.resourcesPerNode replaces the runtime container's resources; podTemplateOverrides' imagePullSecrets "
+                 "are merged into the runtime's, by name.",
+                 "QoS Guaranteed holds only where the runtime's other containers, if any, have limits equal to their requests."):
+        assert fact in said
+    assert "One failed or disrupted pod" not in said
+
+
+def test_the_schemas_refuse_what_the_kinds_do_not_have():
+    """The validation is not vacuous: a TrainJob has no deadline or failure policy of its own and
+    its v2.1 overrides no resources; a misspelt failure field is refused in every kind."""
+    (train,) = yaml.safe_load_all(kubernetes.render(make("kubernetes", kind="trainjob", cluster_runtime="torch-distributed")))
+    for path, field in [(("spec",), "activeDeadlineSeconds"), (("spec",), "failurePolicy"), (("spec", "trainer"), "backoffLimit")]:
+        doc = yaml.safe_load(yaml.safe_dump(train))
+        target = doc
+        for key in path:
+            target = target[key]
+        target[field] = 0
+        with pytest.raises(jsonschema.ValidationError, match=field):
+            validate(doc)
+    doc = yaml.safe_load(yaml.safe_dump(train))
+    doc["spec"]["podTemplateOverrides"][0]["spec"]["containers"][0]["resources"] = {"requests": {"memory": "1Gi"}}
+    with pytest.raises(jsonschema.ValidationError, match="resources"):
+        validate(doc)
+    (js,) = yaml.safe_load_all(kubernetes.render(make("kubernetes", kind="jobset")))
+    js["spec"]["failurePolicy"]["maxRestart"] = 0
+    with pytest.raises(jsonschema.ValidationError, match="maxRestart"):
+        validate(js)
+    (pj,) = yaml.safe_load_all(kubernetes.render(make("kubernetes", kind="pytorchjob")))
+    pj["spec"]["runPolicy"]["activeDeadline"] = 60
+    with pytest.raises(jsonschema.ValidationError, match="activeDeadline"):
+        validate(pj)
+    runtime, _ = yaml.safe_load_all(kubernetes.render(make("kubernetes", kind="trainjob")))
+    runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["deadlineSeconds"] = 60
+    with pytest.raises(jsonschema.ValidationError, match="deadlineSeconds"):
+        validate(runtime)
+    _, job = yaml.safe_load_all(kubernetes.render(make("kubernetes", kind="indexed-job")))
+    job["spec"]["podFailurePolicy"]["rules"][1]["onExitCodes"]["exitCodes"] = [1]
+    with pytest.raises(Exception, match="exitCodes"):
+        kubernetes_validate.validate(job, "1.33.0", strict=True)
+    _, job = yaml.safe_load_all(kubernetes.render(make("kubernetes", kind="indexed-job")))
+    job["spec"]["template"]["spec"]["containers"][0]["resources"]["request"] = {"cpu": 1}
+    with pytest.raises(Exception, match="request"):
+        kubernetes_validate.validate(job, "1.33.0", strict=True)
+
+
+@pytest.mark.parametrize("text, mib", [("64Gi", 65536), ("64G", 65536), ("1536Mi", 1536), ("512M", 512)])
+def test_a_memory_size_is_read_in_mib(text, mib):
+    assert kubernetes.memory_mib(text) == mib
+
+
+@pytest.mark.parametrize("text, seconds", [("24h", 86400), ("90m", 5400), ("1h30m", 5400), ("2d", 172800), ("45s", 45),
+                                           ("3600", 3600), ("1d2h3m4s", 93784)])
+def test_a_deadline_is_read_in_seconds(text, seconds):
+    assert kubernetes.deadline_seconds(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "0", "0h", "1.5h", "24H", "1 h", "30m1h", "h", "-1", "1w"])
+def test_a_bad_deadline_is_one_line(text):
+    with pytest.raises(UsageError, match=r"--deadline takes a duration of at least 1s") as e:
+        kubernetes.deadline_seconds(text)
+    assert "\n" not in str(e.value)
+
+
+def test_the_cli_writes_the_resources_secrets_and_deadline_and_its_header_says_them(tmp_path):
+    proc = run_cli(ROOT, "job", "--torch", "2.7", "--scheduler", "kubernetes", "--kind", "indexed-job", "--nodes", "2",
+                   "--gpus-per-node", "8", "--image", IMAGE, "--cpus-per-node", "32", "--memory-per-node", "256Gi", "--qos", "guaranteed",
+                   "--image-pull-secret", "regcred", "--image-pull-secret", "mirror", "--deadline", "1h30m", "--output", str(tmp_path),
+                   "--", "train.py", env=NO_DOCKER)
+    assert proc.returncode == 0 and proc.stdout == "", proc.stderr
+    text = (tmp_path / "pytorch-cuda-2-7.yaml").read_text()
+    assert ("--cpus-per-node 32 --memory-per-node 256Gi --qos guaranteed --image-pull-secret regcred --image-pull-secret mirror "
+            "--deadline 1h30m -- train.py") in text.splitlines()[0]
+    _, job = yaml.safe_load_all(text)
+    validate(job)
+    pod = job["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"] == {"requests": {"cpu": 32, "memory": "256Gi"},
+                                                 "limits": {"cpu": 32, "memory": "256Gi", "nvidia.com/gpu": 8}}
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}] and job["spec"]["activeDeadlineSeconds"] == 5400
+    assert "# Each pod: QoS class Guaranteed; requests cpu 32, memory 256Gi; limits cpu 32, memory 256Gi," in text
+    proc = run_cli(ROOT, "job", "--torch", "2.7", "--scheduler", "kubernetes", "--kind", "jobset", "--nodes", "2", "--image", IMAGE,
+                   "--", "train.py", env=NO_DOCKER)
+    assert proc.returncode == 0, proc.stderr
+    (js,) = yaml.safe_load_all(proc.stdout)
+    (c,) = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"]
+    assert c["resources"] == {"requests": {"memory": "16Gi"}}  # nothing given: /dev/shm's size, Burstable, not BestEffort
+    assert "--qos" not in proc.stdout.splitlines()[0]
 
 
 def test_yaml_1_2_numbers_in_the_command_stay_strings():

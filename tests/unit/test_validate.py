@@ -174,6 +174,17 @@ VALUE_CASES = {
     ("job", "--workdir"): [([*SLURM, "--workdir", "src", "t.py"], "--workdir takes an absolute directory"),
                            ([*K8S, "--workdir", "/code/../x", "t.py"], "--workdir takes an absolute directory"),
                            ([*SLURM, "--workdir", "$HOME/src", "t.py"], "--workdir takes an absolute directory")],
+    ("job", "--cpus-per-node"): [([*K8S, "--cpus-per-node", "0", "t.py"], "argument --cpus-per-node: must be at least 1, not 0"),
+                                 ([*K8S, "--cpus-per-node", "1.5", "t.py"], "argument --cpus-per-node: takes a whole number, not '1.5'")],
+    ("job", "--memory-per-node"): [([*K8S, "--memory-per-node", "64GB", "t.py"], "--memory-per-node takes a size like 64Gi or 512Mi"),
+                                   ([*K8S, "--memory-per-node", "0Gi", "t.py"], "--memory-per-node takes a size like 64Gi")],
+    ("job", "--qos"): [([*K8S, "--qos", "besteffort", "t.py"], "argument --qos: invalid choice: 'besteffort'")],
+    ("job", "--image-pull-secret"): [([*K8S, "--image-pull-secret", "Reg_Cred", "t.py"], "--image-pull-secret takes a Secret's name"),
+                                     ([*K8S, "--image-pull-secret", "regcred/x", "t.py"], "--image-pull-secret takes a Secret's name"),
+                                     ([*K8S, "--image-pull-secret", "a" * 254, "t.py"], "--image-pull-secret takes a Secret's name")],
+    ("job", "--deadline"): [([*K8S, "--deadline", "1 day", "t.py"], "--deadline takes a duration of at least 1s like 24h"),
+                            ([*K8S, "--deadline", "0s", "t.py"], "--deadline takes a duration of at least 1s"),
+                            ([*K8S, "--deadline", "1.5h", "t.py"], "--deadline takes a duration")],
     ("job", "SCRIPT"): [([*SLURM], "job needs SCRIPT [ARGS] after --"),
                         ([*SLURM, "--", "my script.py"], "SCRIPT takes a script path"),
                         ([*SLURM, "--", "-m"], "SCRIPT takes a script path")],
@@ -212,7 +223,18 @@ COMBINATION_CASES = [
         ([*SLURM, "--namespace", "ml", "t.py"], "--namespace needs --scheduler kubernetes"),
         ([*K8S, "--cluster-runtime", "torch-distributed", "t.py"], "--cluster-runtime needs --kind trainjob"),
         ([*SLURM, "--mount", "pvc:code:/code", "t.py"], "--mount 'pvc:code:/code' needs --scheduler kubernetes"),
-        ([*K8S, "--workdir", "$SLURM_SUBMIT_DIR/src", "t.py"], "--workdir '$SLURM_SUBMIT_DIR/src' needs --scheduler slurm")]],
+        ([*K8S, "--workdir", "$SLURM_SUBMIT_DIR/src", "t.py"], "--workdir '$SLURM_SUBMIT_DIR/src' needs --scheduler slurm"),
+        ([*SLURM, "--cpus-per-node", "8", "t.py"], "--cpus-per-node needs --scheduler kubernetes"),
+        ([*SLURM, "--memory-per-node", "64Gi", "t.py"], "--memory-per-node needs --scheduler kubernetes"),
+        ([*SLURM, "--qos", "guaranteed", "t.py"], "--qos needs --scheduler kubernetes"),
+        ([*SLURM, "--image-pull-secret", "regcred", "t.py"], "--image-pull-secret needs --scheduler kubernetes"),
+        ([*SLURM, "--deadline", "24h", "t.py"], "--deadline needs --scheduler kubernetes"),
+        ([*K8S, "--memory-per-node", "16Gi", "t.py"], "--memory-per-node 16Gi must be larger than --shm-size 16Gi"),
+        ([*K8S, "--memory-per-node", "1G", "--shm-size", "2048Mi", "t.py"], "--memory-per-node 1G must be larger than --shm-size 2048Mi"),
+        ([*K8S, "--qos", "guaranteed", "t.py"], "--qos guaranteed needs --cpus-per-node and --memory-per-node"),
+        ([*K8S, "--qos", "guaranteed", "--cpus-per-node", "8", "t.py"], "--qos guaranteed needs --cpus-per-node and --memory-per-node"),
+        ([*K8S, "--qos", "guaranteed", "--memory-per-node", "64Gi", "t.py"],
+         "--qos guaranteed needs --cpus-per-node and --memory-per-node")]],
     *[(["--matrix", "{matrix}", cmd, *extra], f"--matrix does nothing for `{cmd}`")
       for cmd, extra in [("engine", []), ("sbom", ["img"]), ("selftest", [])]],
 ]
@@ -224,7 +246,7 @@ GIVE = {"jobs": ["--jobs", "2"], "retries": ["--retries", "2"], "allow_vulnerabl
         "cache_from": ["--cache-from", "type=registry,ref=r/c"], "cache_to": ["--cache-to", "type=registry,ref=r/c"],
         "result_json": ["--result-json", "{dir}/r.json"], "ca_bundle": ["--ca-bundle", "{pem}"], "cuda": ["--cuda", "12.1"],
         "cluster_runtime": ["--kind", "trainjob", "--cluster-runtime", "torch-distributed"], "rdma": ["--rdma", "rdma/ib=1"],
-        "platform": ["--platform", "linux/arm64"], "compression": ["--compression", "zstd"]}
+        "platform": ["--platform", "linux/arm64"], "compression": ["--compression", "zstd"], "deadline": ["--deadline", "24h"]}
 
 
 def _give(command: str, dest: str, but: str | None = None) -> list[str]:
@@ -310,7 +332,12 @@ def test_every_rule_names_flags_its_command_has():
       "train.py"], {"mount": ["/shared/datasets:/data:ro", "/scratch/out:/out"], "workdir": "$SLURM_SUBMIT_DIR/src"}),
     ([*K8S, "--mount", "pvc:code:/code:ro", "--mount", "/mnt/datasets:/data", "--", "train.py"], {"workdir": None}),
     ([*JOB, "--scheduler", "kubernetes", "--kind", "trainjob", "--rdma", "rdma/ib=1", "--rdma", "nvidia.com/hostdev=2",
-      "--namespace", "ml", "--name", "llm-7b", "--shm-size", "512Mi", "--", "t.py", "--lr", "1e-4"], {"runtime": None}),
+      "--namespace", "ml", "--name", "llm-7b", "--shm-size", "512Mi", "--", "t.py", "--lr", "1e-4"], {"runtime": None, "qos": "burstable"}),
+    ([*K8S, "--cpus-per-node", "32", "--memory-per-node", "17Gi", "--qos", "guaranteed", "--image-pull-secret", "regcred",
+      "--image-pull-secret", "mirror.pull-1", "--deadline", "1h30m", "--", "t.py"],
+     {"cpus_per_node": 32, "qos": "guaranteed", "image_pull_secret": ["regcred", "mirror.pull-1"], "deadline": "1h30m"}),
+    ([*JOB, "--scheduler", "kubernetes", "--kind", "trainjob", "--cluster-runtime", "torch-distributed", "--memory-per-node", "600Mi",
+      "--shm-size", "512Mi", "--image-pull-secret", "regcred", "--", "t.py"], {"qos": "burstable", "deadline": None}),
     *[(["prune", "--keep-storage", size], {"keep_storage": size}) for size in ("40GB", "512MB", "10GiB", "1.5g", "1048576", "20 GB")],
 ])
 def test_good_arguments_pass_and_are_completed(monkeypatch, argv, completed):
