@@ -133,7 +133,7 @@ def extend_line(moved):
     if moved is None:
         return []
     return [f"pip/uv install as any user; torch, triton, DeepSpeed and the CUDA wheels stay as tested "
-            f"({stack.CONSTRAINTS}; to move one: {stack.HOW_TO_OVERRIDE})"]
+            f"({stack.CONSTRAINTS}). To move one: {stack.HOW_TO_OVERRIDE}"]
 
 
 def render(m, gpus, shm, ib=((), False), moved=None):

@@ -44,7 +44,7 @@ HEADER = """\
 # with these versions: after an override the banner says the stack differs from what was tested.
 # The image's labels and SBOM keep describing the image as built. See docs/extending.md.
 """
-HOW_TO_OVERRIDE = "PIP_CONSTRAINT= pip install ... (uv: UV_CONSTRAINT= uv pip install ...)"
+HOW_TO_OVERRIDE = "PIP_CONSTRAINT= pip install ... or UV_CONSTRAINT= uv pip install ..."
 
 
 def canonical(name: str) -> str:
