@@ -36,6 +36,12 @@ import textwrap
 from . import LAUNCH_PATH, Job
 
 RUNTIMES = ("oci", "pyxis", "apptainer")
+# One task per node. --kill-on-bad-exit: a task that exits non-zero (torchrun does when one of its
+# ranks fails) ends every other task of the step at once, rather than leaving them waiting in a
+# collective until its timeout; the job ends FAILED. --label: each output line names its task
+# (its node's number in the allocation).
+SRUN_FLAGS = "--ntasks-per-node=1 --kill-on-bad-exit=1 --label"
+RDZV_TIMEOUT_S = 1800
 SUBMIT = "${SLURM_SUBMIT_DIR}"
 WORKDIR = "PYTORCH_CUDA_WORKDIR"  # the launch contract changes to it (pytorch_cuda_runtime/launch)
 WIDTH = 96  # the header's prose, wrapped
@@ -77,7 +83,9 @@ def _sbatch(job: Job) -> list[str]:
     lines = [f"--job-name={job.name}", f"--nodes={job.nodes}", "--ntasks-per-node=1"]
     if job.gpus_per_node:
         lines.append(f"--gpus-per-node={job.gpus_per_node}")
-    lines += ["--exclusive", f"--output={job.name}-%j.out"]
+    # --mem=0: all of each node's memory. With --exclusive alone the job gets the site's default
+    # memory, and the /dev/shm tmpfs (--shm-size) counts against the job's memory.
+    lines += ["--exclusive", "--mem=0", f"--output={job.name}-%j.out"]
     return [f"#SBATCH {sbatch_escape(line)}" for line in lines]
 
 
@@ -154,7 +162,13 @@ def _environment(job: Job) -> list[str]:
     lines += [f"export {k}={shlex.quote(v)}" for k, v in {**nccl, **job.launch_env()}.items()]
     if job.scheduler == "slurm" and not job.gpus_per_node:
         lines.append("# No GPU requested: the launch contract starts one rank per GPU the node shows, else one CPU rank.")
-    return lines + ["# The tasks' working directory, which the launch contract changes to.", f'export {WORKDIR}="{workdir(job)}"']
+    lines += ["# The tasks' working directory, which the launch contract changes to.", f'export {WORKDIR}="{workdir(job)}"']
+    return lines + [
+        "# How long the first node's rendezvous waits for every node to join, in seconds: raise it where a",
+        "# node can take longer to start (pulling or unpacking the image, a slow shared filesystem).",
+        f"export PYTORCH_CUDA_RDZV_TIMEOUT={RDZV_TIMEOUT_S}",
+        "# Every line of every rank starts with [rank N]; srun --label puts the node's task number before it.",
+        "export PYTORCH_CUDA_RANK_LABELS=1"]
 
 
 def _command(job: Job) -> str:
@@ -173,15 +187,15 @@ def _srun(job: Job) -> list[str]:
 def _run(job: Job) -> list[str]:
     if job.runtime == "oci":
         return [f'BUNDLE="{bundle_dir(job)}"',
-                "srun --ntasks-per-node=1 --container=\"$BUNDLE\" \\",
+                f"srun {SRUN_FLAGS} --container=\"$BUNDLE\" \\",
                 f"  {_command(job)}"]
     if job.runtime == "pyxis":
         return [f"IMAGE={shlex.quote(job.image.pyxis())}",
-                "srun --ntasks-per-node=1 --container-image=\"$IMAGE\" --no-container-entrypoint \\",
+                f"srun {SRUN_FLAGS} --container-image=\"$IMAGE\" --no-container-entrypoint \\",
                 f'  --container-mounts="{_binds(job, f"{SUBMIT}:{SUBMIT}")}" --container-workdir="${WORKDIR}" \\',
                 f"  {_command(job)}"]
     image = job.sif or f"docker://{job.image}"
     nv = "--nv " if job.gpus_per_node else ""
     return [f'IMAGE="{image}"',  # validated: no quote, backslash or backquote; a $VAR in --sif expands
-            f"srun --ntasks-per-node=1 apptainer exec {nv}--bind \"{_binds(job, SUBMIT)}\" --pwd \"${WORKDIR}\" \"$IMAGE\" \\",
+            f"srun {SRUN_FLAGS} apptainer exec {nv}--bind \"{_binds(job, SUBMIT)}\" --pwd \"${WORKDIR}\" \"$IMAGE\" \\",
             f"  {_command(job)}"]

@@ -25,6 +25,15 @@ from .. import hostlist
 
 USAGE = "usage: pytorch-cuda-launch [--print] [-m] SCRIPT [ARGS...]"
 WORKDIR = "PYTORCH_CUDA_WORKDIR"
+# How long the rendezvous waits for every node: c10d's join_timeout, the static store's timeout.
+# torchrun's own 600 s is short for a node that is still pulling or unpacking a 6.5 GB image
+# (pyxis imports it on each node's first use; a Kubernetes node pulls it).
+RDZV_TIMEOUT = "PYTORCH_CUDA_RDZV_TIMEOUT"
+DEFAULT_RDZV_TIMEOUT = 1800
+# "1": torchrun prefixes every line of each rank with its global rank (--tee 3 and its prefix
+# template), so one file of many ranks says who wrote what. The sbatch script sets it.
+RANK_LABELS = "PYTORCH_CUDA_RANK_LABELS"
+RANK_PREFIX = "[rank${rank}]: "
 
 
 @dataclass(frozen=True)
@@ -72,17 +81,32 @@ def parse(args: list[str]) -> tuple[bool, bool, str, list[str]]:
 
 
 def torchrun_argv(python: str, topo: sources.Topology, nproc_value: str, module: bool,
-                  script: str, script_args: list[str]) -> list[str]:
+                  script: str, script_args: list[str], rdzv_timeout: int = DEFAULT_RDZV_TIMEOUT,
+                  labels: bool = False) -> list[str]:
     argv = [python, "-m", "torch.distributed.run"]
     if topo.rdzv_id is not None:
         argv += ["--nnodes", str(topo.nnodes), "--nproc_per_node", nproc_value, "--rdzv_backend", "c10d",
-                 "--rdzv_endpoint", f"{topo.master_addr}:{topo.master_port}", "--rdzv_id", topo.rdzv_id]
+                 "--rdzv_endpoint", f"{topo.master_addr}:{topo.master_port}", "--rdzv_id", topo.rdzv_id,
+                 "--rdzv_conf", f"join_timeout={rdzv_timeout}"]
     elif topo.master_addr is None:
         argv += ["--standalone", "--nproc_per_node", nproc_value]
     else:
         argv += ["--nnodes", str(topo.nnodes), "--nproc_per_node", nproc_value, "--node_rank", str(topo.node_rank),
-                 "--master_addr", topo.master_addr, "--master_port", str(topo.master_port)]
+                 "--master_addr", topo.master_addr, "--master_port", str(topo.master_port),
+                 "--rdzv_conf", f"timeout={rdzv_timeout}"]
+    if labels:
+        argv += ["--tee", "3"]
     return argv + (["--module"] if module else []) + [script, *script_args]
+
+
+def rdzv_timeout(env: Mapping[str, str]) -> int:
+    """PYTORCH_CUDA_RDZV_TIMEOUT in whole seconds, else DEFAULT_RDZV_TIMEOUT."""
+    text = env.get(RDZV_TIMEOUT, "").strip()
+    if not text:
+        return DEFAULT_RDZV_TIMEOUT
+    if not text.isdigit() or int(text) < 1:
+        raise LaunchError(f"{RDZV_TIMEOUT}={text!r} is not a whole number of seconds (at least 1)")
+    return int(text)
 
 
 def workdir(env: Mapping[str, str], machine: Machine) -> str | None:
@@ -109,7 +133,11 @@ def plan(args: list[str], env: Mapping[str, str], machine: Machine | None = None
     child, changes = environment.child_env(env, machine.uid, machine.passwd_home, machine.writable)
     if cwd and child.get("PWD") not in (None, cwd):
         child["PWD"] = cwd  # what a shell in a rank takes as its directory
-    argv = torchrun_argv(machine.python, topo, nproc_value, module, script, script_args)
+    labels = env.get(RANK_LABELS) == "1"
+    if labels:
+        child["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = RANK_PREFIX
+        changes = [*changes, f"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE={RANK_PREFIX} ({RANK_LABELS}=1: each line names its rank)"]
+    argv = torchrun_argv(machine.python, topo, nproc_value, module, script, script_args, rdzv_timeout(env), labels)
     return Launch(topo, nproc_value, why, argv, child, changes, dry_run, cwd)
 
 

@@ -143,3 +143,39 @@ def test_a_job_without_the_bundle_fails_in_one_slurm_line(cluster, submit, tmp_p
     assert cluster.wait(job, 120) == "FAILED"
     out = (submit / f"nobundle-{job}.out").read_text()
     assert "Task launch" in out and "No such file or directory" in out, out  # srun's words for the absent bundle
+
+
+# Rank 1 leaves after the rendezvous; rank 0 would wait in its sleep for the job's whole time limit.
+FAILS_AFTER_RENDEZVOUS = """import sys, time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+dist.barrier()
+print(f"JOINED {dist.get_rank()}", flush=True)
+if dist.get_rank() == 1:
+    sys.exit(1)
+time.sleep(600)
+"""
+# The bound the docs state (clusters.md, "When a rank fails"): the failing node's torchrun exits at
+# once (no restarts), and srun --kill-on-bad-exit then ends the other node's task.
+FAILED_JOB_BOUND_S = 120
+
+
+def test_a_rank_that_fails_after_the_rendezvous_ends_the_whole_job_within_the_bound(cluster, bundle, submit):
+    (submit / "fail_rank1.py").write_text(FAILS_AFTER_RENDEZVOUS)
+    owned_by_image_user(submit)
+    proc = run_cli(ROOT, "job", "--torch", "2.7", "--scheduler", "slurm", "--runtime", "oci", "--nodes", "2",
+                   "--image", image_reference(), "--bundle", str(bundle), "--name", "failrank", "--output", str(submit),
+                   "--", "fail_rank1.py")
+    assert proc.returncode == 0, shown(proc)
+    t0 = time.monotonic()
+    job = cluster.sbatch(submit / "failrank.sbatch", submit, {"GLOO_SOCKET_IFNAME": "eth0"})
+    state = cluster.wait(job, 300)
+    took = time.monotonic() - t0
+    out = (submit / f"failrank-{job}.out").read_text(errors="replace")
+    print(f"job {job}: {state} after {took:.0f} s (submission to end)")
+    assert state == "FAILED", f"{state}\n{out[-4000:]}\n{cluster.logs()}"
+    assert took < FAILED_JOB_BOUND_S, f"the job took {took:.0f} s to end\n{out[-4000:]}"
+    # Each line names its node's task (srun --label) and its rank (the launch contract's labels).
+    joined = sorted(ln.strip() for ln in out.splitlines() if "JOINED" in ln)
+    assert len(joined) == 2 and {ln.split(":", 1)[0] for ln in joined} == {"0", "1"}, out[-4000:]
+    assert any("[rank0]: JOINED 0" in ln for ln in joined) and any("[rank1]: JOINED 1" in ln for ln in joined), out[-4000:]

@@ -36,14 +36,16 @@ def launch(env: dict[str, str], gpus: int = 0, args: tuple[str, ...] = ("train.p
     return plan(list(args), {"PATH": "/usr/bin:/bin", "HOME": "/home/trainer", **env}, machine(gpus, **kw))
 
 
-def static(nnodes, nproc_value, rank, addr, port):
+def static(nnodes, nproc_value, rank, addr, port, timeout=1800):
     return TORCHRUN + ["--nnodes", str(nnodes), "--nproc_per_node", nproc_value, "--node_rank", str(rank),
-                       "--master_addr", addr, "--master_port", str(port), "train.py", "--zero", "3"]
+                       "--master_addr", addr, "--master_port", str(port), "--rdzv_conf", f"timeout={timeout}",
+                       "train.py", "--zero", "3"]
 
 
-def c10d(nnodes, nproc_value, endpoint, job):
+def c10d(nnodes, nproc_value, endpoint, job, timeout=1800):
     return TORCHRUN + ["--nnodes", str(nnodes), "--nproc_per_node", nproc_value, "--rdzv_backend", "c10d",
-                       "--rdzv_endpoint", endpoint, "--rdzv_id", job, "train.py", "--zero", "3"]
+                       "--rdzv_endpoint", endpoint, "--rdzv_id", job, "--rdzv_conf", f"join_timeout={timeout}",
+                       "train.py", "--zero", "3"]
 
 
 # training-operator v1.9.2 pkg/controller.v1/pytorch/{envvar,master}.go: Master replica 1, Worker
@@ -137,6 +139,24 @@ def test_slurm_a_step_on_part_of_the_allocation():
 def test_slurm_job_variables_only():
     env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "rack[1-2]-node[01-02]", "SLURM_NNODES": "4"}
     assert launch(env).argv == c10d(4, "1", "rack1-node01:29500", "7")
+
+
+def test_the_rendezvous_waits_as_long_as_asked_for_a_slow_node():
+    """PYTORCH_CUDA_RDZV_TIMEOUT: c10d's join_timeout and the static store's timeout (default 1800 s,
+    beside torchrun's 600 s, for a node still pulling or unpacking the image)."""
+    assert launch({**SLURM, "PYTORCH_CUDA_RDZV_TIMEOUT": "3600"}).argv == c10d(2, "1", "node01:29500", "4242", 3600)
+    assert launch({**pytorchjob_pod(1), "PYTORCH_CUDA_RDZV_TIMEOUT": "90"}, gpus=8).argv == static(2, "auto", 1, "bert-master-0", 23456, 90)
+    for bad in ("0", "-5", "10m", "1.5"):
+        with pytest.raises(LaunchError, match=rf"PYTORCH_CUDA_RDZV_TIMEOUT='{bad}' is not a whole number of seconds"):
+            launch({**SLURM, "PYTORCH_CUDA_RDZV_TIMEOUT": bad})
+
+
+def test_rank_labels_prefix_every_line_with_its_rank_where_asked():
+    labelled = launch({**SLURM, "PYTORCH_CUDA_RANK_LABELS": "1"})
+    assert labelled.argv[-5:-3] == ["--tee", "3"] and labelled.env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[rank${rank}]: "
+    assert any(c.startswith("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=") for c in labelled.changes)
+    plain = launch(SLURM)
+    assert "--tee" not in plain.argv and "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE" not in plain.env
 
 
 @pytest.mark.parametrize("gpus,expected", [(0, "1"), (8, "auto")])
@@ -402,7 +422,7 @@ def test_the_script_prints_the_launch(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1] == (f"argv: {sys.executable} -m torch.distributed.run --nnodes 2 "
                                          "--nproc_per_node 2 --rdzv_backend c10d --rdzv_endpoint node01:29500 "
-                                         f"--rdzv_id 4242 {tmp_path / 't.py'} --lr 1")
+                                         f"--rdzv_id 4242 --rdzv_conf join_timeout=1800 {tmp_path / 't.py'} --lr 1")
 
 
 FAKE_TORCHRUN = """import json, os, sys
@@ -447,7 +467,8 @@ def test_the_script_execs_torchrun_with_the_restored_environment(tmp_path):
     got = json.loads(out.read_text())
     assert got["pid"] == p.pid  # exec'd all the way: signals to the launcher reach torchrun
     assert got["argv"] == ["--nnodes", "2", "--nproc_per_node", got["argv"][3], "--node_rank", "1",
-                           "--master_addr", "bert-master-0", "--master_port", "23456", str(tmp_path / "t.py"), "--x"]
+                           "--master_addr", "bert-master-0", "--master_port", "23456", "--rdzv_conf", "timeout=1800",
+                           str(tmp_path / "t.py"), "--x"]
     for gone in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PET_NNODES", "PET_NPROC_PER_NODE"):
         assert gone not in got["env"]
     assert got["env"]["PATH"].startswith(f"/opt/venv/bin:{os.path.dirname(sys.executable)}:")

@@ -206,23 +206,26 @@ def run_script(tmp_path: Path, text: str) -> tuple[list[str], dict[str, str]]:
     return argv, environ
 
 
+# One task per node, the step ended when one fails, each line labelled with its task.
+SRUN = ["--ntasks-per-node=1", "--kill-on-bad-exit=1", "--label"]
 LAUNCHED = ["/usr/local/bin/pytorch-cuda-launch", *SCRIPT]  # SCRIPT and ARGS as written: the working directory does the rest
 
 
 @pytest.mark.parametrize("runtime, srun_argv", [
-    ("oci", ["--ntasks-per-node=1", "--container=/submit dir/bundles/2.7.1-cuda12.1-runtime-0123456789ab", *LAUNCHED]),
-    ("pyxis", ["--ntasks-per-node=1", f"--container-image=127.0.0.1:5000#ml/pytorch-cuda@{DIGEST}", "--no-container-entrypoint",
+    ("oci", [*SRUN, "--container=/submit dir/bundles/2.7.1-cuda12.1-runtime-0123456789ab", *LAUNCHED]),
+    ("pyxis", [*SRUN, f"--container-image=127.0.0.1:5000#ml/pytorch-cuda@{DIGEST}", "--no-container-entrypoint",
                "--container-mounts=/submit dir:/submit dir", "--container-workdir=/submit dir", *LAUNCHED]),
-    ("apptainer", ["--ntasks-per-node=1", "apptainer", "exec", "--nv", "--bind", "/submit dir", "--pwd", "/submit dir",
+    ("apptainer", [*SRUN, "apptainer", "exec", "--nv", "--bind", "/submit dir", "--pwd", "/submit dir",
                    f"docker://{IMAGE}", *LAUNCHED]),
 ])
 def test_the_sbatch_script_runs_the_launch_contract_under_each_runtime(tmp_path, runtime, srun_argv):
     text = slurm.render(make(runtime=runtime))
     assert sbatch_lines(text) == ["--job-name=train", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=8", "--exclusive",
-                                  "--output=train-%j.out"]
+                                  "--mem=0", "--output=train-%j.out"]
     argv, env = run_script(tmp_path, text)
     assert argv == srun_argv
     assert env["PYTORCH_CUDA_NPROC_PER_NODE"] == "8"
+    assert env["PYTORCH_CUDA_RDZV_TIMEOUT"] == "1800" and env["PYTORCH_CUDA_RANK_LABELS"] == "1"
     assert env["PYTORCH_CUDA_WORKDIR"] == "/submit dir"  # the launch contract changes to it: relative ARGS resolve there
     assert "NCCL_IB_DISABLE" not in env and "NCCL_SOCKET_IFNAME" not in env  # NCCL finds InfiniBand itself
 
@@ -233,10 +236,10 @@ BINDS = "/shared/datasets:/data:ro,/shared/out:/out"
 
 @pytest.mark.parametrize("workdir, cwd", [(None, "/submit dir"), ("/data", "/data"), ("$SLURM_SUBMIT_DIR/src", "/submit dir/src")])
 @pytest.mark.parametrize("runtime, srun_argv", [
-    ("oci", ["--ntasks-per-node=1", "--container=/submit dir/bundles/2.7.1-cuda12.1-runtime-0123456789ab", *LAUNCHED]),
-    ("pyxis", ["--ntasks-per-node=1", f"--container-image=127.0.0.1:5000#ml/pytorch-cuda@{DIGEST}", "--no-container-entrypoint",
+    ("oci", [*SRUN, "--container=/submit dir/bundles/2.7.1-cuda12.1-runtime-0123456789ab", *LAUNCHED]),
+    ("pyxis", [*SRUN, f"--container-image=127.0.0.1:5000#ml/pytorch-cuda@{DIGEST}", "--no-container-entrypoint",
                f"--container-mounts=/submit dir:/submit dir,{BINDS}", "--container-workdir={cwd}", *LAUNCHED]),
-    ("apptainer", ["--ntasks-per-node=1", "apptainer", "exec", "--nv", "--bind", f"/submit dir,{BINDS}", "--pwd", "{cwd}",
+    ("apptainer", [*SRUN, "apptainer", "exec", "--nv", "--bind", f"/submit dir,{BINDS}", "--pwd", "{cwd}",
                    f"docker://{IMAGE}", *LAUNCHED]),
 ])
 def test_mounts_reach_each_slurm_runtime_and_the_tasks_start_in_the_workdir(tmp_path, runtime, srun_argv, workdir, cwd):
