@@ -90,7 +90,8 @@ def check_disk(docker_root: str) -> None:
     if free < MIN_FREE_BYTES:
         raise EnvironmentProblem(
             f"no disk space for a build: {free / 1024**3:.1f} GiB free under {probe}, need {MIN_FREE_BYTES // 1024**3} GiB; "
-            "free some (python build.py prune)"
+            # prune's default keeps 40GB of build cache, which alone can be what fills a small disk
+            "free some (python build.py prune --keep-storage 5GB: the default keeps 40GB of build cache)"
         )
 
 
