@@ -6,7 +6,10 @@ Everything is this test run's own, and removed again:
   with its own hostname (slurmd is started in a new UTS namespace), so torchrun and gloo see two
   hosts; node names in /etc/hosts, which the OCI bundle binds into the containers;
 - slurmctld on the host side of the bridge, one slurmd per namespace, all in the foreground as
-  children of this process, and an oci.conf for runc as root.
+  children of this process, and the oci.conf it is given;
+- where asked, stand-in GPUs: character devices with NVIDIA's major number (195) in the cluster's
+  own directory, named by gres.conf (AutoDetect=off), which Slurm 22.05 allocates as it would
+  real ones. No driver answers behind them: they prove the wiring, not a GPU.
 
 The recipe and its pitfalls were measured here (../shared/ENVIRONMENT.md): slurmd entered with
 nsenter, not `ip netns exec` (which remounts /sys and loses the cgroup mounts); runc, not crun
@@ -21,12 +24,11 @@ import pwd
 import resource
 import shutil
 import socket
+import stat
 import subprocess
 import time
 import uuid
 from pathlib import Path
-
-from pytorch_cuda_build.jobs.slurm import OCI_CONF  # the oci.conf lines the generated script documents
 
 from helpers import free_port
 
@@ -51,9 +53,13 @@ def _free_subnet() -> str:
 
 
 class SlurmCluster:
-    """Two nodes (`<prefix>1`, `<prefix>2`), one partition; start() and stop() are each safe to call once."""
+    """Two nodes (`<prefix>1`, `<prefix>2`), one partition; start() and stop() are each safe to call once.
+    work must exist and be readable by every user who submits (slurm.conf, the stand-ins are there)."""
 
-    def __init__(self, work: Path, nodes: int = 2) -> None:
+    PARTITION = "test"
+    NVIDIA_MAJOR = 195  # /dev/nvidiaN is (195, N), /dev/nvidiactl (195, 255)
+
+    def __init__(self, work: Path, oci_conf: list[str], nodes: int = 2, gpus: int = 0) -> None:
         tag = uuid.uuid4().hex[:6]
         self.work = work
         self.names = [f"pcb{tag}n{i + 1}" for i in range(nodes)]
@@ -62,6 +68,9 @@ class SlurmCluster:
         self.subnet = _free_subnet()
         self.addresses = [f"{self.subnet}.{i + 2}" for i in range(nodes)]
         self.conf = work / "etc" / "slurm.conf"
+        self.oci_conf = oci_conf
+        self.gpus = gpus
+        self.devices = work / "dev"  # the stand-in GPUs
         self.munge_dir = Path(f"/run/pcb-munge-{tag}")
         self.procs: list[subprocess.Popen] = []
         self._undo: list = []
@@ -72,6 +81,7 @@ class SlurmCluster:
         try:
             self._network()
             self._munge()
+            self._standin_gpus()
             self._config()
             self._daemons()
             self._wait_idle()
@@ -126,15 +136,24 @@ class SlurmCluster:
                 raise RuntimeError(f"munged did not start: {self._tail(d / 'munged.log')}")
             time.sleep(0.2)
 
+    def _standin_gpus(self) -> None:
+        if not self.gpus:
+            return
+        self.devices.mkdir(mode=0o755)
+        for name, minor in [*((f"nvidia{i}", i) for i in range(self.gpus)), ("nvidiactl", 255)]:
+            os.mknod(self.devices / name, 0o666 | stat.S_IFCHR, os.makedev(self.NVIDIA_MAJOR, minor))
+
     def _config(self) -> None:
         etc = self.conf.parent
         etc.mkdir(parents=True)
         (self.work / "state").mkdir()
-        nodes = "\n".join(f"NodeName={n} NodeAddr={a} CPUs={os.cpu_count()} State=UNKNOWN"
+        gres = f" Gres=gpu:{self.gpus}" if self.gpus else ""
+        nodes = "\n".join(f"NodeName={n} NodeAddr={a} CPUs={os.cpu_count()}{gres} State=UNKNOWN"
                           for n, a in zip(self.names, self.addresses))
         w = self.work
         self.conf.write_text(f"""\
 ClusterName=pcbtest
+GresTypes=gpu
 SlurmctldHost={socket.gethostname()}({self.subnet}.1)
 SlurmctldPort={free_port()}
 SlurmdPort={free_port()}
@@ -158,10 +177,14 @@ ReturnToService=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 {nodes}
-PartitionName=test Nodes={",".join(self.names)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+PartitionName={self.PARTITION} Nodes={",".join(self.names)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 """)
-        # Slurm reads oci.conf beside slurm.conf. runc as root (22.05 refuses the %U pattern).
-        (etc / "oci.conf").write_text("\n".join(OCI_CONF) + "\n")
+        # Slurm reads oci.conf and gres.conf beside slurm.conf
+        (etc / "oci.conf").write_text("\n".join(self.oci_conf) + "\n")
+        if self.gpus:
+            (etc / "gres.conf").write_text(f"AutoDetect=off\nName=gpu File={self.devices}/nvidia[0-{self.gpus - 1}]\n")
+        for p in [self.work, etc, *etc.iterdir()]:  # submitters read slurm.conf
+            p.chmod(p.stat().st_mode | 0o055 if p.is_dir() else p.stat().st_mode | 0o044)
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "SLURM_CONF": str(self.conf)}
@@ -197,8 +220,10 @@ PartitionName=test Nodes={",".join(self.names)} Default=YES MaxTime=INFINITE Sta
 
     # ---- use --------------------------------------------------------------------------------
 
-    def sbatch(self, script: Path, cwd: Path, env: dict[str, str]) -> str:
-        proc = _run("sbatch", "--parsable", str(script), cwd=cwd, env={**self.env(), **env})
+    def sbatch(self, script: Path, cwd: Path, env: dict[str, str], user: str | None = None) -> str:
+        """Submit as root, or as `user` (runuser keeps the environment but HOME, SHELL, USER, LOGNAME)."""
+        as_user = ["runuser", "-u", user, "--"] if user else []
+        proc = _run(*as_user, "sbatch", "--parsable", str(script), cwd=cwd, env={**self.env(), **env})
         return proc.stdout.strip().split(";")[0]
 
     def wait(self, job: str, timeout: float) -> str:
@@ -227,7 +252,7 @@ PartitionName=test Nodes={",".join(self.names)} Default=YES MaxTime=INFINITE Sta
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):
-            _run("scancel", "--full", "--quiet", "-u", "root", check=False, env=self.env(), timeout=30)
+            _run("scancel", "--full", "--quiet", "-p", self.PARTITION, check=False, env=self.env(), timeout=30)
         for p in reversed(self.procs):
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import shlex
 import textwrap
+from pathlib import Path
 
-from . import LAUNCH_PATH, Job
+from . import LAUNCH_PATH, Job, ocibundle
 
 RUNTIMES = ("oci", "pyxis", "apptainer")
 # One task per node. --kill-on-bad-exit: a task that exits non-zero (torchrun does when one of its
@@ -45,12 +46,64 @@ RDZV_TIMEOUT_S = 1800
 SUBMIT = "${SLURM_SUBMIT_DIR}"
 WORKDIR = "PYTORCH_CUDA_WORKDIR"  # the launch contract changes to it (pytorch_cuda_runtime/launch)
 WIDTH = 96  # the header's prose, wrapped
-OCI_CONF = [  # Slurm 22.05 knows these four keys (or RunTimeCreate plus RunTimeStart instead of RunTimeRun)
-    'RunTimeQuery="runc --root=/run/runc-slurm state %n.%u.%j.%s.%t"',
-    'RunTimeKill="runc --root=/run/runc-slurm kill -a %n.%u.%j.%s.%t"',
-    'RunTimeDelete="runc --root=/run/runc-slurm delete --force %n.%u.%j.%s.%t"',
-    'RunTimeRun="runc --root=/run/runc-slurm run --bundle %b %n.%u.%j.%s.%t"',
-]
+# oci.conf for a site. Slurm calls each as the job's user (its containers guide: every OCI container
+# runs rootless), so runc runs --rootless with a state directory per user. NVIDIA's runtime is a shim
+# over runc that edits the spec on `create` only; pytorch-cuda-oci-gpus (ocigpus.py) names the step's
+# GPUs in the spec and turns RunTimeRun into the runtime's create and start (22.05 hangs on
+# RunTimeCreate). 22.05 has no %U (slurmstepd aborts on it): the state directory is keyed by user
+# name there, by uid from 23.02 on.
+NVIDIA_RUNTIME = "nvidia-container-runtime"
+GPU_WRAPPER = "/usr/local/libexec/pytorch-cuda-oci-gpus"
+CONTAINER_ID = "%n.%u.%j.%s.%t"
+
+
+def oci_conf(runtime: str = NVIDIA_RUNTIME, user: str = "%u") -> list[str]:
+    """oci.conf's lines: Slurm 22.05's form (user "%u"), or 23.02's and later (user "%U")."""
+    rt = f"{runtime} --rootless=true --root=/tmp/runc-{user}"
+    return [f'RunTimeQuery="{rt} state {CONTAINER_ID}"',
+            f'RunTimeKill="{rt} kill -a {CONTAINER_ID}"',
+            f'RunTimeDelete="{rt} delete --force {CONTAINER_ID}"',
+            f'RunTimeRun="{GPU_WRAPPER} {rt} run --bundle %b {CONTAINER_ID}"']
+
+
+OCI_CONF = oci_conf()
+
+
+def ocibundle_code() -> list[str]:
+    """ocibundle.py's code, its docstring left out, for the script's heredoc."""
+    body = Path(ocibundle.__file__).read_text().split('"""', 2)[2].strip("\n")
+    return ["# pytorch_cuda_build/jobs/ocibundle.py: the change to config.json, explained there", *body.splitlines()]
+
+
+def _make_bundle(job: Job) -> list[str]:
+    """BUNDLE, and `bash NAME.sbatch --make-bundle`: the bundle for the user who runs it (the header says what it does)."""
+    binds = " ".join(['"$PWD:$PWD:rw"', *(shlex.quote(f"{m.source}:{m.target}:{'ro' if m.read_only else 'rw'}")
+                                         for m in job.mounts)])
+    return [f'BUNDLE="{bundle_dir(job)}"',
+            'if [ "${1:-}" = --make-bundle ]; then',
+            f'  SOURCE="${{PYTORCH_CUDA_IMAGE_SOURCE:-docker://{job.image}}}"',
+            '  NEEDS="umoci python3"',
+            '  case "$SOURCE" in oci:*) ;; *) NEEDS="$NEEDS skopeo" ;; esac',
+            "  for tool in $NEEDS; do",
+            '    command -v "$tool" >/dev/null || { echo "error: --make-bundle needs $tool on PATH" >&2; exit 1; }',
+            "  done",
+            '  NEW="$BUNDLE.new.$$"',
+            "  # whole or absent: a failed step leaves nothing half-made",
+            "  trap 'chmod -R u+w \"$NEW\" \"$NEW.oci\" 2>/dev/null; rm -rf \"$NEW\" \"$NEW.oci\"' EXIT",
+            '  mkdir -p "$(dirname "$BUNDLE")"',
+            '  case "$SOURCE" in',
+            '    oci:*) LAYOUT="${SOURCE#oci:}" ;;',
+            '    *) skopeo copy "$SOURCE" "oci:$NEW.oci:image"; LAYOUT="$NEW.oci:image" ;;',
+            "  esac",
+            '  umoci --log error unpack --rootless --image "$LAYOUT" "$NEW"',
+            f"  python3 - \"$NEW\" {job.shm_mib} {binds} <<'PY'",
+            *ocibundle_code(),
+            "PY",
+            '  if [ -e "$BUNDLE" ]; then chmod -R u+w "$BUNDLE"; rm -rf "$BUNDLE"; fi',
+            '  mv "$NEW" "$BUNDLE"',
+            '  echo "bundle: $BUNDLE"',
+            "  exit 0",
+            "fi"]
 
 
 def sbatch_escape(value: str) -> str:
@@ -59,8 +112,10 @@ def sbatch_escape(value: str) -> str:
 
 
 def bundle_dir(job: Job) -> str:
-    """The OCI bundle: --bundle, or one per image digest under the submit directory."""
-    return job.bundle or f"{SUBMIT}/bundles/{job.row}-{job.image.digest[7:19]}"
+    """The OCI bundle: --bundle, or one per user and image digest under the submit directory (a
+    rootless bundle maps its maker's uid: another user's cannot be run). The script also makes it
+    on a login node, where SLURM_SUBMIT_DIR is not set."""
+    return job.bundle or f"${{SLURM_SUBMIT_DIR:-$PWD}}/bundles/$(id -un)/{job.row}-{job.image.digest[7:19]}"
 
 
 def workdir(job: Job) -> str:
@@ -75,7 +130,8 @@ def _binds(job: Job, submit: str) -> str:
 
 def render(job: Job) -> str:
     lines = ["#!/bin/bash", *[f"# {h}" for h in job.header()], "#", *[f"# {c}".rstrip() for c in _prepare(job)],
-             *_sbatch(job), "", "set -euo pipefail", "", *_environment(job), "", *_srun(job)]
+             *_sbatch(job), "", "set -euo pipefail", "",
+             *((_make_bundle(job) + [""]) if job.runtime == "oci" else []), *_environment(job), "", *_srun(job)]
     return "\n".join(lines) + "\n"
 
 
@@ -98,26 +154,28 @@ def _prepare(job: Job) -> list[str]:
 
 
 def _prepare_oci(job: Job) -> list[str]:
-    bundle = bundle_dir(job).replace(f"{SUBMIT}/", "").replace("$SLURM_SUBMIT_DIR/", "")
-    store = "bundles/oci"
     shm = f"{job.shm_mib // 1024}Gi" if job.shm_mib % 1024 == 0 else f"{job.shm_mib}Mi"
-    return ["Runtime: Slurm's own OCI support (srun --container=BUNDLE), Slurm 22.05 or newer, runc.",
-            "Make the bundle once, on a filesystem every node mounts, in the directory you submit from:",
-            f"  skopeo copy docker://{job.image} oci:{store}:{job.row}",
-            "    (a plain-HTTP registry: add --src-tls-verify=false; from this host's Docker instead:",
-            f"    skopeo copy docker-daemon:REPO:TAG oci:{store}:{job.row}, after checking that tag's digest)",
-            f"  umoci unpack --image {store}:{job.row} {bundle}",
-            f"  python3 -m pytorch_cuda_build.jobs.bundle {bundle} --shm-size {shm} --bind \"$PWD\""
-            + "".join(f" --bind {m.bind()}" for m in job.mounts),
+    return ["Runtime: Slurm's own OCI support (srun --container=BUNDLE), Slurm 22.05 or newer, rootless runc",
+            "under NVIDIA's container runtime.",
             *textwrap.wrap(
-                "The last step edits the bundle's config.json: it drops the network namespace (the ranks of two nodes "
-                "reach each other over the node's network) and the uts namespace (the node's hostname), mounts a "
-                f"{shm} tmpfs on /dev/shm (NCCL's and the data loaders' shared memory), binds the node's /etc/hosts and "
-                "/etc/resolv.conf and the submit directory" + (" and each --mount" if job.mounts else "") + ", and keeps "
-                "the image's user (1000), working directory (/workspace) and environment. The binds are the bundle's "
-                "own: run the step again when the submit directory or the --mount list changes.", WIDTH),
-            "/etc/slurm/oci.conf on every node, for runc as root (22.05 refuses the %U pattern):",
+                "The bundle: make it once per user, on a filesystem every node mounts, from the directory you "
+                f"submit from: bash {job.name}.sbatch --make-bundle (on a login node; needs skopeo, umoci and "
+                "python3, no Docker and no checkout of pytorch-cuda). It copies the image by digest (or from "
+                "PYTORCH_CUDA_IMAGE_SOURCE, any skopeo source; an oci:DIR:TAG layout is unpacked in place), runs "
+                "umoci unpack --rootless, and edits config.json: no network or uts namespace of its own (the "
+                "ranks of two nodes reach each other over the node's network, under the node's hostname), the "
+                f"process as the bundle's user, a {shm} tmpfs on /dev/shm, the node's /etc/hosts and "
+                "/etc/resolv.conf, and the submit directory" + (" and each --mount" if job.mounts else "") + " bound. "
+                "A rootless bundle maps its maker's uid, so bundles are per user, under bundles/USER/. The binds "
+                "are the bundle's own: make it again when the submit directory or the --mount list changes.", WIDTH),
+            "/etc/slurm/oci.conf on every node (Slurm 22.05; from 23.02 on, /tmp/runc-%U keys it by uid):",
             *[f"  {line}" for line in OCI_CONF],
+            *textwrap.wrap(
+                f"{GPU_WRAPPER} is pytorch_cuda_build/jobs/ocigpus.py, installed by the site: it names the node's "
+                "share of the job's GPUs as NVIDIA_VISIBLE_DEVICES (Slurm 22.05 gives a container none of its GPU "
+                "variables) and binds /dev/infiniband where the node has it. NVIDIA's runtime in legacy mode runs "
+                "rootless with no-cgroups = true in /etc/nvidia-container-runtime/config.toml; confining each job "
+                "to its GPUs is then the cgroup plugin's (ConstrainDevices=yes in cgroup.conf).", WIDTH),
             *_workdir_note(job)]
 
 
@@ -154,11 +212,22 @@ def _workdir_note(job: Job) -> list[str]:
                                  "launch contract changes to; relative paths in SCRIPT and ARGS are taken from it.", WIDTH)
 
 
+# How the node's InfiniBand (and RoCE) devices reach the ranks, where the node has them; NCCL finds them there.
+FABRIC = {
+    "oci": ["# InfiniBand: pytorch-cuda-oci-gpus (oci.conf) binds the node's /dev/infiniband into the container."],
+    "pyxis": ["# InfiniBand: enroot's 99-mellanox hook mounts the node's devices only where MELLANOX_VISIBLE_DEVICES",
+              "# is set (and its GPUs from NVIDIA_VISIBLE_DEVICES, which the image sets to all)."],
+    "apptainer": ["# InfiniBand: Apptainer shares the node's /dev, /dev/infiniband with it."],
+}
+
+
 def _environment(job: Job) -> list[str]:
-    lines = ["# NCCL finds InfiniBand (and RoCE) where the nodes have it; nothing to set for it."]
+    lines = list(FABRIC[job.runtime])
     nccl = job.nccl_env()
     if "NCCL_IB_DISABLE" in nccl:
         lines.append("# --network socket: TCP sockets only, InfiniBand off.")
+    elif job.runtime == "pyxis":
+        nccl = {"MELLANOX_VISIBLE_DEVICES": "all", **nccl}
     lines += [f"export {k}={shlex.quote(v)}" for k, v in {**nccl, **job.launch_env()}.items()]
     if job.scheduler == "slurm" and not job.gpus_per_node:
         lines.append("# No GPU requested: the launch contract starts one rank per GPU the node shows, else one CPU rank.")
@@ -186,9 +255,13 @@ def _srun(job: Job) -> list[str]:
 
 def _run(job: Job) -> list[str]:
     if job.runtime == "oci":
-        return [f'BUNDLE="{bundle_dir(job)}"',
-                f"srun {SRUN_FLAGS} --container=\"$BUNDLE\" \\",
-                f"  {_command(job)}"]
+        return [
+            'if [ ! -f "$BUNDLE/config.json" ]; then',
+            f'  echo "error: no bundle at $BUNDLE: make it first, from the submit directory: bash {job.name}.sbatch --make-bundle" >&2',
+            "  exit 1",
+            "fi",
+            f"srun {SRUN_FLAGS} --container=\"$BUNDLE\" \\",
+            f"  {_command(job)}"]
     if job.runtime == "pyxis":
         return [f"IMAGE={shlex.quote(job.image.pyxis())}",
                 f"srun {SRUN_FLAGS} --container-image=\"$IMAGE\" --no-container-entrypoint \\",
