@@ -6,7 +6,7 @@
     ro      read-only.
 
 Each runtime mounts it its own way: Kubernetes a volume and a volumeMount; Slurm's oci runtime a
-bind in the bundle's config.json (`jobs.bundle --bind SRC:DST[:ro]`); pyxis `--container-mounts`;
+bind in the bundle's config.json (the oci script's --make-bundle, ocibundle.py); pyxis `--container-mounts`;
 Apptainer `--bind`. The paths go into double-quoted shell words and into the SRC:DST[:ro] lists
 of pyxis and Apptainer (comma-separated), so they hold no blank, quote, backslash, $, : or comma.
 """
@@ -49,7 +49,7 @@ class Mount:
         return (f"{PVC}:" if self.pvc else "") + self.bind()
 
     def bind(self) -> str:
-        """SRC:DST[:ro], as pyxis, Apptainer and jobs.bundle take a bind."""
+        """SRC:DST[:ro], as pyxis and Apptainer take a bind."""
         return f"{self.source}:{self.target}" + (":ro" if self.read_only else "")
 
 

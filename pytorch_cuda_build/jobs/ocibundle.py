@@ -51,10 +51,10 @@ def patch(config, shm_mib, binds):
 
 def parse_bind(text):
     """SRC:DST:ro or SRC:DST:rw, both absolute."""
-    src, dst, mode = text.rsplit(":", 2)
-    if not (src.startswith("/") and dst.startswith("/") and mode in ("ro", "rw")):
+    parts = text.rsplit(":", 2)
+    if len(parts) != 3 or not (parts[0].startswith("/") and parts[1].startswith("/") and parts[2] in ("ro", "rw")):
         raise ValueError("a bind is SRC:DST:ro|rw with absolute paths, not %r" % text)
-    return src, dst, mode == "ro"
+    return parts[0], parts[1], parts[2] == "ro"
 
 
 def write(path, config):

@@ -89,7 +89,7 @@ def _make_bundle(job: Job) -> list[str]:
             "  done",
             '  NEW="$BUNDLE.new.$$"',
             "  # whole or absent: a failed step leaves nothing half-made",
-            "  trap 'chmod -R u+w \"$NEW\" \"$NEW.oci\" 2>/dev/null; rm -rf \"$NEW\" \"$NEW.oci\"' EXIT",
+            "  trap 'chmod -R u+w \"$NEW\" \"$NEW.oci\" 2>/dev/null || true; rm -rf \"$NEW\" \"$NEW.oci\"' EXIT",
             '  mkdir -p "$(dirname "$BUNDLE")"',
             '  case "$SOURCE" in',
             '    oci:*) LAYOUT="${SOURCE#oci:}" ;;',

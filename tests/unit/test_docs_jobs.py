@@ -39,3 +39,10 @@ def test_each_runtime_s_run_lines_stand_in_its_rendered_script(runtime):
     """The run-line excerpts (IMAGE=... then srun ...) of pyxis and Apptainer."""
     excerpt = next(b for b in BLOCKS if b.startswith("IMAGE=") and ("--container-image" in b) == (runtime == "pyxis"))
     assert excerpt in render(PYXIS.replace("--runtime pyxis", f"--runtime {runtime}"))
+
+
+def test_the_oci_conf_shown_is_the_one_the_script_header_gives():
+    """The Slurm test runs these lines with only the runtime's path changed (test_slurm.py asserts it)."""
+    from pytorch_cuda_build.jobs import slurm
+    shown = re.search(r"^```\n(RunTimeQuery=.*?)^```", DOC, re.S | re.M).group(1)
+    assert shown.splitlines() == slurm.oci_conf()

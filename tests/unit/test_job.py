@@ -12,6 +12,8 @@ fails the whole gang on one failed pod, in its own fields, with the deadline whe
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import shutil
 import subprocess
 from pathlib import Path
@@ -23,7 +25,7 @@ import yaml
 
 from pytorch_cuda_build import jobs, pipeline
 from pytorch_cuda_build.errors import UsageError
-from pytorch_cuda_build.jobs import bundle, kubernetes, mounts, slurm
+from pytorch_cuda_build.jobs import kubernetes, mounts, ocibundle, ocigpus, slurm
 
 from helpers import ROOT, one_error_line, require, run_cli
 
@@ -190,19 +192,29 @@ def sbatch_lines(text: str) -> list[str]:
     return found
 
 
-def run_script(tmp_path: Path, text: str) -> tuple[list[str], dict[str, str]]:
-    """The script run by bash with a stand-in srun on PATH: srun's argv and the exported environment."""
+USER = pwd.getpwuid(os.getuid()).pw_name  # the oci bundle is per user: bundles/$(id -un)/
+SUBMIT = "/submit dir"
+
+
+def run_script(tmp_path: Path, text: str, *args: str, bundle: bool = True) -> tuple[list[str], dict[str, str]]:
+    """The script run by bash with a stand-in srun on PATH: srun's argv and the exported environment,
+    with the submit directory (a temporary one, with the oci runtime's bundle unless not `bundle`)
+    written as SUBMIT."""
+    submit = tmp_path / "submit dir"
+    if bundle:
+        (submit / "bundles" / USER / f"{ROW}-0123456789ab").mkdir(parents=True, exist_ok=True)
+        (submit / "bundles" / USER / f"{ROW}-0123456789ab" / "config.json").write_text("{}")
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
     (bindir / "srun").write_text('#!/bin/bash\nprintf "%s\\0" "$@" > "$OUT/argv"\nenv -0 > "$OUT/env"\n')
     (bindir / "srun").chmod(0o755)
     script = tmp_path / "job.sbatch"
     script.write_text(text)
-    env = {"PATH": f"{bindir}:/usr/bin:/bin", "OUT": str(tmp_path), "SLURM_SUBMIT_DIR": "/submit dir", "HOME": "/home/u"}
-    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "OUT": str(tmp_path), "SLURM_SUBMIT_DIR": str(submit), "HOME": "/home/u"}
+    r = subprocess.run(["bash", str(script), *args], env=env, capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
-    argv = (tmp_path / "argv").read_text().split("\0")[:-1]
-    environ = dict(kv.split("=", 1) for kv in (tmp_path / "env").read_text().split("\0") if "=" in kv)
+    argv = [a.replace(str(submit), SUBMIT) for a in (tmp_path / "argv").read_text().split("\0")[:-1]]
+    environ = dict(kv.replace(str(submit), SUBMIT).split("=", 1) for kv in (tmp_path / "env").read_text().split("\0") if "=" in kv)
     return argv, environ
 
 
@@ -212,7 +224,7 @@ LAUNCHED = ["/usr/local/bin/pytorch-cuda-launch", *SCRIPT]  # SCRIPT and ARGS as
 
 
 @pytest.mark.parametrize("runtime, srun_argv", [
-    ("oci", [*SRUN, "--container=/submit dir/bundles/2.7.1-cuda12.1-runtime-0123456789ab", *LAUNCHED]),
+    ("oci", [*SRUN, f"--container=/submit dir/bundles/{USER}/2.7.1-cuda12.1-runtime-0123456789ab", *LAUNCHED]),
     ("pyxis", [*SRUN, f"--container-image=127.0.0.1:5000#ml/pytorch-cuda@{DIGEST}", "--no-container-entrypoint",
                "--container-mounts=/submit dir:/submit dir", "--container-workdir=/submit dir", *LAUNCHED]),
     ("apptainer", [*SRUN, "apptainer", "exec", "--nv", "--bind", "/submit dir", "--pwd", "/submit dir",
@@ -228,6 +240,8 @@ def test_the_sbatch_script_runs_the_launch_contract_under_each_runtime(tmp_path,
     assert env["PYTORCH_CUDA_RDZV_TIMEOUT"] == "1800" and env["PYTORCH_CUDA_RANK_LABELS"] == "1"
     assert env["PYTORCH_CUDA_WORKDIR"] == "/submit dir"  # the launch contract changes to it: relative ARGS resolve there
     assert "NCCL_IB_DISABLE" not in env and "NCCL_SOCKET_IFNAME" not in env  # NCCL finds InfiniBand itself
+    # enroot's 99-mellanox hook mounts InfiniBand devices only where this is set; the others need nothing
+    assert env.get("MELLANOX_VISIBLE_DEVICES") == ("all" if runtime == "pyxis" else None)
 
 
 MOUNTS = mounts.parse_all(["/shared/datasets:/data:ro", "/shared/out:/out"])
@@ -236,7 +250,7 @@ BINDS = "/shared/datasets:/data:ro,/shared/out:/out"
 
 @pytest.mark.parametrize("workdir, cwd", [(None, "/submit dir"), ("/data", "/data"), ("$SLURM_SUBMIT_DIR/src", "/submit dir/src")])
 @pytest.mark.parametrize("runtime, srun_argv", [
-    ("oci", [*SRUN, "--container=/submit dir/bundles/2.7.1-cuda12.1-runtime-0123456789ab", *LAUNCHED]),
+    ("oci", [*SRUN, f"--container=/submit dir/bundles/{USER}/2.7.1-cuda12.1-runtime-0123456789ab", *LAUNCHED]),
     ("pyxis", [*SRUN, f"--container-image=127.0.0.1:5000#ml/pytorch-cuda@{DIGEST}", "--no-container-entrypoint",
                f"--container-mounts=/submit dir:/submit dir,{BINDS}", "--container-workdir={cwd}", *LAUNCHED]),
     ("apptainer", [*SRUN, "apptainer", "exec", "--nv", "--bind", f"/submit dir,{BINDS}", "--pwd", "{cwd}",
@@ -248,9 +262,9 @@ def test_mounts_reach_each_slurm_runtime_and_the_tasks_start_in_the_workdir(tmp_
     assert argv == [a.format(cwd=cwd) for a in srun_argv]
     assert env["PYTORCH_CUDA_WORKDIR"] == cwd
     assert "#   /shared/datasets at /data (read-only)" in text and "#   /shared/out at /out" in text
-    if runtime == "oci":  # the bundle's config.json holds the binds: the header's bundle step makes them
-        step = next(line for line in text.splitlines() if "pytorch_cuda_build.jobs.bundle" in line)
-        assert step.endswith('--bind "$PWD" --bind /shared/datasets:/data:ro --bind /shared/out:/out')
+    if runtime == "oci":  # the bundle's config.json holds the binds: the script's --make-bundle makes them
+        step = next(line for line in text.splitlines() if line.startswith('  python3 - "$NEW"'))
+        assert step.endswith('16384 "$PWD:$PWD:rw" /shared/datasets:/data:ro /shared/out:/out:rw <<\'PY\'')
 
 
 @pytest.mark.parametrize("runtime", slurm.RUNTIMES)
@@ -286,14 +300,69 @@ def test_pyxis_registry_hash_is_escaped_where_sbatch_reads_it():
     assert slurm.sbatch_escape("a#b\\c") == "a\\#b\\\\c"
 
 
-def test_the_oci_header_says_how_to_make_the_bundle_and_oci_conf():
+def test_the_oci_header_gives_the_bundle_step_and_oci_conf_for_22_05():
     text = slurm.render(make(runtime="oci"))
-    assert f"skopeo copy docker://{IMAGE} oci:bundles/oci:{ROW}" in text
-    assert f"umoci unpack --image bundles/oci:{ROW} bundles/{ROW}-0123456789ab" in text
-    assert "python3 -m pytorch_cuda_build.jobs.bundle" in text
-    for key in ("RunTimeQuery", "RunTimeKill", "RunTimeDelete", "RunTimeRun"):
-        assert f'{key}="runc --root=/run/runc-slurm ' in text
-    assert "%b %n.%u.%j.%s.%t" in text and "%U\"" not in text
+    assert "bash train.sbatch --make-bundle" in text and "PYTORCH_CUDA_IMAGE_SOURCE" in text
+    conf = [line.removeprefix("#   ") for line in text.splitlines() if line.startswith("#   RunTime")]
+    assert conf == slurm.oci_conf() and len(conf) == 4
+    assert all("nvidia-container-runtime --rootless=true --root=/tmp/runc-%u " in line for line in conf)
+    assert conf[-1].startswith(f'RunTimeRun="{slurm.GPU_WRAPPER} nvidia-container-runtime') and "%b %n.%u.%j.%s.%t" in conf[-1]
+    assert "%U" not in "".join(conf) and all("%U" in line for line in slurm.oci_conf(user="%U"))  # 22.05 aborts on %U
+
+
+def test_a_job_without_its_bundle_stops_before_srun_saying_how_to_make_it(tmp_path):
+    script = tmp_path / "train.sbatch"
+    script.write_text(slurm.render(make(runtime="oci")))
+    r = subprocess.run(["bash", str(script)], env={"PATH": "/usr/bin:/bin", "SLURM_SUBMIT_DIR": str(tmp_path)},
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and r.stderr.startswith(f"error: no bundle at {tmp_path}/bundles/{USER}/{ROW}-0123456789ab: ")
+    assert "bash train.sbatch --make-bundle" in r.stderr
+
+
+def _stand_ins(bindir: Path, log: Path) -> None:
+    """umoci and skopeo that record their arguments; umoci unpack writes a rootless config.json."""
+    bindir.mkdir()
+    (bindir / "skopeo").write_text(f'#!/bin/bash\necho "skopeo $*" >> {log}\n')
+    (bindir / "umoci").write_text(f'#!/bin/bash\necho "umoci $*" >> {log}\n[ "$FAIL" = umoci ] && exit 1\n'
+                                  f'mkdir -p "${{@: -1}}"\necho \'{json.dumps(ROOTLESS_CONFIG)}\' > "${{@: -1}}/config.json"\n')
+    for tool in ("skopeo", "umoci"):
+        (bindir / tool).chmod(0o755)
+
+
+def test_make_bundle_copies_unpacks_rootless_and_edits_config_json_without_the_checkout(tmp_path):
+    script = tmp_path / "train.sbatch"
+    script.write_text(slurm.render(make(runtime="oci", mounts=MOUNTS)))
+    log = tmp_path / "calls"
+    _stand_ins(tmp_path / "bin", log)
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path)}  # no PYTHONPATH: ocibundle is inlined
+    r = subprocess.run(["bash", str(script), "--make-bundle"], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    made = tmp_path / "bundles" / USER / f"{ROW}-0123456789ab"
+    assert r.stdout == f"bundle: {made}\n"
+    calls = log.read_text().splitlines()
+    assert calls[0].startswith(f"skopeo copy docker://{IMAGE} oci:{made}.new.") and calls[0].endswith(".oci:image")
+    assert calls[1].startswith("umoci --log error unpack --rootless --image ")
+    config = json.loads((made / "config.json").read_text())
+    assert config == ocibundle.patch(ROOTLESS_CONFIG, 16384, [(str(tmp_path), str(tmp_path), False),
+                                                               ("/shared/datasets", "/data", True), ("/shared/out", "/out", False)])
+    assert [p.name for p in made.parent.iterdir()] == [made.name]  # no .new or .oci left
+
+
+def test_make_bundle_takes_an_oci_layout_in_place_and_leaves_nothing_when_a_step_fails(tmp_path):
+    script = tmp_path / "train.sbatch"
+    script.write_text(slurm.render(make(runtime="oci")))
+    log = tmp_path / "calls"
+    _stand_ins(tmp_path / "bin", log)
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "PYTORCH_CUDA_IMAGE_SOURCE": "oci:/images/layout:v2.7"}
+    r = subprocess.run(["bash", str(script), "--make-bundle"], env={**env, "FAIL": "umoci"}, capture_output=True, text=True,
+                       timeout=60, cwd=tmp_path)
+    assert r.returncode == 1 and log.read_text().startswith("umoci --log error unpack --rootless --image /images/layout:v2.7 ")
+    assert not (tmp_path / "bundles" / USER).exists() or not list((tmp_path / "bundles" / USER).iterdir())
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "id").symlink_to(shutil.which("id"))  # coreutils, not the tools it needs
+    r = subprocess.run([shutil.which("bash"), str(script), "--make-bundle"], env={**env, "PATH": str(tmp_path / "empty")}, capture_output=True,
+                       text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr == "error: --make-bundle needs umoci on PATH\n"
 
 
 def test_the_cli_writes_mounts_and_workdir_into_the_script_and_its_header(tmp_path):
@@ -317,57 +386,118 @@ def test_the_cli_writes_the_script_into_a_directory(tmp_path):
 
 # --- the OCI bundle ----------------------------------------------------------------------------
 
-UMOCI_CONFIG = {"ociVersion": "1.0.0", "hostname": "umoci-default", "process": {"user": {"uid": 1000, "gid": 1000}, "cwd": "/workspace",
-                                                   "env": ["PATH=/opt/venv/bin:/usr/bin", "HOME=/home/user"], "args": ["bash"]},
-                "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
-                           {"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["size=65536k"]}],
-                "linux": {"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")]}}
+ROOTLESS_CONFIG = {  # what `umoci unpack --rootless` writes, cut down
+    "ociVersion": "1.0.0", "hostname": "umoci-default",
+    "process": {"terminal": True, "user": {"uid": 1000, "gid": 1000}, "cwd": "/workspace",
+                "env": ["PATH=/opt/venv/bin:/usr/bin", "HOME=/home/user"], "args": ["bash"]},
+    "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
+               {"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["size=65536k"]}],
+    "linux": {"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount", "user")],
+              "uidMappings": [{"containerID": 0, "hostID": 1001, "size": 1}],
+              "gidMappings": [{"containerID": 0, "hostID": 1001, "size": 1}]}}
 
 
-def test_the_bundle_patch_shares_the_node_network_and_sizes_dev_shm():
-    out = bundle.patch(UMOCI_CONFIG, 16 * 1024, ("/shared/work",))
-    assert [ns["type"] for ns in out["linux"]["namespaces"]] == ["pid", "ipc", "mount"]
+def test_the_bundle_patch_shares_the_node_network_sizes_dev_shm_and_runs_as_the_mapped_user():
+    out = ocibundle.patch(ROOTLESS_CONFIG, 16 * 1024, [("/shared/work", "/shared/work", False)])
+    assert [ns["type"] for ns in out["linux"]["namespaces"]] == ["pid", "ipc", "mount", "user"]
     assert "hostname" not in out  # runc: "unable to set hostname without a private UTS namespace"
     shm = [m for m in out["mounts"] if m["destination"] == "/dev/shm"]
     assert len(shm) == 1 and shm[0]["type"] == "tmpfs" and "size=16384m" in shm[0]["options"]
     binds = {m["destination"]: m["options"] for m in out["mounts"] if m["type"] == "bind"}
     assert binds == {"/etc/hosts": ["rbind", "ro"], "/etc/resolv.conf": ["rbind", "ro"], "/shared/work": ["rbind", "rw"]}
-    assert out["process"] == UMOCI_CONFIG["process"]  # the image's user, cwd and environment
-    assert [ns["type"] for ns in UMOCI_CONFIG["linux"]["namespaces"]][1] == "network"  # the input is untouched
-    assert bundle.patch(out, 16 * 1024, ("/shared/work",)) == out  # twice is once
+    # uid 0 of the namespace is the bundle's maker, its only mapped id; srun gives pipes, not a terminal
+    assert out["process"]["user"] == {"uid": 0, "gid": 0} and out["process"]["terminal"] is False
+    assert {k: out["process"][k] for k in ("cwd", "env", "args")} == {k: ROOTLESS_CONFIG["process"][k] for k in ("cwd", "env", "args")}
+    assert out["linux"]["uidMappings"] == ROOTLESS_CONFIG["linux"]["uidMappings"]
+    assert [ns["type"] for ns in ROOTLESS_CONFIG["linux"]["namespaces"]][1] == "network"  # the input is untouched
+    assert ocibundle.patch(out, 16 * 1024, [("/shared/work", "/shared/work", False)]) == out  # twice is once
 
 
-def test_the_bundle_binds_a_mount_at_its_target_read_only_with_ro():
-    out = bundle.patch(UMOCI_CONFIG, 1024, ("/home/alice/job", "/shared/datasets:/data:ro", "/shared/out:/out"))
-    binds = [(m["source"], m["destination"], m["options"]) for m in out["mounts"] if m["type"] == "bind"]
-    assert binds[2:] == [("/home/alice/job", "/home/alice/job", ["rbind", "rw"]), ("/shared/datasets", "/data", ["rbind", "ro"]),
-                         ("/shared/out", "/out", ["rbind", "rw"])]
-    assert out["process"]["cwd"] == "/workspace"  # the tasks' working directory comes from PYTORCH_CUDA_WORKDIR
-    assert bundle.patch(out, 1024, ("/home/alice/job", "/shared/datasets:/data:ro", "/shared/out:/out")) == out
+def test_the_bundle_patch_refuses_a_bundle_unpacked_without_rootless_and_bad_binds():
+    as_root = {**ROOTLESS_CONFIG, "linux": {"namespaces": ROOTLESS_CONFIG["linux"]["namespaces"]}}
+    with pytest.raises(ValueError, match="umoci unpack --rootless"):
+        ocibundle.patch(as_root, 1024, [])
+    assert ocibundle.parse_bind("/shared/datasets:/data:ro") == ("/shared/datasets", "/data", True)
+    for bad in ("relative:/data:ro", "/a:/b", "/a:/b:rx"):
+        with pytest.raises(ValueError):
+            ocibundle.parse_bind(bad)
 
 
-@pytest.mark.parametrize("bind, says", [("relative", "--bind takes an absolute directory"),
-                                        ("pvc:code:/code", "not a PersistentVolumeClaim"),
-                                        ("/shared/x:/dev/shm", "TARGET /dev/shm is /dev/shm"),
-                                        ("/shared/x:data", "TARGET 'data' is relative")])
-def test_the_bundle_command_refuses_a_bad_bind_in_one_line(tmp_path, capsys, bind, says):
-    (tmp_path / "config.json").write_text(json.dumps(UMOCI_CONFIG))
-    assert bundle.main([str(tmp_path), "--bind", bind]) == 2
-    (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith("error: ") and says in line
-    assert json.loads((tmp_path / "config.json").read_text()) == UMOCI_CONFIG  # nothing written
-
-
-def test_the_bundle_command_edits_config_json_and_refuses_a_missing_bundle(tmp_path, capsys):
-    (tmp_path / "config.json").write_text(json.dumps(UMOCI_CONFIG))
-    assert bundle.main([str(tmp_path), "--shm-size", "8Gi", "--bind", "/shared"]) == 0
+def test_the_bundle_step_edits_config_json_whole_or_not_at_all(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(ROOTLESS_CONFIG))
+    ocibundle.main([str(tmp_path), "8192", "/shared:/shared:rw"])
     patched = json.loads((tmp_path / "config.json").read_text())
     assert "size=8192m" in next(m for m in patched["mounts"] if m["destination"] == "/dev/shm")["options"]
-    assert bundle.main([str(tmp_path / "none")]) == 2
-    assert bundle.main([str(tmp_path), "--bind", "relative"]) == 2
-    errors = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error: ")]
-    assert len(errors) == 2 and "does not exist" in errors[0] and "absolute" in errors[1]
+    before = (tmp_path / "config.json").read_text()
+    with pytest.raises(SystemExit, match="a bind is SRC:DST"):
+        ocibundle.main([str(tmp_path), "8192", "relative"])
+    with pytest.raises(SystemExit, match="config.json: .*No such file"):
+        ocibundle.main([str(tmp_path / "none"), "8192"])
+    assert (tmp_path / "config.json").read_text() == before and [p.name for p in tmp_path.iterdir()] == ["config.json"]
 
+
+# --- pytorch-cuda-oci-gpus: the step's GPUs named to NVIDIA's runtime -----------------------------
+
+SHOW_JOB = """JobId=42 JobName=train
+   JOB_GRES=gpu:a100:4
+     Nodes=gpu[01-02] CPU_IDs=0-63 Mem=0 GRES=gpu:a100:2(IDX:0-1)
+     Nodes=gpu03 CPU_IDs=0-63 Mem=0 GRES=gpu:a100:1(IDX:3),nic:1(IDX:0)
+     Nodes=cpu01 CPU_IDs=0-63 Mem=0 GRES=
+"""
+
+
+def expand(nodes: str) -> list[str]:
+    return {"gpu[01-02]": ["gpu01", "gpu02"]}.get(nodes, [nodes])
+
+
+def test_the_wrapper_reads_each_node_s_gpu_indexes_from_scontrol():
+    assert ocigpus.allocated(SHOW_JOB, "gpu02", expand) == [0, 1]
+    assert ocigpus.allocated(SHOW_JOB, "gpu03", expand) == [3]  # not the NIC's index
+    assert ocigpus.allocated(SHOW_JOB, "cpu01", expand) == []
+    assert ocigpus.indexes("0-2,5,7-8") == [0, 1, 2, 5, 7, 8]
+    with pytest.raises(ocigpus.Refused, match="node gpu09 is not in the job's allocation"):
+        ocigpus.allocated(SHOW_JOB, "gpu09", expand)
+
+
+def test_the_wrapper_replaces_the_image_s_all_and_the_batch_node_s_variables():
+    config = {"process": {"env": ["PATH=/usr/bin", "NVIDIA_VISIBLE_DEVICES=all", "CUDA_VISIBLE_DEVICES=2,3",
+                                  "SLURM_JOB_GPUS=2,3", "GPU_DEVICE_ORDINAL=2,3", "SLURM_JOB_ID=42"]}, "mounts": []}
+    out = ocigpus.edit(json.loads(json.dumps(config)), [0, 1], "/dev/infiniband")
+    assert out["process"]["env"] == ["PATH=/usr/bin", "SLURM_JOB_ID=42", "NVIDIA_VISIBLE_DEVICES=0,1"]
+    assert out["mounts"] == [{"destination": "/dev/infiniband", "type": "bind", "source": "/dev/infiniband",
+                              "options": ["rbind", "nosuid", "noexec"]}]
+    assert ocigpus.edit(out, [0, 1], "/dev/infiniband") == out  # twice is once
+    assert "NVIDIA_VISIBLE_DEVICES=void" in ocigpus.edit(json.loads(json.dumps(config)), [], None)["process"]["env"]
+
+
+def test_the_wrapper_finds_the_bundle_and_refuses_without_it_starting_nothing(tmp_path, capsys):
+    assert ocigpus.bundle_of(["rt", "--rootless=true", "run", "--bundle", "/b", "id"]) == "/b"
+    assert ocigpus.bundle_of(["rt", "create", "-b", "/c", "id"]) == "/c"
+    with pytest.raises(SystemExit, match="no --bundle BUNDLE among the runtime's arguments.*no container started"):
+        ocigpus.main(["true", "run", "id"])
+    (tmp_path / "config.json").write_text(json.dumps({"process": {"env": ["PATH=/usr/bin"]}}))
+    with pytest.raises(SystemExit, match="no SLURM_JOB_ID .*no container started"):
+        ocigpus.main(["true", "run", "--bundle", str(tmp_path), "id"])
+    with pytest.raises(SystemExit, match="usage: "):
+        ocigpus.main(["true", "state", "id"])
+
+
+def test_the_wrapper_runs_create_then_start_and_returns_the_container_s_exit_status(tmp_path, monkeypatch):
+    """A stand-in runtime: create forks the 'container' (it waits for start's signal file) and exits,
+    as runc create does; start releases it. The wrapper, its subreaper, returns its status."""
+    runtime = tmp_path / "rt"
+    runtime.write_text(f"""#!/bin/bash
+case " $* " in
+  *" create "*) pidfile=$(sed -n 's/.*--pid-file \\([^ ]*\\).*/\\1/p' <<< "$*")
+                (while [ ! -e {tmp_path}/go ]; do sleep 0.05; done; exit 7) & echo $! > "$pidfile"; echo "$*" >> {tmp_path}/calls ;;
+  *" start "*) touch {tmp_path}/go; echo "$*" >> {tmp_path}/calls ;;
+esac
+""")
+    runtime.chmod(0o755)
+    assert ocigpus.create_then_start([str(runtime), "--root=/r", "run", "--bundle", "/b", "cid"]) == 7
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls[0].startswith("--root=/r create --pid-file ") and calls[0].endswith(" --bundle /b cid")
+    assert calls[1] == "--root=/r start cid"
 
 # --- Kubernetes --------------------------------------------------------------------------------
 
