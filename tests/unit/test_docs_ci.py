@@ -1,7 +1,7 @@
 """The docs say which CI they mean. There are two: this project's CI (`.ci/run`, run as root on
 our own build machines: `python3 build.py selftest`, the whole suite) and the GitHub workflow
 (`.github/workflows/images.yml`, on GitHub-hosted runners: it builds, tests and publishes the
-matrix). Every line of the README and of docs/*.md that says "CI" names one of them on the same
+matrix). Every line of the README and of docs/**/*.md that says "CI" names one of them on the same
 line; lines in fenced code blocks and link targets are not read."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 WORD = re.compile(r"\bCI\b")
 LINK_TARGET = re.compile(r"\]\([^)]*\)")  # `[text](publishing.md#the-ci-workflow)`: the target is not prose
