@@ -16,6 +16,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -482,7 +483,7 @@ def test_the_wrapper_finds_the_bundle_and_refuses_without_it_starting_nothing(tm
         ocigpus.main(["true", "state", "id"])
 
 
-def test_the_wrapper_runs_create_then_start_and_returns_the_container_s_exit_status(tmp_path, monkeypatch):
+def test_the_wrapper_runs_create_then_start_and_returns_the_container_s_exit_status(tmp_path):
     """A stand-in runtime: create forks the 'container' (it waits for start's signal file) and exits,
     as runc create does; start releases it. The wrapper, its subreaper, returns its status."""
     runtime = tmp_path / "rt"
@@ -494,7 +495,10 @@ case " $* " in
 esac
 """)
     runtime.chmod(0o755)
-    assert ocigpus.create_then_start([str(runtime), "--root=/r", "run", "--bundle", "/b", "cid"]) == 7
+    # In a process of its own: it makes its caller a subreaper, which would keep every later test's
+    # orphans as zombies of pytest's process
+    code = f"import sys; from pytorch_cuda_build.jobs import ocigpus; sys.exit(ocigpus.create_then_start({[str(runtime), '--root=/r', 'run', '--bundle', '/b', 'cid']!r}))"
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=60).returncode == 7
     calls = (tmp_path / "calls").read_text().splitlines()
     assert calls[0].startswith("--root=/r create --pid-file ") and calls[0].endswith(" --bundle /b cid")
     assert calls[1] == "--root=/r start cid"
