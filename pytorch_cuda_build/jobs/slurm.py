@@ -167,7 +167,7 @@ def _prepare_oci(job: Job) -> list[str]:
                 f"process as the bundle's user, a {shm} tmpfs on /dev/shm, the node's /etc/hosts and "
                 "/etc/resolv.conf, and the submit directory" + (" and each --mount" if job.mounts else "") + " bound. "
                 "A rootless bundle maps its maker's uid, so bundles are per user, under bundles/USER/. The binds "
-                "are the bundle's own: make it again when the submit directory or the --mount list changes.", WIDTH),
+                "are the bundle's own: make it again when the submit directory or the --mount list changes.", WIDTH, break_on_hyphens=False),
             "/etc/slurm/oci.conf on every node (Slurm 22.05; from 23.02 on, /tmp/runc-%U keys it by uid):",
             *[f"  {line}" for line in OCI_CONF],
             *textwrap.wrap(
@@ -175,7 +175,7 @@ def _prepare_oci(job: Job) -> list[str]:
                 "share of the job's GPUs as NVIDIA_VISIBLE_DEVICES (Slurm 22.05 gives a container none of its GPU "
                 "variables) and binds /dev/infiniband where the node has it. NVIDIA's runtime in legacy mode runs "
                 "rootless with no-cgroups = true in /etc/nvidia-container-runtime/config.toml; confining each job "
-                "to its GPUs is then the cgroup plugin's (ConstrainDevices=yes in cgroup.conf).", WIDTH),
+                "to its GPUs is then the cgroup plugin's (ConstrainDevices=yes in cgroup.conf).", WIDTH, break_on_hyphens=False),
             *_workdir_note(job)]
 
 
