@@ -250,7 +250,9 @@ def owned_by_image_user(path: Path) -> Path:
 
 
 def default_image() -> str:
-    """The default row, built and tested by build.py (at once when it already is): pytorch-cuda:v2.7."""
+    """The default row, built and tested by build.py (at once when it already is): pytorch-cuda:v2.7.
+    Call it after the session's default_build fixture: that one forces --retest, so a module that
+    came first without it would have the row's smoke and structure tests run twice (5 min)."""
     proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.1", "--quiet", timeout=5400)
     assert proc.returncode == 0, shown(proc)
     return "pytorch-cuda:v2.7"

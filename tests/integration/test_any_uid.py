@@ -38,7 +38,8 @@ IMAGE_ERROR = {"prefix": "pytorch-cuda: error: ", "only_line": True}
 
 
 @pytest.fixture(scope="module")
-def image(docker_client) -> str:
+def image(docker_client, default_build) -> str:
+    # default_build first: the session's one tested build, which default_image() then finds done
     return default_image()
 
 

@@ -35,7 +35,8 @@ BUILD_CONSTRAINT = "setuptools==80.9.0\n"
 
 
 @pytest.fixture(scope="module")
-def image(docker_client) -> str:
+def image(docker_client, default_build) -> str:
+    # default_build first: the session's one tested build, which default_image() then finds done
     return default_image()
 
 

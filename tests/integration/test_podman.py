@@ -29,7 +29,11 @@ import requests
 
 from helpers import free_port, jupyter, one_error_line, require, shown, ssh, ssh_keypair, wait_until
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = [pytest.mark.docker, pytest.mark.slow,
+              # The pull of the 6.5 GB image into Podman's store and the CPU smoke suite under it: about
+              # 6 min of this project's CI on 2 cores, which its 60 min budget no longer holds.
+              pytest.mark.skipif(os.environ.get("PYTORCH_CUDA_TEST_PODMAN") != "1",
+                                 reason="about 6 min on 2 cores: on request, PYTORCH_CUDA_TEST_PODMAN=1")]
 
 ULIMITS = ("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096")
 SUBIDS = "410000-475535"  # only where useradd gave the user no range of its own
