@@ -54,7 +54,7 @@ def _selection(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--torch", required=required, help="torch minor (2.7) or full version (2.7.1)")
     p.add_argument("--cuda", help="CUDA platform, e.g. 12.1; default: the torch minor's default row")
     p.add_argument("--flavor", default="runtime", choices=matrix.FLAVORS,
-                   help="image flavor: runtime (default) or devel (adds the CUDA toolkit)")
+                   help="image flavor: runtime (default), devel (adds the CUDA toolkit) or train (adds TE, FA4, Liger, torchao)")
 
 
 PLATFORM_CHOICES = (*matrix.OS_PLATFORMS, "all")

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -31,9 +33,14 @@ from .errors import MatrixError, Problem, UsageError
 REPRODUCIBLE_EPOCH = 1767225600
 
 # runtime: what users train in (with the compilers torch.compile needs); devel: runtime plus
-# the CUDA toolkit (nvcc, headers, link libraries) that the row's DeepSpeed ops were built with.
-FLAVORS = ("runtime", "devel")
-Flavor = Literal["runtime", "devel"]
+# the CUDA toolkit (nvcc, headers, link libraries) that the row's DeepSpeed ops were built with;
+# train: runtime plus the kernels large-scale training uses (matrix.yaml `train:`, docs/train.md),
+# locked over the runtime's pins.
+FLAVORS = ("runtime", "devel", "train")
+Flavor = Literal["runtime", "devel", "train"]
+# The sdists among the train extras' dependencies that are compiled in the image's builder stage
+# (tebuild.py knows each one's recipe): PyPI has no wheel of them.
+BUILT_EXTRAS = ("transformer-engine-torch",)
 
 
 class _Strict(BaseModel):
@@ -188,6 +195,73 @@ class Layers(_Strict):
     max_own_layers: int = Field(40, ge=1, le=80)
 
 
+class Extra(_Strict):
+    """One of the train flavor's extras: what to install, and where it can work.
+
+    requirement: a PEP 508 requirement pinned with ==; `{version}` in it takes `versions` at the
+    row's torch minor (torchao declares no torch requirement: its compatibility table is in its
+    documentation). torch, wheel_cuda, cudnn: PEP 440 specifiers the row must meet, read from the
+    package's metadata and documentation (`source` says where). build: a dependency PyPI has
+    only as an sdist, compiled in the builder stage."""
+
+    requirement: str
+    purpose: str
+    source: str
+    versions: dict[str, str] = Field(default_factory=dict)
+    torch: str | None = None
+    wheel_cuda: str | None = None
+    cudnn: str | None = None
+    build: Literal["transformer-engine-torch"] | None = None
+
+    @field_validator("versions", mode="before")
+    @classmethod
+    def _minor_keys(cls, value: Any) -> Any:
+        return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else value
+
+    @field_validator("torch", "wheel_cuda", "cudnn")
+    @classmethod
+    def _specifier(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                SpecifierSet(value)
+            except InvalidSpecifier:
+                raise ValueError(f"{value!r} is not a version specifier (e.g. >=9.12)") from None
+        return value
+
+    @model_validator(mode="after")
+    def _pinned(self) -> "Extra":
+        texts = [self.requirement.replace("{version}", v) for v in self.versions.values()] or [self.requirement]
+        if "{version}" in self.requirement and not self.versions:
+            raise ValueError("the requirement has {version} but no versions are listed")
+        for text in texts:
+            try:
+                req = Requirement(text)
+            except InvalidRequirement as e:
+                raise ValueError(f"{text!r} is not a requirement: {e}") from None
+            if len(req.specifier) != 1 or next(iter(req.specifier)).operator != "==":
+                raise ValueError(f"{text!r} must pin one version with ==")
+        return self
+
+    def requirement_for(self, torch_minor: str) -> str | None:
+        if "{version}" not in self.requirement:
+            return self.requirement
+        version = self.versions.get(torch_minor)
+        return self.requirement.replace("{version}", version) if version else None
+
+    def left_out_because(self, row: "Row") -> str | None:
+        """Why this extra cannot work on the row, in a few words; None where it can."""
+        minor = minor_of(row.torch)
+        if self.requirement_for(minor) is None:
+            return f"no release for torch {minor} ({self.source})"
+        unmet = [(what, spec, have) for what, spec, have in (
+            ("torch", self.torch, Version(row.torch).base_version), ("CUDA", self.wheel_cuda, row.wheel_cuda), ("cuDNN", self.cudnn, row.cudnn))
+            if spec and not SpecifierSet(spec).contains(have, prereleases=True)]
+        if not unmet:
+            return None
+        return (f"needs {', '.join(f'{what} {spec}' for what, spec, _ in unmet)}; the row has "
+                f"{', '.join(f'{what} {have}' for what, _, have in unmet)} ({self.source})")
+
+
 class Defaults(_Strict):
     os: str
     # CPU baseline for the compiled DeepSpeed CPU ops (CPUAdam, shm_comm). DeepSpeed would
@@ -233,6 +307,8 @@ class MatrixFile(_Strict):
     oses: dict[str, OSBase]
     platforms: dict[str, Platform]
     toolkits: dict[str, Toolkit] = Field(default_factory=dict)
+    # The train flavor's extras, by name (docs/train.md).
+    train: dict[str, Extra] = Field(default_factory=dict)
     rows: list[Row] = Field(min_length=1)
 
     @field_validator("platforms", "toolkits", mode="before")
@@ -277,6 +353,16 @@ class Image:
     platform: str = "linux/amd64"
     cpu_arches: tuple[tuple[str, str], ...] = (("linux/amd64", "x86-64-v3"), ("linux/arm64", "armv8.2-a"))
     layers: Layers = field(default_factory=lambda: Layers())
+    # train flavor: (name, requirement) of each extra this row gets, (name, why) of each it does
+    # not, and the sdists among their dependencies compiled in the builder stage.
+    extras: tuple[tuple[str, str], ...] = ()
+    extras_left_out: tuple[tuple[str, str], ...] = ()
+    extras_built: tuple[str, ...] = ()
+
+    @property
+    def extras_pins(self) -> dict[str, str]:
+        """name -> the version its requirement pins, for each extra the image has."""
+        return {name: str(next(iter(Requirement(req).specifier)).version) for name, req in self.extras}
 
     def on(self, platform: str) -> "Image":
         """This row built for one of its platforms: its CPU baseline, lock folder and local names follow."""
@@ -337,6 +423,7 @@ class Matrix:
     repository: str
     images: tuple[Image, ...]
     platforms: tuple[str, ...] = ()
+    extras: tuple[str, ...] = ()  # the train flavor's extras, in matrix.yaml's order
 
     def select(self, torch: str | None, cuda: str | None, flavor: str = "runtime") -> Image:
         """The one image a `--torch/--cuda/--flavor` selection names, or a UsageError listing what exists."""
@@ -464,6 +551,12 @@ def _row_problems(spec: MatrixFile, lines: dict) -> list[Problem]:
             problems.append(Problem(where + ".platforms", f"a platform listed twice: {', '.join(listed)}", at))
         if "linux/amd64" not in listed:
             problems.append(Problem(where + ".platforms", "linux/amd64 is missing: every row is built for it, other platforms beside it", at))
+        flavors = row.flavors or spec.defaults.flavors
+        if "train" in flavors and "runtime" not in flavors:
+            problems.append(Problem(where + ".flavors", "train is locked over the row's runtime: list runtime too", at))
+        if "train" in flavors and not any(e.left_out_because(row) is None for e in spec.train.values()):
+            why = "; ".join(f"{n}: {e.left_out_because(row)}" for n, e in spec.train.items()) or "train: lists none"
+            problems.append(Problem(where + ".flavors", f"no train extra can work on this row ({why})", at))
         if row.default:
             minor = minor_of(row.torch)
             if minor in defaults:
@@ -478,6 +571,7 @@ def _complete(spec: MatrixFile, path: Path) -> Matrix:
         os_name = row.os or spec.defaults.os
         base = spec.oses[os_name]
         for flavor in row.flavors or spec.defaults.flavors:
+            train = flavor == "train"
             images.append(
                 Image(
                     repository=spec.repository, torch=row.torch, cuda=row.cuda, wheel_cuda=row.wheel_cuda,
@@ -490,9 +584,15 @@ def _complete(spec: MatrixFile, path: Path) -> Matrix:
                     toolkit=spec.toolkits[major_of(row.wheel_cuda)],
                     prebuilt_ops=spec.defaults.prebuilt_ops, layers=spec.defaults.layers,
                     platforms=tuple(sorted(row.platforms or spec.defaults.platforms, key=list(OS_PLATFORMS).index)),
+                    extras=tuple((n, e.requirement_for(minor_of(row.torch))) for n, e in spec.train.items()
+                                 if train and e.left_out_because(row) is None),
+                    extras_left_out=tuple((n, e.left_out_because(row)) for n, e in spec.train.items()
+                                          if train and e.left_out_because(row) is not None),
+                    extras_built=tuple(e.build for e in spec.train.values() if train and e.build and e.left_out_because(row) is None),
                 )
             )
-    return Matrix(path=path, repository=spec.repository, images=tuple(images), platforms=tuple(spec.platforms))
+    return Matrix(path=path, repository=spec.repository, images=tuple(images), platforms=tuple(spec.platforms),
+                  extras=tuple(spec.train))
 
 
 def load(path: Path) -> Matrix:

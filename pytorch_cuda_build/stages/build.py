@@ -27,7 +27,7 @@ from . import lock, opsseed
 
 RUNTIME_PACKAGE = "pytorch_cuda_runtime"
 CONTEXT_FILES = ("requirements.lock", "deepspeed.lock", "toolkit.lock", "manifest.json")
-PLATFORM_FILES = ("requirements.lock", "toolkit.lock")  # a platform's own, from images/<image>/linux-arm64/
+PLATFORM_FILES = ("requirements.lock", "toolkit.lock", *lock.EXTRAS_FILES)  # a platform's own, from images/<image>/linux-arm64/
 # A cold build of one row needs the torch layer twice over (layer + extraction) and
 # the wheelhouse; refuse early rather than fail half-way with a full disk.
 MIN_FREE_BYTES = 25 * 1024**3
@@ -67,7 +67,7 @@ def dockerfile(root: Path, image: Image) -> Path:
 def stage_context(root: Path, image: Image, dest: Path) -> None:
     """The lock files of image.platform (the platform's folder has its own wheels) and the row's
     DeepSpeed lock and manifest, under the names the Dockerfile copies."""
-    for name in CONTEXT_FILES:
+    for name in CONTEXT_FILES + (lock.EXTRAS_FILES if image.flavor == "train" else ()):
         src = lock.build_dir(root, image) if name in PLATFORM_FILES else lock.image_dir(root, image)
         if not (src / name).exists():
             where = src.relative_to(root) if src.is_relative_to(root) else src

@@ -54,6 +54,14 @@ def wheels_of(meta: dict, platform: str) -> dict[str, dict]:
     return wheels
 
 
+def extras_wheels_of(meta: dict, platform: str) -> dict[str, dict]:
+    """A train image's extras wheel files on a platform (lock.json `extras`)."""
+    wheels = meta.get("extras", {}).get(platform, {}).get("wheels")
+    if not isinstance(wheels, dict):
+        raise LockError(f"{meta.get('image', '?')}: lock.json has no extras wheel files for {platform}; run `python build.py lock`")
+    return wheels
+
+
 def plan(image: Image, lock_text: str, wheels: dict[str, dict]) -> Layout:
     """The layout of the wheels of requirements.lock (lock_text) for image.platform."""
     pins = pinned_hashes(lock_text)

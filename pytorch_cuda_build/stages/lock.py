@@ -14,13 +14,20 @@
                      requirements.lock and toolkit.lock, resolved from the aarch64 wheels'
                      own metadata; lock.json's `platforms` holds their inputs, facts and hashes
 
+A train image (matrix.yaml `train:`) holds its runtime sibling's files, byte for byte, and beside
+them, for each platform:
+  extras.lock        the extras and what they add, hash-pinned wheels, resolved with every
+                     runtime pin as a constraint (no runtime pin moves)
+  extras-build.lock  the sdists among them compiled in the builder stage (tebuild.py)
+lock.json's `extras` holds each platform's inputs, pins, wheel files and the files' hash.
+
 `check` is offline: it recomputes the inputs from matrix.yaml and compares.
 """
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from ..errors import LockError, ResolveError
@@ -31,6 +38,7 @@ from . import resolve_debian, resolve_pypi, wheel_files
 LOCK_SCHEMA = 3  # 3: lock.json records each pin's wheel file (`wheels`)
 LOCK_FILES = ("requirements.lock", "deepspeed.lock", "toolkit.lock")
 PLATFORM_LOCK_FILES = ("requirements.lock", "toolkit.lock")  # the DeepSpeed sdist is the same on every platform
+EXTRAS_FILES = ("extras.lock", "extras-build.lock")  # a train image's, per platform
 # Packages built in the image's builder stage rather than installed from a wheel.
 BUILT_IN_IMAGE = ("deepspeed",)
 
@@ -285,7 +293,8 @@ def write(root: Path, matrix: Matrix, images: list[Image], ca_bundle: str | None
             found_files[key] = wheel_files.wheel_files(wheel_lock, image.python, platform, index, glibc)
         return found_files[key]
 
-    for image in images:  # resolve everything first: nothing is written if any row fails
+    trains = [i for i in images if i.flavor == "train"]
+    for image in [i for i in images if i.flavor != "train"]:  # resolve everything first: nothing is written if any row fails
         if keep_current and not amd64_problems(root, image, migrating=True):
             meta = read(root, image)
             files = {name: (image_dir(root, image) / name).read_text() for name in LOCK_FILES}
@@ -308,6 +317,19 @@ def write(root: Path, matrix: Matrix, images: list[Image], ca_bundle: str | None
             extra[p] = render_platform(image, p, text, tk, ds, files_of(image, p, split(text)[0], glibc))
         wheels = files_of(image, "linux/amd64", split(lock_text)[0], glibc)
         rendered.append((image, render_lock(image, lock_text, apt, toolkit, extra, wheels)))
+    by_name = {image.name: files for image, files in rendered}
+    for image in trains:  # over their runtime sibling's lock: as rendered just now, or as committed
+        base = by_name.get(runtime_of(image).name) or committed_runtime(root, image)
+        meta = json.loads(base["lock.json"])
+        glibc = wheel_files.glibc_of({**meta.get("apt_fixes", {}), **meta.get("apt", {})})
+        parts = {}
+        for p in image.platforms:
+            runtime_lock = base[_in_platform("requirements.lock", p)] + base["deepspeed.lock"]
+            log(f"resolving the train extras of {image.name} over its runtime lock on {p}")
+            text = resolve_pypi.compile_extras(image, runtime_lock, ca_bundle, exclude_newer, p)
+            wheel_lock, built = split_extras(image, text, runtime_lock, p)
+            parts[p] = render_extras(image, p, runtime_lock, wheel_lock, built, files_of(image, p, wheel_lock, glibc))
+        rendered.append((image, with_extras(image, base, parts)))
     for image, files in rendered:
         d = image_dir(root, image)
         # lock.json last: it vouches for the others by hash, so a run cut off
@@ -320,6 +342,104 @@ def write(root: Path, matrix: Matrix, images: list[Image], ca_bundle: str | None
             gone.rmdir()
             changed.append(f"{gone.name}/ (removed)")
         log(f"{image.name}: {'updated ' + ', '.join(changed) if changed else 'unchanged'}")
+
+
+def runtime_of(image: Image) -> Image:
+    """The row's runtime image, whose lock a train image is layered over."""
+    return replace(image, flavor="runtime", extras=(), extras_left_out=(), extras_built=())
+
+
+def _in_platform(name: str, platform: str) -> str:
+    """A lock file's path under images/<image>/ for a platform."""
+    return name if platform == "linux/amd64" else f"{platform_subdir(platform)}/{name}"
+
+
+def committed_runtime(root: Path, image: Image) -> dict[str, str]:
+    """The runtime sibling's committed lock files, which must be current."""
+    sibling = runtime_of(image)
+    stale = problems(root, sibling)
+    if stale:
+        raise LockError(f"{image.name} is locked over {sibling.name}, whose lock is not current: {stale[0]}")
+    names = [*LOCK_FILES, *(_in_platform(n, p) for p in extra_platforms(sibling) for n in PLATFORM_LOCK_FILES), "lock.json"]
+    return {n: (image_dir(root, sibling) / n).read_text() for n in names}
+
+
+def extras_inputs(image: Image, platform: str, runtime_lock: str) -> dict:
+    """What decides a train image's extras lock on one platform: the extras, and the runtime lock under them."""
+    return {"extras": [r for _, r in image.extras], "built": list(image.extras_built), "python": image.python,
+            "platform": OS_PLATFORMS[platform], "index": image.index, "runtime_lock_sha256": sha256_text(runtime_lock)}
+
+
+def split_extras(image: Image, resolved: str, runtime_lock: str, platform: str) -> tuple[str, str]:
+    """(wheels, sdists built in the image) among the packages the extras add to the runtime lock.
+    A runtime pin that moved would change the tested runtime under them: refused."""
+    base = resolve_pypi.pins(runtime_lock)
+    added, built = [], []
+    for block in re.split(r"\n(?=\S)", resolved.strip()):
+        found = resolve_pypi.pins(block)
+        if not found:
+            continue
+        (name, version), = found.items()
+        if name in base:
+            if base[name] != version:
+                raise LockError(f"{image.name} ({platform}): the extras moved the runtime's {name} {base[name]} to {version}")
+            continue
+        (built if name in image.extras_built else added).append(block)
+    missing = sorted(set(image.extras_built) - {n for b in built for n in resolve_pypi.pins(b)})
+    if missing:
+        raise LockError(f"{image.name} ({platform}): the extras resolved without {', '.join(missing)}, which the builder stage compiles")
+    return "\n".join(added) + "\n", "\n".join(built) + "\n"
+
+
+def render_extras(image: Image, platform: str, runtime_lock: str, wheel_lock: str, built: str, wheels: dict) -> dict:
+    """A platform's extras files and its part of lock.json's `extras`."""
+    head = (f"# GENERATED by `python build.py lock` for {image.name}: the train extras over the runtime lock "
+            f"({', '.join(r for _, r in image.extras)}), resolved with uv for Python {image.python} on "
+            f"{OS_PLATFORMS[platform]} from {image.index}")
+    files = {"extras.lock": f"{head}; wheels, installed with --require-hashes. DO NOT EDIT.\n" + wheel_lock,
+             "extras-build.lock": f"{head}; sdists compiled in the builder stage. DO NOT EDIT.\n" + built}
+    return {"files": files, "meta": {"inputs": extras_inputs(image, platform, runtime_lock),
+                                     "pins": resolve_pypi.pins(wheel_lock), "built": resolve_pypi.pins(built),
+                                     "files_sha256": sha256_text(*files.values()), "wheels": wheels}}
+
+
+def with_extras(image: Image, base: dict[str, str], parts: dict[str, dict]) -> dict[str, str]:
+    """A train image's files: its runtime sibling's, each platform's extras, and lock.json for all."""
+    meta = {**json.loads(base["lock.json"]), "image": image.name,
+            "extras": {p: part["meta"] for p, part in sorted(parts.items())}}
+    files = {n: t for n, t in base.items() if n != "lock.json"}
+    files.update({_in_platform(n, p): t for p, part in parts.items() for n, t in part["files"].items()})
+    return {**files, "lock.json": json.dumps(meta, indent=2, sort_keys=True) + "\n"}
+
+
+def extras_problems(root: Path, image: Image, meta: dict) -> list[str]:
+    """Why a train image's lock is not current over its runtime sibling's, offline."""
+    fix = "; run `python build.py lock`"
+    d, sibling = image_dir(root, image), image_dir(root, runtime_of(image))
+    names = [*LOCK_FILES, *(_in_platform(n, p) for p in extra_platforms(image) for n in PLATFORM_LOCK_FILES)]
+    try:
+        if any((d / n).read_bytes() != (sibling / n).read_bytes() for n in names):
+            return [f"{image.name}: its runtime lock files are not {runtime_of(image).name}'s{fix}"]
+    except FileNotFoundError as e:
+        return [f"{image.name}: missing {Path(e.filename).relative_to(root) if Path(e.filename).is_relative_to(root) else e.filename}{fix}"]
+    parts, out = meta.get("extras") or {}, []
+    if set(parts) != set(image.platforms):
+        return [f"{image.name}: lock.json's extras are not locked for {', '.join(image.platforms)}{fix}"]
+    for p in image.platforms:
+        runtime_lock = (d / _in_platform("requirements.lock", p)).read_text() + (d / "deepspeed.lock").read_text()
+        if parts[p].get("inputs") != extras_inputs(image, p, runtime_lock):
+            out.append(f"{image.name}: the {p} extras lock is stale against matrix.yaml or the runtime lock{fix}")
+            continue
+        try:
+            texts = [(d / _in_platform(n, p)).read_text() for n in EXTRAS_FILES]
+        except FileNotFoundError as e:
+            out.append(f"{image.name}: missing {_in_platform(Path(e.filename).name, p)}{fix}")
+            continue
+        if sha256_text(*texts) != parts[p].get("files_sha256"):
+            out.append(f"{image.name}: {p}'s extras files: one was edited or half-written{fix}")
+        else:
+            out += wheel_problems(image, f"{p} extras", texts[0], parts[p].get("wheels"))
+    return out
 
 
 def _kept_platform(root: Path, image: Image, platform: str, meta: dict) -> dict | None:
@@ -359,6 +479,8 @@ def problems(root: Path, image: Image) -> list[str]:
     if out:
         return out
     meta = read(root, image)
+    if image.flavor == "train":
+        out += extras_problems(root, image, meta)
     locked = meta.get("platforms", {})
     if set(locked) != set(extra_platforms(image)) or _orphan_platform_dirs(root, image):
         return [f"{image.name}: locked for {', '.join(['linux/amd64', *sorted(locked)])} but the row lists "

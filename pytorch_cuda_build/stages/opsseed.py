@@ -9,6 +9,10 @@ takes it only when the key still matches, so changed inputs still compile.
 
 Normal builds get an empty ops-seed/: the ops step's cache key then never depends on what
 this host has exported.
+
+A train image's ops-dist also holds, under te/, Transformer Engine's compiled extension
+(tebuild.py), with its own key: it is filed apart (te-wheels/, te-images/) and staged into
+ops-seed/te/, so the DeepSpeed entry stays the one the row's other flavors share.
 """
 from __future__ import annotations
 
@@ -33,12 +37,21 @@ def store() -> Path:
     return paths.STATE_DIR / "ops-seed"
 
 
-def _pointer(image: Image) -> Path:
-    return store() / "images" / image.local_name
+# kind -> (the folder of its entries, the folder of the images' pointers, its facts file, its key file, its wheel)
+KINDS = {"ops": ("wheels", "images", "ops-facts.json", KEY_FILE, "deepspeed-*.whl"),
+         "te": ("te-wheels", "te-images", "te-facts.json", "te-cache-key", "transformer_engine_torch-*.whl")}
 
 
-def _entry(key: str) -> Path:
-    return store() / "wheels" / key
+def _pointer(image: Image, kind: str = "ops") -> Path:
+    return store() / KINDS[kind][1] / image.local_name
+
+
+def _entry(key: str, kind: str = "ops") -> Path:
+    return store() / KINDS[kind][0] / key
+
+
+def _kinds(image: Image) -> tuple[str, ...]:
+    return ("ops", "te") if image.extras_built else ("ops",)
 
 
 def stage(image: Image, context: Path, use: bool) -> str | None:
@@ -47,15 +60,17 @@ def stage(image: Image, context: Path, use: bool) -> str | None:
     dest = context / CONTEXT_DIR
     if not use:
         return None
-    try:
-        key = _pointer(image).read_text().strip()
-    except OSError:
-        return None
-    entry = _entry(key)
-    if not (entry / "ops-facts.json").is_file():
-        return None
-    shutil.copytree(entry, dest / key, copy_function=_link_or_copy)
-    return key
+    keys = {}
+    for kind in _kinds(image):  # all of them or none: a build that lacks one compiles and exports again
+        try:
+            keys[kind] = _pointer(image, kind).read_text().strip()
+        except OSError:
+            return None
+        if not (_entry(keys[kind], kind) / KINDS[kind][2]).is_file():
+            return None
+    for kind, key in keys.items():
+        shutil.copytree(_entry(key, kind), (dest if kind == "ops" else dest / kind) / key, copy_function=_link_or_copy)
+    return keys["ops"]
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -68,40 +83,50 @@ def _link_or_copy(src: str, dst: str) -> None:
 def save(exported: Path, image: Image) -> str:
     """File an exported ops-dist under its key, point the image at it and drop the entries no
     image points at any more; the key. The exported directory is consumed."""
-    try:
-        key = (exported / KEY_FILE).read_text().strip()
-    except OSError:
-        raise BuildError(f"exporting the compiled ops ({TARGET} has no {KEY_FILE})", str(exported)) from None
-    if not re.fullmatch(r"[0-9a-f]{64}", key) or not (exported / "ops-facts.json").is_file() \
-            or len(list(exported.glob("deepspeed-*.whl"))) != 1:
-        raise BuildError(f"exporting the compiled ops ({TARGET} is not one wheel, ops-facts.json and a key)", str(exported))
+    parts = {kind: exported if kind == "ops" else exported / kind for kind in _kinds(image)}
+    keys = {kind: _key(part, kind) for kind, part in parts.items()}
     root = store()
-    (root / "wheels").mkdir(parents=True, exist_ok=True)
-    (root / "images").mkdir(parents=True, exist_ok=True)
     with FileLock(str(root / "store.lock")):  # rows build in parallel
-        entry = _entry(key)
-        if not entry.exists():
-            exported.rename(entry)  # same file system: the export is made under the store
-        fd, tmp = tempfile.mkstemp(dir=root / "images", prefix=".tmp-")
-        with os.fdopen(fd, "w") as f:
-            f.write(key + "\n")
-        os.replace(tmp, _pointer(image))
-        pointers = _pointers()
-        _, entries = unnamed(pointers, _entries(), set(pointers))
-        for old in entries:
-            shutil.rmtree(_entry(old), ignore_errors=True)
-    shutil.rmtree(exported, ignore_errors=True)
+        for kind in sorted(parts, reverse=True):  # te/ first: it leaves the ops export as it
+            folder, pointers_folder = (root / d for d in KINDS[kind][:2])
+            folder.mkdir(parents=True, exist_ok=True)
+            pointers_folder.mkdir(parents=True, exist_ok=True)
+            entry = _entry(keys[kind], kind)
+            if not entry.exists():
+                parts[kind].rename(entry)  # same file system: the export is made under the store
+            fd, tmp = tempfile.mkstemp(dir=pointers_folder, prefix=".tmp-")
+            with os.fdopen(fd, "w") as f:
+                f.write(keys[kind] + "\n")
+            os.replace(tmp, _pointer(image, kind))
+            pointers = _pointers(kind)
+            _, entries = unnamed(pointers, _entries(kind), set(pointers))
+            for old in entries:
+                shutil.rmtree(_entry(old, kind), ignore_errors=True)
+            shutil.rmtree(parts[kind], ignore_errors=True)
+    return keys["ops"]
+
+
+def _key(part: Path, kind: str) -> str:
+    """The key an exported part was filed under by its builder, checked to be one wheel, its facts and a key."""
+    _, _, facts, key_file, wheel = KINDS[kind]
+    where = TARGET if kind == "ops" else f"{TARGET}'s {kind}/"
+    try:
+        key = (part / key_file).read_text().strip()
+    except OSError:
+        raise BuildError(f"exporting the compiled ops ({where} has no {key_file})", str(part)) from None
+    if not re.fullmatch(r"[0-9a-f]{64}", key) or not (part / facts).is_file() or len(list(part.glob(wheel))) != 1:
+        raise BuildError(f"exporting the compiled ops ({where} is not one wheel, {facts} and a key)", str(part))
     return key
 
 
-def _pointers() -> dict[str, str]:
+def _pointers(kind: str = "ops") -> dict[str, str]:
     """Image name -> the key its pointer names."""
-    folder = store() / "images"
+    folder = store() / KINDS[kind][1]
     return {p.name: p.read_text().strip() for p in folder.iterdir() if not p.name.startswith(".")} if folder.is_dir() else {}
 
 
-def _entries() -> list[str]:
-    folder = store() / "wheels"
+def _entries(kind: str = "ops") -> list[str]:
+    folder = store() / KINDS[kind][0]
     return sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) if folder.is_dir() else []
 
 
@@ -119,14 +144,21 @@ def prune(images: set[str]) -> tuple[int, int]:
     root = store()
     if not root.is_dir():
         return 0, 0
+    count = freed = 0
     with FileLock(str(root / "store.lock")):  # not while a build files its export
-        gone, entries = unnamed(_pointers(), _entries(), images)
-        for name in gone:
-            (root / "images" / name).unlink(missing_ok=True)
-        freed = sum(f.stat().st_size for key in entries for f in _entry(key).rglob("*") if f.is_file())
-        for key in entries:
-            shutil.rmtree(_entry(key), ignore_errors=True)
-    return len(entries), freed
+        for kind in KINDS:
+            gone, entries = unnamed(_pointers(kind), _entries(kind), images)
+            for name in gone:
+                _pointer_path(kind, name).unlink(missing_ok=True)
+            freed += sum(f.stat().st_size for key in entries for f in _entry(key, kind).rglob("*") if f.is_file())
+            for key in entries:
+                shutil.rmtree(_entry(key, kind), ignore_errors=True)
+            count += len(entries)
+    return count, freed
+
+
+def _pointer_path(kind: str, name: str) -> Path:
+    return store() / KINDS[kind][1] / name
 
 
 def export_dir() -> Path:

@@ -21,6 +21,7 @@ LABEL_PREFIX = "io.pytorch-cuda"
 WHEELHOUSE_CACHE_ID = "pytorch-cuda-wheelhouse"
 DEB_CACHE_ID = "pytorch-cuda-debs"
 OPS_CACHE_ID = "pytorch-cuda-ops"
+TE_CACHE_ID = "pytorch-cuda-te"  # Transformer Engine's compiled extension (tebuild.py), as the ops cache
 # What DeepSpeed's CPU accelerator compiles for ZeRO (its comm op, CPUAdam for offload, its
 # FusedAdam for the default Adam config): builder class -> extension name.
 CPU_OPS = {"ShareMemCommBuilder": "deepspeed_shm_comm", "CPUAdamBuilder": "cpu_adam", "FusedAdamBuilder": "fused_adam"}
@@ -103,6 +104,9 @@ def labels(image: Image, lock_meta: dict) -> list[tuple[str, str]]:
         (f"{p}.cuda-toolkit", toolkit_text(image, lock_meta)),
         (f"{p}.deepspeed-ops", ",".join(image.prebuilt_ops)),
         (f"{p}.lock-sha256", lock_meta["files_sha256"]),
+        *([(f"{p}.extras", ",".join(f"{n}=={v}" for n, v in image.extras_pins.items())),
+           (f"{p}.extras-left-out", "; ".join(f"{n}: {why}" for n, why in image.extras_left_out) or "none")]
+          if image.flavor == "train" else []),
         (f"{p}.sbom", SBOM_PATH),
     ]
 
@@ -141,6 +145,8 @@ def manifest(image: Image, lock_meta: dict) -> dict:
         "cuda_toolkit": lock_meta.get("cuda_toolkit"),
         "cuda_toolkit_source": image.toolkit.source if image.toolkit else None,
         "tags": image.tags,
+        **({"extras": image.extras_pins, "extras_built": list(image.extras_built),
+            "extras_left_out": dict(image.extras_left_out)} if image.flavor == "train" else {}),
     }
 
 
@@ -169,9 +175,13 @@ def render_image(root: Path, image: Image) -> dict[str, str]:
 def dockerfile(root: Path, image: Image, meta: dict) -> str:
     """One platform's Dockerfile (image.platform)."""
     layout = layers.plan(image, (lock.build_dir(root, image) / "requirements.lock").read_text(), layers.wheels_of(meta, image.platform))
+    extras_layout = None
+    if image.flavor == "train":
+        extras_layout = layers.plan(image, (lock.build_dir(root, image) / "extras.lock").read_text(),
+                                    layers.extras_wheels_of(meta, image.platform))
     try:
         text = _env(root).get_template("Dockerfile.j2").render(
-            image=image, layout=layout, base_stage=base_stage(root, image, meta), labels=labels(image, meta), cache_id=WHEELHOUSE_CACHE_ID,
+            image=image, layout=layout, extras_layout=extras_layout, te_cache_id=TE_CACHE_ID, base_stage=base_stage(root, image, meta), labels=labels(image, meta), cache_id=WHEELHOUSE_CACHE_ID,
             build_packages=apt_list(image.os.build_packages, meta.get("apt", {})), deb_cache_id=DEB_CACHE_ID, ops_cache_id=OPS_CACHE_ID,
             cpu_builders=list(CPU_OPS), cpu_ops=list(CPU_OPS.values()), torch_ext_folder=torch_ext_folder(image),
             toolkit_version=meta.get("cuda_toolkit") or "unknown", reproducible_epoch=REPRODUCIBLE_EPOCH,
@@ -200,6 +210,20 @@ def matrix_table(root: Path, matrix: Matrix) -> str:
         arches = ", ".join(p.split("/")[1] for p in i.platforms)
         rows.append(f"| `{i.name}` | {i.torch} | {i.cuda} | {i.wheel_cuda} | {i.cudnn} | {i.nccl} | {i.deepspeed} | "
                     f"CUDA {toolkit} | {i.python} | {i.driver_min} | {aliases} | {arches} | {security.checked_cell(root, i)} |")
+    return "\n".join(rows) + train_table(matrix)
+
+
+def train_table(matrix: Matrix) -> str:
+    """The train flavor's extras per image: the version each gets, or why it is left out (docs/train.md)."""
+    trains = [i for i in matrix.images if i.flavor == "train"]
+    if not trains:
+        return ""
+    names = list(matrix.extras)
+    rows = ["", "", "The train flavor's extras (docs/train.md): the version each image pins, or why it has none.", "",
+            "| train image | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for i in trains:
+        have, out = i.extras_pins, dict(i.extras_left_out)
+        rows.append(f"| `{i.name}` | " + " | ".join(have.get(n) or f"left out: {out[n]}" for n in names) + " |")
     return "\n".join(rows)
 
 

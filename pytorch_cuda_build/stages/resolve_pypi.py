@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -110,6 +111,22 @@ def compile_lock(image: Image, ca_bundle: str | None, upgrade: bool = False, exc
     """
     reqs = requirements_for(image)
     return _run_uv(image, "\n".join(reqs) + "\n", " ".join(reqs), exclude_newer, ca_bundle, platform=platform)
+
+
+def compile_extras(image: Image, runtime_lock: str, ca_bundle: str | None, exclude_newer: str | None = None,
+                   platform: str = "linux/amd64") -> str:
+    """The train flavor's extras resolved over the runtime's lock (its requirements and DeepSpeed
+    pins, `runtime_lock`) held as constraints, so no runtime pin moves; every package of the result.
+
+    Constraints are given as plain `name==version` lines: uv reads them from a file, and they
+    carry no hashes (the runtime's hashes stay in its own lock)."""
+    reqs = [*requirements_for(image), *(r for _, r in image.extras)]
+    constraints = "".join(f"{name}=={version}\n" for name, version in sorted(pins(runtime_lock).items()))
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", prefix="runtime-pins-") as f:
+        f.write(constraints)
+        f.flush()
+        return _run_uv(image, "\n".join(reqs) + "\n", "the train extras " + " ".join(r for _, r in image.extras),
+                       exclude_newer, ca_bundle, "--constraint", f.name, platform=platform)
 
 
 def _first_error_line(stderr: str) -> str:

@@ -180,8 +180,12 @@ class Snapshot:
 
 
 def python_packages(root: Path, image: Image) -> dict[str, str]:
-    """Every Python package the image's lock pins: lock.json's pins and deepspeed.lock's sdists."""
-    pins = dict(lock.read(root, image).get("pins", {}))
+    """Every Python package the image's lock pins: lock.json's pins (a train image's extras too) and deepspeed.lock's sdists."""
+    meta = lock.read(root, image)
+    pins = dict(meta.get("pins", {}))
+    for part in meta.get("extras", {}).values():  # a train image's extras, on each platform
+        pins.update(part.get("pins", {}))
+        pins.update(part.get("built", {}))
     sdists = lock.image_dir(root, image) / "deepspeed.lock"
     return {**pins, **(resolve_pypi.pins(sdists.read_text()) if sdists.exists() else {})}
 

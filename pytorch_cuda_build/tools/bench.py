@@ -218,7 +218,7 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
     check_consent(only, yes)
     buildpy = [sys.executable, str(root / "build.py")]
     chosen = {DOCKER_ENV: bc.argv[0]}  # the build.py runs measured here use the same Docker CLI
-    row = ["--torch", image.torch, "--cuda", image.cuda]
+    row = ["--torch", image.torch, "--cuda", image.cuda, "--flavor", image.flavor]
     ref = image.refs()[0]
     r: dict = {"image": image.name, "runs": runs, "cold_runs": cold_runs, "cpus": os.cpu_count(),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -609,6 +609,11 @@ def report_markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def report_dir(root: Path, image: Image) -> Path:
+    """bench/ for a runtime row; bench/<flavor>/ for another flavor, whose figures stand beside the runtime's."""
+    return root / "bench" if image.flavor == "runtime" else root / "bench" / image.flavor
+
+
 def parse_only(text: str | None) -> set[str]:
     """--only's measures (None: every one); checked by validate before Docker is touched."""
     if text is None:
@@ -634,7 +639,7 @@ def run(c, m, image: Image, root: Path, only: set[str], runs: int, cold_runs: in
     if only & set(EMPTIES_CACHE):
         build.check_disk(docker_env.root_dir(c))
     try:
-        result = full(c, m, image, root, bc, ca(), runs, cold_runs, only, root / "bench", log, yes=yes, pull_rows=pull_rows)
+        result = full(c, m, image, root, bc, ca(), runs, cold_runs, only, report_dir(root, image), log, yes=yes, pull_rows=pull_rows)
     except BenchError as e:
         raise PipelineError(f"benchmark step failed: {e}") from None
     return report_markdown(result)

@@ -11,7 +11,9 @@ as an arbitrary uid in group 0 (HOME=/ and no passwd entry). So:
   caches each one that is unset or not writable: XDG_CACHE_HOME=$HOME/.cache,
          HF_HOME=$XDG_CACHE_HOME/huggingface, TRITON_CACHE_DIR=$XDG_CACHE_HOME/triton,
          TORCHINDUCTOR_CACHE_DIR=$TMPDIR/torchinductor_<uid> (Inductor's own default names the
-         user, and getpass fails for a uid with no passwd entry)
+         user, and getpass fails for a uid with no passwd entry),
+         FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=$XDG_CACHE_HOME/flash_attention_cute_dsl (FlashAttention 4's
+         compiled kernels, where the train image enables its disk cache; its default also names the user)
   unset  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
          PET_*: torchrun reads PET_* as its own options, and sets the rest for each rank.
 TORCH_EXTENSIONS_DIR is left alone: with it unset, torch finds the image's prebuilt CPU ops
@@ -90,6 +92,7 @@ def home_and_caches(env: Mapping[str, str], uid: int, passwd_home: str | None,
         cache = f"{home}/.cache"
         put("XDG_CACHE_HOME", cache, "unset or not writable")
     for name, default in (("HF_HOME", f"{cache}/huggingface"), ("TRITON_CACHE_DIR", f"{cache}/triton"),
+                          ("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", f"{cache}/flash_attention_cute_dsl"),
                           ("TORCHINDUCTOR_CACHE_DIR", f"{tmp_dir(env, is_writable)}/torchinductor_{uid}")):
         value = env.get(name, "")
         if not (value.startswith("/") and is_writable(value)):

@@ -13,13 +13,14 @@ import time
 from .. import banner
 from .. import manifest as mf
 from . import launch, nocompile, versions
+from .nocompile import empty_check
 from .results import FAIL, SKIP, read_rank_files, record, summary, table, write_report
 
 ZERO = ["zero1", "zero1_offload", "zero2", "zero2_offload", "zero3", "zero3_offload",
         "zero3_launcher"]
 MULTI = ["collectives", "ddp"] + ZERO + ["fsdp2"]  # several ranks (torchrun/deepspeed)
 SINGLE = ["bf16", "compile"]  # one process
-FAMILIES = ["versions", "gpu"] + MULTI + SINGLE + ["nocompile"]
+FAMILIES = ["versions", "gpu", "extras"] + MULTI + SINGLE + ["nocompile"]
 # One GPU cannot show replication or sharding: these then also run on CPU ranks.
 SHARDING = set(MULTI) - {"collectives"}
 DEFAULT_REPORT = "/tmp/pytorch-cuda-smoke/report.json"
@@ -69,7 +70,7 @@ class Suite:
         os.makedirs(self.logs, exist_ok=True)
         # Fresh, empty, one per kind of child (see nocompile.py): anything JIT-compiled
         # lands in one of these and is caught or reported. CPU children share theirs.
-        self.ext = {k: os.path.join(self.work, f"torch_extensions_{k}") for k in ("cpu", "cuda", "ops")}
+        self.ext = {k: os.path.join(self.work, f"torch_extensions_{k}") for k in ("cpu", "cuda", "ops", "extras")}
         for d in self.ext.values():
             os.makedirs(d)
         # The image compiled DeepSpeed's CPU ops at build time ($PYTORCH_CUDA_CPU_OPS): the CPU
@@ -187,6 +188,21 @@ def run_gpu_basics(suite, gpus, reason):
     return recs + suite.step_failure("gpu.basics", f"cuda x{gpus}", r, recs)
 
 
+def run_extras(suite, manifest, gpus):
+    """The train flavor's extras (extras.py), with the `cuda` accelerator the ops are built for
+    and an extensions directory of their own that must stay empty: nothing compiles."""
+    if not manifest.get("extras"):
+        return []  # not a train image
+    out = os.path.join(suite.work, "extras")
+    os.makedirs(out)
+    run = f"cuda x{gpus}" if gpus else "cpu"
+    env = suite.env("cuda", PCR_RESULTS_DIR=out, PCR_RUN=run, DS_ACCELERATOR="cuda", TORCH_EXTENSIONS_DIR=suite.ext["extras"])
+    r = suite.step("extras", [sys.executable, "-m", "pytorch_cuda_runtime.smoke.extras"], env)
+    recs = read_rank_files(out)
+    return recs + suite.step_failure("extras.launch", run, r, recs) + [
+        empty_check("extras.nocompile", run, suite.ext["extras"], "the extras load prebuilt")]
+
+
 def main(argv=None):
     args = parse_args(argv)
     t0 = time.monotonic()
@@ -205,6 +221,8 @@ def main(argv=None):
         suite.records += versions.check(manifest, facts)
     if "gpu" in args.only:
         suite.records += run_gpu_basics(suite, gpus, reason)
+    if "extras" in args.only:
+        suite.records += run_extras(suite, manifest, gpus)
     runs = plan(args.only, gpus, args.ranks)
     if nocompile.cpu_jit_ops(runs):
         suite.records += nocompile.run_cpu_jit(suite, nocompile.cpu_jit_ops(runs))

@@ -334,6 +334,7 @@ def test_the_entrypoint_step_changes_only_home_and_caches():
     assert changed == {"HOME": "/tmp/pytorch-cuda-home-4242", "XDG_CACHE_HOME": "/tmp/pytorch-cuda-home-4242/.cache",
                        "HF_HOME": "/tmp/pytorch-cuda-home-4242/.cache/huggingface",
                        "TRITON_CACHE_DIR": "/tmp/pytorch-cuda-home-4242/.cache/triton",
+                       "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": "/tmp/pytorch-cuda-home-4242/.cache/flash_attention_cute_dsl",
                        "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_4242"}
     assert lines[0] == "HOME=/tmp/pytorch-cuda-home-4242 (no writable home: HOME=/ is not a writable directory)"
 

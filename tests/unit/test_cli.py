@@ -25,7 +25,8 @@ NO_DOCKER = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}
 
 def test_unknown_row_lists_rows():
     proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.4", env=NO_DOCKER)
-    one_error_line(proc, 2, "rows for torch 2.7: cuda 12.1 (devel, default), cuda 12.1 (runtime, default), cuda 12.6 (runtime)")
+    one_error_line(proc, 2, "rows for torch 2.7: cuda 12.1 (devel, default), cuda 12.1 (runtime, default), "
+                            "cuda 12.1 (train, default), cuda 12.6 (runtime)")
 
 
 @pytest.mark.parametrize("args, says", [
