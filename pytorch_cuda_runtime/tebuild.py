@@ -1,6 +1,7 @@
 """Build Transformer Engine's PyTorch extension against the image's torch, then prove it.
 
-    tebuild.py extras-build.lock --index URL --wheelhouse DIR --dist DIR [--cache DIR] [--seed DIR]
+    tebuild.py fetch extras-build.lock --index URL --wheelhouse DIR --dest DIR
+    tebuild.py build SDIST --dist DIR --epoch N [--cache DIR] [--seed DIR]
 
 PyPI has transformer-engine-torch only as an sdist; installed as it is, it compiles for 20 minutes
 or more on each machine, after trying to download a wheel from GitHub. Here it is compiled once, in
@@ -14,6 +15,8 @@ the train flavor's builder stage, into a wheel the image installs (docs/train.md
   has no CUDA device code and needs no libcuda.so.1, so it loads on hosts without a driver.
 As opsbuild.py does for DeepSpeed, the wheel is kept in a cache under the key of every input of the
 compile, and taken from the host's seed (a --no-cache build's empty cache) when the key matches.
+Two steps, so that the wheelhouse (a cache mount the build's other steps share, one at a time) is
+held for the fetch only, never for the compile.
 Standard library only, apart from torch (for the key).
 """
 import argparse
@@ -43,6 +46,11 @@ CA_SECRET = Path("/run/secrets/ca")
 BUILD_DIR = Path("/tmp/pytorch-cuda-tebuild")
 # One g++ of TE's largest files peaks at 2.6 GiB (measured): jobs are capped by memory, not cores only.
 GIB_PER_JOB = 3
+# The recipe: how the sdist is compiled. Part of the cache key (a change compiles again), where
+# the rest of this file (fetching, checking) is not.
+RECIPE = {"NVTE_FRAMEWORK": "pytorch", "NVTE_PYTORCH_FORCE_BUILD": "TRUE", "NVTE_BUILD_USE_NVIDIA_WHEELS": "1",
+          "PYTHONHASHSEED": "0"}
+PIP_WHEEL = ("wheel", "--no-deps", "--no-build-isolation", "--no-index")
 
 
 def fail(msg):
@@ -105,7 +113,7 @@ def cache_key(sdist):
     import torch
 
     h = hashlib.sha256()
-    for part in (sha256_file(sdist), sha256_file(Path(__file__)), torch.__version__, str(torch.version.cuda),
+    for part in (sha256_file(sdist), json.dumps([RECIPE, PIP_WHEEL, str(BUILD_DIR)]), torch.__version__, str(torch.version.cuda),
                  json.dumps(environment_versions(), sort_keys=True), sys.version,
                  subprocess.run(["c++", "--version"], capture_output=True, text=True).stdout):
         h.update(part.encode() + b"\0")
@@ -138,13 +146,11 @@ def build(sdist, dist, epoch):
         with tarfile.open(sdist) as t:
             t.extractall(tmp, filter="data") if hasattr(tarfile, "data_filter") else t.extractall(tmp)  # 3.11.2 lacks filters
         src = next(Path(tmp).iterdir())
-        env = dict(os.environ, NVTE_FRAMEWORK="pytorch", NVTE_PYTORCH_FORCE_BUILD="TRUE", NVTE_BUILD_USE_NVIDIA_WHEELS="1",
-                   MAX_JOBS=str(n), PYTHONHASHSEED="0", SOURCE_DATE_EPOCH=str(epoch))
+        env = dict(os.environ, **RECIPE, MAX_JOBS=str(n), SOURCE_DATE_EPOCH=str(epoch))
         env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"  # torch's BuildExtension runs the venv's ninja
         print(f"tebuild: compiling {sdist.name} against torch with {n} jobs", flush=True)
         t0 = time.monotonic()
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                        "--wheel-dir", str(dist), str(src)], env=env, check=True)
+        subprocess.run([sys.executable, "-m", "pip", *PIP_WHEEL, "--wheel-dir", str(dist), str(src)], env=env, check=True)
         return round(time.monotonic() - t0, 1), n
 
 
@@ -172,43 +178,59 @@ def check_wheel(wheel):
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="tebuild.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("lock", type=Path, help="extras-build.lock")
-    p.add_argument("--index", required=True)
-    p.add_argument("--wheelhouse", type=Path, required=True)
-    p.add_argument("--dist", type=Path, required=True)
-    p.add_argument("--cache", type=Path)
-    p.add_argument("--seed", type=Path)
-    p.add_argument("--epoch", type=int, required=True, help="SOURCE_DATE_EPOCH for the wheel's file times")
+    sub = p.add_subparsers(dest="step", required=True)
+    f = sub.add_parser("fetch", help="the locked sdist, from the wheelhouse or the index, into DEST")
+    f.add_argument("lock", type=Path, help="extras-build.lock")
+    f.add_argument("--index", required=True)
+    f.add_argument("--wheelhouse", type=Path, required=True)
+    f.add_argument("--dest", type=Path, required=True)
+    b = sub.add_parser("build", help="compile SDIST into a wheel in DIST, or take it from the cache or the seed")
+    b.add_argument("sdist", type=Path)
+    b.add_argument("--dist", type=Path, required=True)
+    b.add_argument("--cache", type=Path)
+    b.add_argument("--seed", type=Path)
+    b.add_argument("--epoch", type=int, required=True, help="SOURCE_DATE_EPOCH for the wheel's file times")
     a = p.parse_args(argv)
-    version, hashes = locked(a.lock.read_text())
-    sdist = fetch_sdist(a.index, version, hashes, a.wheelhouse)
-    a.dist.mkdir(parents=True, exist_ok=True)
+    if a.step == "fetch":
+        version, hashes = locked(a.lock.read_text())
+        sdist = fetch_sdist(a.index, version, hashes, a.wheelhouse)
+        a.dest.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(sdist, a.dest / sdist.name)
+        print(f"tebuild: {sdist.name} (sha256 {sha256_file(sdist)[:16]}...)", flush=True)
+    else:
+        build_or_take(a.sdist, a.dist, a.cache, a.seed, a.epoch)
+
+
+def build_or_take(sdist, dist, cache, seed, epoch):
+    """The wheel in dist: from the cache or the seed when its key is there, else compiled; proved either way."""
+    dist.mkdir(parents=True, exist_ok=True)
     key = cache_key(sdist)
-    cached = a.cache / key if a.cache else None
-    found = next((d for d in (cached, a.seed / key if a.seed else None) if d and (d / FACTS).exists()), None)
+    cached = cache / key if cache else None
+    found = next((d for d in (cached, seed / key if seed else None) if d and (d / FACTS).exists()), None)
     if found:
         for f in found.iterdir():
-            shutil.copy2(f, a.dist / f.name)
+            shutil.copy2(f, dist / f.name)
         print(f"tebuild: inputs {key[:16]} built before; wheel taken from {'the cache' if found == cached else 'the host seed'}, "
               "nothing compiled", flush=True)
     else:
-        seconds, n = build(sdist, a.dist, a.epoch)
-        wheels = sorted(a.dist.glob("transformer_engine_torch-*.whl"))
+        seconds, n = build(sdist, dist, epoch)
+        wheels = sorted(dist.glob("transformer_engine_torch-*.whl"))
         if len(wheels) != 1:
-            fail(f"expected one {NAME} wheel in {a.dist}, found {len(wheels)}")
-        facts = {"transformer_engine_torch": version, "sdist_sha256": sha256_file(sdist), "compile_seconds": seconds,
-                 "compile_jobs": n, "compiled_against": environment_versions(), **check_wheel(wheels[0])}
-        (a.dist / FACTS).write_text(json.dumps(facts, indent=2, sort_keys=True) + "\n")
+            fail(f"expected one {NAME} wheel in {dist}, found {len(wheels)}")
+        facts = {"transformer_engine_torch": re.sub(r"^transformer_engine_torch-|\.tar\.gz$", "", sdist.name),
+                 "sdist_sha256": sha256_file(sdist), "compile_seconds": seconds, "compile_jobs": n,
+                 "compiled_against": environment_versions(), **check_wheel(wheels[0])}
+        (dist / FACTS).write_text(json.dumps(facts, indent=2, sort_keys=True) + "\n")
         print(f"tebuild: {wheels[0].name} compiled in {seconds} s with {n} jobs", flush=True)
-    (a.dist / KEY_FILE).write_text(key + "\n")
-    wheels = sorted(a.dist.glob("transformer_engine_torch-*.whl"))
+    (dist / KEY_FILE).write_text(key + "\n")
+    wheels = sorted(dist.glob("transformer_engine_torch-*.whl"))
     if len(wheels) != 1:
-        fail(f"expected one {NAME} wheel in {a.dist}, found {len(wheels)}")
+        fail(f"expected one {NAME} wheel in {dist}, found {len(wheels)}")
     check_wheel(wheels[0])  # a cached wheel is proved again, like a new one
     if cached and not cached.exists():
         tmp = cached.with_name(cached.name + ".part")
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(a.dist, tmp)
+        shutil.copytree(dist, tmp)
         tmp.rename(cached)
 
 
