@@ -252,7 +252,7 @@ class Extra(_Strict):
         """Why this extra cannot work on the row, in a few words; None where it can."""
         minor = minor_of(row.torch)
         if self.requirement_for(minor) is None:
-            return f"no release for torch {minor} ({self.source})"
+            return f"matrix.yaml lists no release for torch {minor} ({self.source})"
         unmet = [(what, spec, have) for what, spec, have in (
             ("torch", self.torch, Version(row.torch).base_version), ("CUDA", self.wheel_cuda, row.wheel_cuda), ("cuDNN", self.cudnn, row.cudnn))
             if spec and not SpecifierSet(spec).contains(have, prereleases=True)]

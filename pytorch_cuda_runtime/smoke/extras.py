@@ -7,7 +7,8 @@ as a user's script would: its core library must find NCCL on its own (the image'
 
 CPU half, on every host:
   extras.versions.<name>   the installed version is the one the lock pins
-  extras.import.<name>     each extra imports (nothing is compiled)
+  extras.import.<name>     each extra imports (nothing is compiled); Liger's kernels import only where
+                           Triton finds a GPU driver: on GPU hosts
   extras.te.libraries      TE's libraries resolve from the image, except libcuda.so.1 (the driver),
                            which only libnccl_ep.so (TE's NCCL expert-parallel, loaded on demand) names
   extras.te.prebuilt       the loaded extension module is the one the builder stage compiled
@@ -32,7 +33,10 @@ from .. import manifest as mf
 from .results import Recorder
 
 IMPORTS = {"transformer-engine": "transformer_engine.pytorch", "flash-attn-4": "flash_attn.cute",
-           "liger-kernel": "liger_kernel.transformers", "torchao": "torchao"}
+           "liger-kernel": "liger_kernel", "torchao": "torchao"}
+# Modules that import only where Triton finds a GPU driver (its CUDA backend needs libcuda.so.1):
+# imported on GPU hosts, skipped with the reason elsewhere.
+DRIVER_IMPORTS = {"liger-kernel": "liger_kernel.transformers"}
 TE_FACTS = "/opt/pytorch-cuda/te-facts.json"
 DRIVER = "libcuda.so.1"
 # Lazily loaded parts of TE that may name the driver: NCCL's expert-parallel plug-in.
@@ -111,13 +115,24 @@ def cpu_half(rec, manifest):
             rec.add(f"extras.import.{name}", "PASS", actual=IMPORTS[name])
         except Exception as e:
             rec.add(f"extras.import.{name}", "FAIL", expected=f"import {IMPORTS.get(name)}", actual=f"{type(e).__name__}: {e}")
+    import torch
+    for name, module in DRIVER_IMPORTS.items():
+        if name not in pins:
+            continue
+        if not torch.cuda.is_available():
+            rec.add(f"extras.import.{module}", "SKIPPED", detail="Triton loads its GPU driver on import: imported on GPU hosts")
+            continue
+        try:
+            importlib.import_module(module)
+            rec.add(f"extras.import.{module}", "PASS", actual=module)
+        except Exception as e:
+            rec.add(f"extras.import.{module}", "FAIL", expected=f"import {module}", actual=f"{type(e).__name__}: {e}")
     for name, version in pins.items():
         try:
             got = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             got = None
         rec.check(f"extras.versions.{name}", mf.versions_match(version, got), version, got)
-    import torch
     if "transformer-engine" in pins:
         for check in (check_te_libraries, check_te_prebuilt):
             try:

@@ -61,7 +61,7 @@ def test_train_needs_the_runtime_flavor_and_one_extra_that_works(tmp_path):
     lines = problems(tmp_path, train_matrix(tmp_path, flavors="[train]"))
     assert any("rows[0].flavors" in ln and "list runtime too" in ln for ln in lines), lines
     lines = problems(tmp_path, train_matrix(tmp_path, EXTRAS.replace('versions: {"2.7": 0.12.0}', 'versions: {"2.8": 0.13.0}')))
-    assert any("no train extra can work on this row" in ln and "no release for torch 2.7" in ln for ln in lines), lines
+    assert any("no train extra can work on this row" in ln and "lists no release for torch 2.7" in ln for ln in lines), lines
 
 
 @pytest.mark.parametrize("bad, says", [
@@ -81,7 +81,7 @@ def test_a_bad_extra_is_named(tmp_path, bad, says):
 def test_the_project_matrix_gives_the_2_11_row_every_extra_and_the_default_row_liger_and_torchao():
     assert [n for n, _ in TRAIN.extras] == ["transformer-engine", "flash-attn-4", "liger-kernel", "torchao"]
     assert TRAIN.extras_built == ("transformer-engine-torch",) and TRAIN.platforms == ("linux/amd64", "linux/arm64")
-    assert DEFAULT_TRAIN.default and DEFAULT_TRAIN.extras_pins == {"liger-kernel": "0.8.5", "torchao": "0.12.0"}
+    assert DEFAULT_TRAIN.default and DEFAULT_TRAIN.extras_pins == {"liger-kernel": "0.8.5", "torchao": "0.11.0"}
     assert {n for n, _ in DEFAULT_TRAIN.extras_left_out} == {"transformer-engine", "flash-attn-4"}
 
 
@@ -179,7 +179,7 @@ def test_the_train_dockerfile_shares_the_runtime_stages_and_adds_its_own_after_t
 def test_labels_and_manifest_name_the_extras_and_what_is_left_out():
     meta = lock.read(ROOT, DEFAULT_TRAIN)
     labels = dict(render.labels(DEFAULT_TRAIN, meta))
-    assert labels["io.pytorch-cuda.extras"] == "liger-kernel==0.8.5,torchao==0.12.0"
+    assert labels["io.pytorch-cuda.extras"] == "liger-kernel==0.8.5,torchao==0.11.0"
     assert "transformer-engine: needs torch >=2.11" in labels["io.pytorch-cuda.extras-left-out"]
     manifest = json.loads((lock.image_dir(ROOT, TRAIN) / "manifest.json").read_text())
     assert manifest["extras"]["transformer-engine"] == "2.20.2" and manifest["extras_built"] == ["transformer-engine-torch"]
@@ -297,3 +297,27 @@ def test_a_train_bundle_carries_liger_and_torchao_and_says_why_not_te_and_fa4(tm
     assert {p.name for p in pins} == {"liger-kernel", "torchao"}  # triton and torch: the machine's own
     runtime = gpubundle.bundle_manifest(lock.image_dir(ROOT, lock.runtime_of(TRAIN)) / "manifest.json", [])
     assert "extras" not in runtime and "extras_not_carried" not in runtime
+
+
+def test_tebuild_fetch_takes_the_wheelhouse_copy_only_when_its_hash_is_the_locks(tmp_path, monkeypatch):
+    import hashlib
+
+    house, dest = tmp_path / "house", tmp_path / "dest"
+    house.mkdir()
+    sdist = house / "transformer_engine_torch-2.20.2.tar.gz"
+    sdist.write_bytes(b"the sdist")
+    digest = hashlib.sha256(b"the sdist").hexdigest()
+    lock_file = tmp_path / "extras-build.lock"
+    lock_file.write_text(f"# header\ntransformer-engine-torch==2.20.2 \\\n    --hash=sha256:{digest}\n    # via transformer-engine\n")
+    tebuild.main(["fetch", str(lock_file), "--index", "https://index.invalid/simple", "--wheelhouse", str(house), "--dest", str(dest)])
+    assert (dest / sdist.name).read_bytes() == b"the sdist"
+    sdist.write_bytes(b"tampered")  # a copy whose hash is not the lock's: it goes to the index (here, one that fails)
+
+    def no_index(*args, **kwargs):
+        raise OSError("the index, asked")
+
+    monkeypatch.setattr(tebuild.urllib.request, "urlopen", no_index)
+    with pytest.raises(OSError, match="the index, asked"):
+        tebuild.main(["fetch", str(lock_file), "--index", "https://index.invalid/simple", "--wheelhouse", str(house),
+                      "--dest", str(tmp_path / "dest2")])
+    assert not (tmp_path / "dest2").exists()
