@@ -99,6 +99,9 @@ def test_installed_versions_come_from_the_lock(host, row, lock_meta, project_roo
     pins = dict(lock_meta["pins"])
     if row.flavor == "devel" and row.toolkit.source == "pypi":  # nvcc & co. from toolkit.lock
         pins.update(resolve_pypi.pins((project_root / "images" / row.name / "toolkit.lock").read_text()))
+    if row.flavor == "train":  # the extras and what they add, and the sdists compiled in te-builder
+        pins.update(lock_meta["extras"][row.platform]["pins"])
+        pins.update(lock_meta["extras"][row.platform]["built"])
     # Everything must be pinned (pip and uv too: users install with them).
     extra = {n: v for n, v in installed.items() if n not in pins}
     assert not extra, f"installed but not in the lock: {extra}"

@@ -32,7 +32,7 @@ def test_the_image_holds_the_committed_extras_locks(host, row, project_root):
 def test_every_extras_pin_is_installed_at_its_version(host, row, lock_meta):
     pins = {**lock_meta["extras"][row.platform]["pins"], **lock_meta["extras"][row.platform]["built"]}
     code = ("import importlib.metadata as m, json; "
-            f"print(json.dumps({{n: m.version(n) for n in {sorted(pins)!r}}}))")
+            f"print(json.dumps({{n: m.version(n) for n in {json.dumps(sorted(pins))}}}))")
     found = json.loads(host.check_output(f"python -c '{code}'"))
     assert found == pins
 
