@@ -7,8 +7,8 @@ as a user's script would: its core library must find NCCL on its own (the image'
 
 CPU half, on every host:
   extras.versions.<name>   the installed version is the one the lock pins
-  extras.import.<name>     each extra imports (nothing is compiled); Liger's kernels import only where
-                           Triton finds a GPU driver: on GPU hosts
+  extras.import.<name>     each extra imports (nothing is compiled); Liger's kernels too, except where an
+                           older Triton needs a GPU driver to import them (skipped with the reason)
   extras.te.libraries      TE's libraries resolve from the image, except libcuda.so.1 (the driver),
                            which only libnccl_ep.so (TE's NCCL expert-parallel, loaded on demand) names
   extras.te.prebuilt       the loaded extension module is the one the builder stage compiled
@@ -34,8 +34,8 @@ from .results import Recorder
 
 IMPORTS = {"transformer-engine": "transformer_engine.pytorch", "flash-attn-4": "flash_attn.cute",
            "liger-kernel": "liger_kernel", "torchao": "torchao"}
-# Modules that import only where Triton finds a GPU driver (its CUDA backend needs libcuda.so.1):
-# imported on GPU hosts, skipped with the reason elsewhere.
+# Modules that import Triton's active driver: with Triton 3.3 (torch 2.7) that needs libcuda.so.1,
+# so without a GPU they are skipped with the reason; Triton 3.6 (torch 2.11) imports them anyway.
 DRIVER_IMPORTS = {"liger-kernel": "liger_kernel.transformers"}
 TE_FACTS = "/opt/pytorch-cuda/te-facts.json"
 DRIVER = "libcuda.so.1"
@@ -103,6 +103,21 @@ def check_torchao_ops(rec, torch):
               errors or f"{len(ops)} ops, e.g. {', '.join(ops[:3])}")
 
 
+def import_needing_driver(rec, module, gpu):
+    """Import a module that Triton may need a GPU driver for: without a GPU, Triton's own 'no active
+    driver' error is a skip with the reason (older Triton raises it on import), any other a failure."""
+    try:
+        importlib.import_module(module)
+        rec.add(f"extras.import.{module}", "PASS", actual=module)
+    except RuntimeError as e:
+        if gpu or "active drivers" not in str(e):
+            rec.add(f"extras.import.{module}", "FAIL", expected=f"import {module}", actual=f"RuntimeError: {e}")
+        else:
+            rec.add(f"extras.import.{module}", "SKIPPED", detail=f"Triton finds no GPU driver ({e}): imported on GPU hosts")
+    except Exception as e:
+        rec.add(f"extras.import.{module}", "FAIL", expected=f"import {module}", actual=f"{type(e).__name__}: {e}")
+
+
 def cpu_half(rec, manifest):
     pins = manifest.get("extras") or {}
     for name, why in (manifest.get("extras_not_carried") or {}).items():  # a gpu-bundle's manifest
@@ -117,16 +132,8 @@ def cpu_half(rec, manifest):
             rec.add(f"extras.import.{name}", "FAIL", expected=f"import {IMPORTS.get(name)}", actual=f"{type(e).__name__}: {e}")
     import torch
     for name, module in DRIVER_IMPORTS.items():
-        if name not in pins:
-            continue
-        if not torch.cuda.is_available():
-            rec.add(f"extras.import.{module}", "SKIPPED", detail="Triton loads its GPU driver on import: imported on GPU hosts")
-            continue
-        try:
-            importlib.import_module(module)
-            rec.add(f"extras.import.{module}", "PASS", actual=module)
-        except Exception as e:
-            rec.add(f"extras.import.{module}", "FAIL", expected=f"import {module}", actual=f"{type(e).__name__}: {e}")
+        if name in pins:
+            import_needing_driver(rec, module, torch.cuda.is_available())
     for name, version in pins.items():
         try:
             got = importlib.metadata.version(name)

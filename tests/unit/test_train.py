@@ -321,3 +321,27 @@ def test_tebuild_fetch_takes_the_wheelhouse_copy_only_when_its_hash_is_the_locks
         tebuild.main(["fetch", str(lock_file), "--index", "https://index.invalid/simple", "--wheelhouse", str(house),
                       "--dest", str(tmp_path / "dest2")])
     assert not (tmp_path / "dest2").exists()
+
+
+# ---- the smoke suite's extras step (pure parts) ---------------------------------------------
+
+
+@pytest.mark.parametrize("raised, gpu, status", [
+    (None, False, "PASS"),
+    (RuntimeError("0 active drivers ([]). There should only be one."), False, "SKIPPED"),
+    (RuntimeError("0 active drivers ([]). There should only be one."), True, "FAIL"),
+    (ImportError("no module named triton"), False, "FAIL"),
+])
+def test_a_module_that_needs_tritons_driver_is_skipped_only_for_that_and_only_without_a_gpu(monkeypatch, raised, gpu, status):
+    from pytorch_cuda_runtime.smoke import extras
+    from pytorch_cuda_runtime.smoke.results import Recorder
+
+    def fake_import(name):
+        if raised:
+            raise raised
+
+    monkeypatch.setattr(extras.importlib, "import_module", fake_import)
+    rec = Recorder(None, "cpu", 0)
+    extras.import_needing_driver(rec, "liger_kernel.transformers", gpu)
+    (record,) = rec.records
+    assert record["check"] == "extras.import.liger_kernel.transformers" and record["status"] == status
