@@ -26,10 +26,12 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import platform
 import re
 import shutil
 import ssl
 import subprocess
+import sysconfig
 import sys
 import tarfile
 import tempfile
@@ -109,11 +111,14 @@ def environment_versions():
 
 
 def cache_key(sdist):
-    """Every input of the compile: the sources, this recipe, torch's build, the headers' wheels, the compiler."""
+    """Every input of the compile: the sources, this recipe, the machine, torch's build, the headers' wheels, the compiler."""
     import torch
 
     h = hashlib.sha256()
-    for part in (sha256_file(sdist), json.dumps([RECIPE, PIP_WHEEL, str(BUILD_DIR)]), torch.__version__, str(torch.version.cuda),
+    # The machine too: the cache mount is one for every platform, and torch, Python and g++ report
+    # the same versions on x86-64 and aarch64 (an arm64 build once took the x86-64 wheel).
+    for part in (sha256_file(sdist), json.dumps([RECIPE, PIP_WHEEL, str(BUILD_DIR)]), platform.machine(), sysconfig.get_platform(),
+                 torch.__version__, str(torch.version.cuda),
                  json.dumps(environment_versions(), sort_keys=True), sys.version,
                  subprocess.run(["c++", "--version"], capture_output=True, text=True).stdout):
         h.update(part.encode() + b"\0")
@@ -154,11 +159,18 @@ def build(sdist, dist, epoch):
         return round(time.monotonic() - t0, 1), n
 
 
+# readelf -h's Machine line for each platform.machine() this builds on.
+ELF_MACHINES = {"x86_64": "Advanced Micro Devices X86-64", "aarch64": "AArch64"}
+
+
 def needed(path):
-    """The shared libraries an ELF file names (DT_NEEDED), and whether it has CUDA device code."""
+    """The shared libraries an ELF file names (DT_NEEDED), whether it has CUDA device code, and its machine."""
     dyn = subprocess.run(["readelf", "-d", "-W", str(path)], capture_output=True, text=True, check=True).stdout
     sections = subprocess.run(["readelf", "-S", "-W", str(path)], capture_output=True, text=True, check=True).stdout
-    return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", dyn), ".nv_fatbin" in sections
+    header = subprocess.run(["readelf", "-h", "-W", str(path)], capture_output=True, text=True, check=True).stdout
+    machine = re.search(r"^\s*Machine:\s*(.+?)\s*$", header, re.M)
+    return (re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", dyn), ".nv_fatbin" in sections,
+            machine.group(1) if machine else "?")
 
 
 def check_wheel(wheel):
@@ -168,7 +180,10 @@ def check_wheel(wheel):
         sos = sorted(Path(d).rglob("transformer_engine_torch*.so"))
         if len(sos) != 1:
             fail(f"{wheel.name} holds {len(sos)} transformer_engine_torch extension modules, not one")
-        libs, device_code = needed(sos[0])
+        libs, device_code, machine = needed(sos[0])
+        want = ELF_MACHINES.get(platform.machine(), platform.machine())
+        if machine != want:
+            fail(f"{sos[0].name} is built for {machine}, not this machine ({want})")
         if any(lib.startswith("libcuda.so") for lib in libs):
             fail(f"{sos[0].name} needs the CUDA driver (libcuda.so) to load; it must load on hosts without one")
         if device_code:

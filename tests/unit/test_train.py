@@ -345,3 +345,11 @@ def test_a_module_that_needs_tritons_driver_is_skipped_only_for_that_and_only_wi
     extras.import_needing_driver(rec, "liger_kernel.transformers", gpu)
     (record,) = rec.records
     assert record["check"] == "extras.import.liger_kernel.transformers" and record["status"] == status
+
+
+def test_tebuild_refuses_a_wheel_built_for_another_machine(tmp_path, monkeypatch):
+    """The TE cache mount serves every platform: a wheel of the wrong architecture must never pass."""
+    good = _so(tmp_path, "transformer_engine_torch.cpython-311-x86_64-linux-gnu.so")
+    monkeypatch.setattr(tebuild.platform, "machine", lambda: "aarch64")
+    with pytest.raises(SystemExit, match="is built for Advanced Micro Devices X86-64, not this machine \\(AArch64\\)"):
+        tebuild.check_wheel(_wheel(tmp_path, good))
