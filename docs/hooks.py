@@ -16,6 +16,8 @@ PUBLISHED = {
     "bench/report.md": "bench/report.md",
     "bench/arm64.md": "bench/arm64.md",
     "bench/pull.md": "bench/pull.md",
+    "bench/2.11.0-cuda13.0-train/report.md": "bench/2.11.0-cuda13.0-train.md",
+    "bench/2.7.1-cuda12.1-train/report.md": "bench/2.7.1-cuda12.1-train.md",
     "bench/sizes.svg": "bench/sizes.svg",
     "bench/cold-build.svg": "bench/cold-build.svg",
     "CHANGELOG.md": "changelog.md",

@@ -257,6 +257,8 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
         c.images.remove("pytorch-cuda-bench:base", noprune=True)
         r["size"] = {**r.get("size", {}), "image": ours, "base_os_python": base, "locked_env": venv, "floor": base + venv,
                      "ratio_to_floor": ours / (base + venv)}
+        if image.flavor == "train":
+            r["train"] = train_figures(c, m, image, ref, bc.argv[0])
     save()
     if "opscache" in only:
         # After the cold build. --no-cache empties every cache mount, so the host's ops seed
@@ -552,6 +554,8 @@ def report_markdown(r: dict) -> str:
             lines.append(f"| naive Dockerfile image (same base, one pip install) | {s['naive'] / 1e9:.2f} GB ({s['naive'] / s['floor']:.3f}x floor) | reported | - |")
         if "naive_ops" in s:
             lines.append(f"| naive DS_BUILD_* Dockerfile image (same base and toolkit .debs, ops prebuilt) | {s['naive_ops'] / 1e9:.2f} GB ({s['naive_ops'] / s['floor']:.3f}x floor) | reported | - |")
+    if "train" in r and "image" in r.get("size", {}):
+        lines += train_markdown(r["train"], r["size"]["image"])
     if "cold" in r:
         cd = r["cold"]
         med = statistics.median
@@ -609,9 +613,33 @@ def report_markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def train_figures(c, m, image: Image, ref: str, docker_cli: str) -> dict:
+    """What the train flavor adds: its size over the row's runtime image (when built here), and the
+    Transformer Engine compile its builder stage ran (te-facts.json, baked into the image)."""
+    runtime = next(i for i in m.images if (i.torch, i.cuda, i.flavor) == (image.torch, image.cuda, "runtime")).refs()[0]
+    out = {"runtime_ref": runtime, "runtime_image": image_size(c, runtime) if _exists(c, runtime) else None,
+           "extras": image.extras_pins, "left_out": dict(image.extras_left_out)}
+    if image.extras_built:
+        facts = _run([docker_cli, "run", "--rm", "--entrypoint", "cat", ref, "/opt/pytorch-cuda/te-facts.json"])
+        te = json.loads(facts.stdout)
+        out["te_compile_s"], out["te_compile_jobs"] = te["compile_seconds"], te["compile_jobs"]
+    return out
+
+
+def train_markdown(t: dict, image_bytes: int) -> list[str]:
+    lines = []
+    if t.get("runtime_image"):
+        lines.append(f"| the extras over the runtime image {t['runtime_ref']} ({image_bytes / 1e9:.2f} GB - "
+                     f"{t['runtime_image'] / 1e9:.2f} GB) | {(image_bytes - t['runtime_image']) / 1e9:+.2f} GB | reported | - |")
+    if "te_compile_s" in t:
+        lines.append(f"| Transformer Engine's PyTorch extension, compiled in te-builder ({t['te_compile_jobs']} jobs) | "
+                     f"{t['te_compile_s']:.0f} s | reported | - |")
+    return lines
+
+
 def report_dir(root: Path, image: Image) -> Path:
-    """bench/ for a runtime row; bench/<flavor>/ for another flavor, whose figures stand beside the runtime's."""
-    return root / "bench" if image.flavor == "runtime" else root / "bench" / image.flavor
+    """bench/ for a runtime row; bench/<image>/ for another flavor's image, whose figures stand beside the runtime's."""
+    return root / "bench" if image.flavor == "runtime" else root / "bench" / image.name
 
 
 def parse_only(text: str | None) -> set[str]:
