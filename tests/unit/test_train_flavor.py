@@ -353,3 +353,22 @@ def test_tebuild_refuses_a_wheel_built_for_another_machine(tmp_path, monkeypatch
     monkeypatch.setattr(tebuild.platform, "machine", lambda: "aarch64")
     with pytest.raises(SystemExit, match="is built for Advanced Micro Devices X86-64, not this machine \\(AArch64\\)"):
         tebuild.check_wheel(_wheel(tmp_path, good))
+
+
+def test_the_te_cache_key_differs_by_machine_and_by_sdist(tmp_path, monkeypatch):
+    """One cache mount serves every platform; torch, Python and g++ report the same versions on both."""
+    import types
+
+    fake = types.SimpleNamespace(__version__="2.11.0+cu130", version=types.SimpleNamespace(cuda="13.0"))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    sdist = tmp_path / "transformer_engine_torch-2.20.2.tar.gz"
+    sdist.write_bytes(b"sources")
+    here = tebuild.cache_key(sdist)
+    assert tebuild.cache_key(sdist) == here  # the same inputs, the same key
+    monkeypatch.setattr(tebuild.platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(tebuild.sysconfig, "get_platform", lambda: "linux-aarch64")
+    assert tebuild.cache_key(sdist) != here
+    monkeypatch.undo()
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    sdist.write_bytes(b"other sources")
+    assert tebuild.cache_key(sdist) != here
