@@ -293,7 +293,10 @@ def write(root: Path, matrix: Matrix, images: list[Image], ca_bundle: str | None
             found_files[key] = wheel_files.wheel_files(wheel_lock, image.python, platform, index, glibc)
         return found_files[key]
 
-    trains = [i for i in images if i.flavor == "train"]
+    # A train image is locked over its runtime sibling: relocking the runtime relocks it too.
+    written = {i.name for i in images}
+    trains = [i for i in images if i.flavor == "train"] + [
+        t for t in matrix.images if t.flavor == "train" and t.name not in written and runtime_of(t).name in written]
     for image in [i for i in images if i.flavor != "train"]:  # resolve everything first: nothing is written if any row fails
         if keep_current and not amd64_problems(root, image, migrating=True):
             meta = read(root, image)
