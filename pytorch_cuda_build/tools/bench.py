@@ -592,6 +592,7 @@ def report_markdown(r: dict) -> str:
     if "banner" in r:
         b = r["banner"]
         lines.append(f"| banner start-up overhead (median difference, {b['runs']} runs) | {b['median_overhead_s'] * 1000:.0f} ms | <= 200 ms | {'yes' if b['median_overhead_s'] <= 0.2 else 'no'} |")
+    series_at = len(lines)  # the series table's head, dropped below when no series was measured
     lines += ["", "| series (s) | median | min | max | n |", "|---|---|---|---|---|"]
     if "rebuild_nochange_s" in r:
         lines.append(f"| no-change rebuild | {_s(r['rebuild_nochange_s'])} |")
@@ -604,6 +605,8 @@ def report_markdown(r: dict) -> str:
     if "banner" in r:
         lines += [f"| container start, banner on | {_s(r['banner']['with_banner_s'])} |",
                   f"| container start, banner off | {_s(r['banner']['without_banner_s'])} |"]
+    if len(lines) == series_at + 3:
+        del lines[series_at:]
     if "pull" in r:
         lines += ["", "## Pull cost", "", pullcost.markdown(r["pull"]).rstrip()]
     if "smoke_change" in r:
