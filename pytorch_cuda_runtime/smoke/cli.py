@@ -83,7 +83,10 @@ class Suite:
 
     def env(self, device="cpu", **extra):
         ext = self.ext["cpu" if device == "cpu" else "cuda"]
+        # PYTORCH_CUDA_MANIFEST: a worker that reads the manifest (extras) reads the one this
+        # suite was given with --manifest, not the image's default path.
         e = dict(os.environ, TORCH_EXTENSIONS_DIR=ext, PCR_TIMEOUT=str(self.args.timeout),
+                 PYTORCH_CUDA_MANIFEST=os.path.abspath(self.args.manifest),
                  PYTHONPATH=os.pathsep.join(filter(None, [PKG_PARENT, os.environ.get("PYTHONPATH")])))
         e.setdefault("OMP_NUM_THREADS", "1")  # 2 ranks on 2 cores: no oversubscription
         if device == "cpu":

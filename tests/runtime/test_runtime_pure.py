@@ -3,6 +3,7 @@
 Run: python3 -m unittest discover -s tests/runtime   (or: pytest tests/runtime)
 """
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -167,6 +168,16 @@ class SuiteLogicTests(unittest.TestCase):
                 del os.environ["PYTORCH_CUDA_MANIFEST"]
             else:
                 os.environ["PYTORCH_CUDA_MANIFEST"] = old
+
+    def test_workers_read_the_manifest_the_suite_was_given(self):
+        # The extras worker loads the manifest itself: `--manifest` must reach it, or a
+        # gpu-bundle's suite run by hand reads /opt/pytorch-cuda/manifest.json (seen on an H100).
+        with tempfile.TemporaryDirectory() as d:
+            suite = cli.Suite(cli.parse_args(["--manifest", "m.json", "--report", os.path.join(d, "r.json")]))
+            try:
+                self.assertEqual(suite.env("cuda")["PYTORCH_CUDA_MANIFEST"], os.path.abspath("m.json"))
+            finally:
+                shutil.rmtree(suite.work)
 
     def test_family_env_gives_compile_fresh_caches(self):
         env = cli.family_env("compile", "/w/compile_cpu1")
