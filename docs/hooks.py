@@ -18,6 +18,7 @@ PUBLISHED = {
     "bench/pull.md": "bench/pull.md",
     "bench/2.11.0-cuda13.0-train/report.md": "bench/2.11.0-cuda13.0-train.md",
     "bench/2.7.1-cuda12.1-train/report.md": "bench/2.7.1-cuda12.1-train.md",
+    "bench/gpu/2026-11-27-h100-2.11.0-cuda13.0-train/README.md": "bench/gpu-2026-11-27-h100.md",
     "bench/sizes.svg": "bench/sizes.svg",
     "bench/cold-build.svg": "bench/cold-build.svg",
     "CHANGELOG.md": "changelog.md",
