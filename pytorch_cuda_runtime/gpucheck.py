@@ -20,9 +20,13 @@ order, each step a check in the report:
   smoke.*            the smoke suite, its GPU half when a GPU is visible
 Then report.json and report.md: the GPU, driver, torch, CUDA and every check with its outcome.
 A step that cannot run says why and is never reported as passed. Exit 1 if a check failed,
-2 if the bundle or the arguments are unusable. Standard library only (torch in children).
+2 if the bundle or the arguments are unusable. Stopped (SIGTERM, SIGINT, SIGHUP: `timeout`, Ctrl-C),
+it stops the running step (SIGTERM first, so the smoke suite writes its own report), records
+`interrupted` with that step, writes the report of what finished and exits 128 + the signal.
+Standard library only (torch in children).
 """
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -37,6 +41,7 @@ import tempfile
 import time
 
 from . import banner, gpureport
+from .interrupt import Interrupted, catching
 from .smoke.results import FAIL, INFO, PASS, SKIP, record
 
 ARCH_ENV = "PYTORCH_CUDA_GPUCHECK_ARCH"
@@ -69,6 +74,7 @@ class Check:
         self.site = os.path.join(work, "site")  # the bundle's packages: first on PYTHONPATH, nothing replaced
         self.logs = os.path.join(report_dir, "logs")
         self.records, self.facts = [], {"python": platform.python_version(), "platform": platform.platform()}
+        self.current = None  # the step a child runs, for an interruption's record
         os.makedirs(self.logs, exist_ok=True)
 
     def add(self, check, status, expected=None, actual=None, detail=""):
@@ -85,14 +91,29 @@ class Check:
     def run(self, name, cmd, timeout=None, **extra):
         """A child with its output in logs/<name>.log; (returncode, log path, seconds)."""
         log = os.path.join(self.logs, name + ".log")
+        self.current = name
         t0 = time.monotonic()
         with open(log, "w") as f:
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=self.env(**extra), cwd=self.work)
             try:
-                rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=self.env(**extra), cwd=self.work,
-                                    timeout=timeout or self.timeout).returncode
+                rc = proc.wait(timeout=timeout or self.timeout)
             except subprocess.TimeoutExpired:
+                stop(proc)
                 rc = None
+            except BaseException:  # interrupted: the child (the smoke suite) writes its own report first
+                stop(proc)
+                raise
         return rc, log, round(time.monotonic() - t0, 1)
+
+
+def stop(proc, grace=60):
+    """SIGTERM, then SIGKILL after grace seconds: a smoke suite stops its step and writes its report."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def tail(path, n=3):
@@ -301,16 +322,30 @@ def run_smoke(c, manifest, with_deepspeed, reason):
     if not with_deepspeed:  # torch's own families still say something about this machine
         cmd += ["--only", "gpu,collectives,ddp,fsdp2,bf16,compile"]
         c.add("smoke.deepspeed", SKIP, detail=f"not run: versions, ZeRO and the ops' load test need DeepSpeed ({reason})")
-    rc, log, seconds = c.run("smoke", cmd, timeout=4 * 3600, PYTORCH_CUDA_MANIFEST=manifest, **loopback_env(c))
-    if not os.path.exists(report):
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(report)  # a previous run's report in the same directory must not pass for this one's
+    try:
+        rc, log, seconds = c.run("smoke", cmd, timeout=4 * 3600, PYTORCH_CUDA_MANIFEST=manifest, **loopback_env(c))
+    except Interrupted:
+        merge_smoke(c, report)  # the suite wrote what it finished before it stopped
+        raise
+    smoke = merge_smoke(c, report)
+    if smoke is None:
         c.add("smoke.report", FAIL, expected="the smoke suite's report", actual=f"none (exit {rc})", detail=tail(log))
         return 0
+    print(f"gpucheck: smoke suite: {smoke['summary']} in {seconds:g} s", file=sys.stderr, flush=True)
+    return int(smoke.get("gpus") or 0)
+
+
+def merge_smoke(c, report):
+    """The smoke suite's records join ours as smoke.<check>; None when it wrote no report."""
+    if not os.path.exists(report):
+        return None
     with open(report) as f:
         smoke = json.load(f)
     for r in smoke["results"]:
         c.records.append(dict(r, check=f"smoke.{r['check']}"))
-    print(f"gpucheck: smoke suite: {smoke['summary']} in {seconds:g} s", file=sys.stderr, flush=True)
-    return int(smoke.get("gpus") or 0)
+    return smoke
 
 
 def gpu_half(c, gpus):
@@ -377,14 +412,21 @@ def main(argv=None):
     c = Check(os.path.abspath(a.bundle), desc, report_dir, work, a.timeout)
     c.facts["nvidia_smi"] = [{"name": n, "driver": d, "capability": cap} for n, d, cap in banner.query_gpus() or []]
     t0 = time.monotonic()
+    stopped = None
     try:
-        steps(c, a.arch)
+        with catching():
+            try:
+                steps(c, a.arch)
+            except Interrupted as e:  # what finished still makes a report
+                stopped = e
+                c.add("interrupted", FAIL, expected="every step run", actual=f"{e} during {c.current}",
+                      detail="the steps after it did not run")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     paths = gpureport.write(report_dir, desc, c.facts, c.records, round(time.monotonic() - t0, 1))
     failed = sum(r["status"] == FAIL for r in c.records)
     print(f"gpucheck: {len(c.records)} checks, {failed} failed; {paths[0]} and {paths[1]}", file=sys.stderr)
-    return 1 if failed else 0
+    return stopped.exit_code if stopped else (1 if failed else 0)
 
 
 if __name__ == "__main__":

@@ -60,7 +60,8 @@ RUN_SH = """#!/bin/sh
 #   bash run.sh [--report DIR] [--arch X.Y] [--python PATH]
 # builds DeepSpeed {deepspeed}'s ops, installs it beside the machine's torch, runs the smoke
 # suite (its GPU half when a GPU is visible) and writes report.json and report.md.
-# Exit 0: every check that ran passed; 1: a check failed; 2: the bundle or the machine cannot run it.
+# Exit 0: every check that ran passed; 1: a check failed; 2: the bundle or the machine cannot run it;
+# 128 + N: stopped by signal N (143: SIGTERM, from `timeout`), after writing the report of what finished.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 py=${{PYTHON:-python3}}

@@ -12,6 +12,7 @@ import time
 
 from .. import banner
 from .. import manifest as mf
+from ..interrupt import Interrupted, catching
 from . import launch, nocompile, versions
 from .nocompile import empty_check
 from .results import FAIL, SKIP, read_rank_files, record, summary, table, write_report
@@ -80,6 +81,7 @@ class Suite:
         if seed and os.path.isdir(seed):
             shutil.copytree(seed, self.ext["cpu"], dirs_exist_ok=True, ignore=shutil.ignore_patterns("lock"))
         self.jit_builds = []  # [(op, built, step, seconds)] in the CPU directory
+        self.current = None
 
     def env(self, device="cpu", **extra):
         ext = self.ext["cpu" if device == "cpu" else "cuda"]
@@ -96,6 +98,7 @@ class Suite:
         return e
 
     def step(self, name, cmd, env, timeout=None):
+        self.current = name  # what an interruption stopped, for its record
         before = nocompile.built_ops(self.ext["cpu"])
         r = launch.run_step(cmd, env, timeout or self.args.timeout,
                             os.path.join(self.logs, name + ".log"))
@@ -210,12 +213,28 @@ def main(argv=None):
     args = parse_args(argv)
     t0 = time.monotonic()
     suite = Suite(args)
+    facts, stopped = {}, None
+    with catching():
+        try:
+            gpus = run_suite(suite, facts)
+        except Interrupted as e:  # the steps that finished still make a report
+            gpus, stopped = int(facts.get("cuda_device_count") or 0), e
+            suite.records.append(record("interrupted", FAIL, expected="every step run", actual=f"{e} during {suite.current}",
+                                        detail="the steps after it did not run; their records are missing"))
+    rc = finish(suite, gpus, time.monotonic() - t0, host_facts(facts))
+    return stopped.exit_code if stopped else rc
+
+
+def run_suite(suite, facts):
+    """Every step the arguments ask for, records into suite.records; returns the GPU count.
+    facts is filled as soon as the probe answers, so an interrupted run still reports the host."""
+    args = suite.args
     try:
         manifest = mf.load(args.manifest)
     except (OSError, ValueError) as e:
         manifest = {}
         suite.records.append(record("manifest", FAIL, expected=args.manifest, actual=str(e)))
-    facts = suite.probe("cpu" if args.cpu else "host")
+    facts.update(suite.probe("cpu" if args.cpu else "host"))
     gpus = 0 if args.cpu else int(facts.get("cuda_device_count") or 0)
     reason = "--cpu given" if args.cpu else "no CUDA device visible"
     print(f"pytorch-cuda-smoke: mode {'gpu x%d' % gpus if gpus else 'cpu x%d' % args.ranks}",
@@ -233,7 +252,7 @@ def main(argv=None):
         suite.records += run_family(suite, family, device, world)
     if "nocompile" in args.only:
         suite.records += nocompile.run_ops(suite, manifest) + nocompile.check_compiles(suite, gpus, runs)
-    return finish(suite, gpus, time.monotonic() - t0, host_facts(facts))
+    return gpus
 
 
 def host_facts(facts):

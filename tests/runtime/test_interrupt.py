@@ -1,0 +1,129 @@
+"""A smoke suite or gpucheck stopped by `timeout` (SIGTERM) still writes the report of what it
+finished, names the step it was in, stops that step's processes, and exits 128 + the signal.
+Real processes and real signals; no torch, no GPU."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from pytorch_cuda_runtime import gpucheck
+from pytorch_cuda_runtime.interrupt import Interrupted
+from pytorch_cuda_runtime.smoke.results import FAIL, PASS
+
+ROOT = Path(__file__).resolve().parents[2]
+# A step that says it started, with its pid, then waits far longer than any test.
+SLEEPER = "import os, time; print('started', os.getpid(), flush=True); time.sleep(600)"
+
+
+def start(tmp_path: Path, body: str) -> subprocess.Popen:
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(body))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, str(script)], env=env, cwd=tmp_path)
+
+
+def wait_for(path: Path, text: str, seconds: float = 60) -> str:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text():
+            return path.read_text()
+        time.sleep(0.1)
+    raise AssertionError(f"{path} never said {text!r}")
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return Path(f"/proc/{pid}/status").read_text().find("State:\tZ") >= 0
+
+
+def test_a_smoke_suite_stopped_by_sigterm_reports_what_finished(tmp_path):
+    report = tmp_path / "out" / "report.json"
+    proc = start(tmp_path, f"""
+        import sys
+        from pytorch_cuda_runtime.smoke import cli
+        from pytorch_cuda_runtime.smoke.results import PASS, record
+
+        def run_suite(suite, facts):  # one finished check, then a step that never ends
+            suite.records.append(record("finished", PASS))
+            suite.step("sleeper", [sys.executable, "-c", {SLEEPER!r}], suite.env())
+
+        cli.run_suite = run_suite
+        sys.exit(cli.main(["--report", {str(report)!r}, "--manifest", "absent.json"]))
+    """)
+    pid = int(wait_for(tmp_path / "out" / "logs" / "sleeper.log", "started").split()[-1])
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    results = {r["check"]: r for r in json.loads(report.read_text())["results"]}
+    assert results["finished"]["status"] == PASS
+    assert results["interrupted"]["status"] == FAIL and results["interrupted"]["actual"] == "SIGTERM during sleeper"
+    assert gone(pid)  # the step's process group went with it
+
+
+def test_gpucheck_stopped_by_sigterm_stops_its_child_gently_and_reports(tmp_path):
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "bundle.json").write_text(json.dumps({"image": "x", "torch": "2.11.0", "torch_cuda": "13.0", "deepspeed": "0.19.8",
+                                                   "python": "3", "files": {}}))
+    marker = tmp_path / "child-got-sigterm"
+    child = (f"import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (open({str(marker)!r}, 'w').close(), "
+             f"sys.exit(0))); {SLEEPER}")
+    proc = start(tmp_path, f"""
+        import sys
+        from pytorch_cuda_runtime import gpucheck
+        from pytorch_cuda_runtime.smoke.results import PASS
+
+        def steps(c, arch):
+            c.add("finished", PASS)
+            c.run("sleeper", [sys.executable, "-c", {child!r}])
+
+        gpucheck.steps = steps
+        gpucheck.banner.query_gpus = lambda: None
+        sys.exit(gpucheck.main(["--bundle", {str(bundle)!r}, "--report", {str(tmp_path / "r")!r}]))
+    """)
+    wait_for(tmp_path / "r" / "logs" / "sleeper.log", "started")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=90) == 128 + signal.SIGTERM
+    assert marker.exists()  # SIGTERM first: a smoke suite gets to write its own report
+    checks = {r["check"]: r for r in json.loads((tmp_path / "r" / "report.json").read_text())["checks"]}
+    assert checks["finished"]["status"] == PASS
+    assert checks["interrupted"]["status"] == FAIL and checks["interrupted"]["actual"] == "SIGTERM during sleeper"
+    assert "| interrupted |" in (tmp_path / "r" / "report.md").read_text()
+
+
+def test_an_interrupted_smoke_step_still_brings_the_suites_records(tmp_path, monkeypatch):
+    c = gpucheck.Check(str(tmp_path), {"files": {}}, str(tmp_path / "r"), str(tmp_path), 60)
+    report = tmp_path / "r" / "smoke" / "report.json"
+
+    def stopped(name, cmd, timeout=None, **extra):  # the suite wrote its report, then gpucheck was stopped
+        report.parent.mkdir(parents=True)
+        report.write_text(json.dumps({"results": [{"check": "zero3.loss", "status": PASS}]}))
+        raise Interrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(c, "run", stopped)
+    with pytest.raises(Interrupted):
+        gpucheck.run_smoke(c, "m.json", True, None)
+    assert c.records == [{"check": "smoke.zero3.loss", "status": PASS}]
+
+
+def test_a_previous_runs_smoke_report_is_not_taken_for_this_ones(tmp_path, monkeypatch):
+    c = gpucheck.Check(str(tmp_path), {"files": {}}, str(tmp_path / "r"), str(tmp_path), 60)
+    old = tmp_path / "r" / "smoke" / "report.json"
+    old.parent.mkdir(parents=True)
+    old.write_text(json.dumps({"results": [{"check": "old", "status": PASS}], "summary": {}}))
+    log = tmp_path / "smoke.log"
+    log.write_text("crashed\n")
+    monkeypatch.setattr(c, "run", lambda *a, **k: (1, str(log), 0.1))
+    monkeypatch.setattr(gpucheck, "loopback_env", lambda c: {})
+    assert gpucheck.run_smoke(c, "m.json", True, None) == 0
+    assert [r["check"] for r in c.records] == ["smoke.report"] and c.records[0]["status"] == FAIL
