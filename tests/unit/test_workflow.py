@@ -1,8 +1,10 @@
 """The GitHub Actions workflow: valid for actionlint, and consistent with build.py."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
+from pathlib import Path
 
 import yaml
 
@@ -25,6 +27,44 @@ def test_actionlint_catches_a_broken_workflow(tmp_path):
     (tmp_path / "broken.yml").write_text(broken)
     proc = subprocess.run([venv_tool("actionlint"), "-no-color", str(tmp_path / "broken.yml")], capture_output=True, text=True)
     assert proc.returncode == 1 and "matrx" in proc.stdout and "timeout-minuts" in proc.stdout, proc.stdout
+
+
+def zizmor(workflows: Path) -> list[dict]:
+    """zizmor's findings at medium severity and above, offline (no GitHub API): what a security
+    team's audit of the workflow reports."""
+    proc = subprocess.run([venv_tool("zizmor"), "--offline", "--min-severity", "medium", "--format", "json", str(workflows)],
+                          capture_output=True, text=True)
+    findings = json.loads(proc.stdout or "null")
+    assert isinstance(findings, list) and (proc.returncode == 0) == (not findings), proc.stderr[-2000:]
+    return findings
+
+
+def test_zizmor_finds_nothing_in_the_workflow():
+    findings = zizmor(WORKFLOW.parent)
+    assert not findings, [(f["ident"], f["locations"][0]["symbolic"]["annotation"]) for f in findings]
+
+
+def test_zizmor_catches_an_unpinned_action_and_persisted_credentials(tmp_path):
+    """The audit above can fail: a tag instead of a commit, and a checkout that keeps its token."""
+    text = WORKFLOW.read_text()
+    text = re.sub(r"actions/setup-python@[0-9a-f]{40} # v[\d.]+", "actions/setup-python@v6", text, count=1)
+    text = text.replace("        with:\n          persist-credentials: false\n", "", 1)
+    workflows = tmp_path / ".github" / "workflows"
+    workflows.mkdir(parents=True)
+    (workflows / "images.yml").write_text(text)
+    assert {f["ident"] for f in zizmor(workflows)} == {"unpinned-uses", "artipacked"}
+
+
+def test_each_action_is_pinned_to_one_commit_with_its_version():
+    """A full commit SHA and its release in a comment, the same pin wherever the action is used
+    (the SHAs were read from each action's repository at that tag, docs/security.md)."""
+    uses = re.findall(r"uses: (\S+)(.*)", WORKFLOW.read_text())
+    pins: dict[str, set[str]] = {}
+    for ref, comment in uses:
+        action, _, sha = ref.partition("@")
+        assert re.fullmatch(r"[0-9a-f]{40}", sha) and re.fullmatch(r" # v\d+\.\d+\.\d+", comment), ref + comment
+        pins.setdefault(action, set()).add(sha + comment)
+    assert uses and all(len(p) == 1 for p in pins.values()), pins
 
 
 def _jobs() -> dict:
