@@ -13,7 +13,7 @@ from .jobs import kubernetes, slurm
 from .tools import bench, engine_current
 
 COMPRESSIONS = ("gzip", "zstd")  # publish's layer compression (stages/zstd.py)
-COMMANDS = ("build", "list", "matrix", "lock", "render", "test", "publish", "prune", "selftest", "bench", "sbom", "verify", "engine", "gpu-bundle", "job")
+COMMANDS = ("build", "list", "matrix", "lock", "render", "test", "publish", "prune", "selftest", "bench", "sbom", "verify", "base", "engine", "gpu-bundle", "job")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -159,6 +159,15 @@ def parser() -> argparse.ArgumentParser:
                          "rebuild on a fresh machine does (about 4 min more per build on 2 cores)")
     _platform(vf)
     _docker_ca(vf)
+
+    bs = sub.add_parser("base", help="build (or, --rebuild, build anew) a row's local base and say whether it is the "
+                                     "recorded one: its diff_id, image ID and the mirror state it came from")
+    _selection(bs)
+    bs.add_argument("--rebuild", action="store_true", help="build the base anew even if this machine has it")
+    bs.add_argument("--record", action="store_true",
+                    help="write its identity to images/<image>/base.json of every row that shares this base")
+    _platform(bs)
+    _docker_ca(bs)
 
     sb = sub.add_parser("sbom", help="CycloneDX SBOM (Python and Debian packages) of any local image")
     sb.add_argument("image", help="image reference or ID")

@@ -14,8 +14,8 @@ import requests
 from . import ca, console, files, jobs, matrix, pipeline, scheduler
 from .arguments import COMMANDS, parser
 from .engine import docker_env
-from .errors import PipelineError
-from .stages import build, inputs, lock, publish, render, sbom, tag, zstd
+from .errors import PipelineError, UsageError
+from .stages import base, build, inputs, lock, publish, render, sbom, tag, zstd
 from .tools import bench, engine_current, gpubundle, propose, pullcost, selftest, verify
 from .validate import validate
 
@@ -160,6 +160,24 @@ def cmd_verify(m: matrix.Matrix, args) -> int:
         print(verify.verdict(comparison, note))
         reproducible &= comparison.reproducible
     return 0 if reproducible else 1
+
+
+def cmd_base(m: matrix.Matrix, args) -> int:
+    row = m.select(args.torch, args.cuda, args.flavor)
+    if row.os.kind == "registry":
+        raise UsageError(f"{row.name}'s base is the registry image {row.os.image}: it is pulled, never built")
+    for image in pipeline.platforms(row, args.platform):
+        docker_env.ensure_emulation(image.platform, log)
+        c, bc = docker_env.ensure_engine(log), docker_env.build_client(args.docker)
+        results = pipeline.results_dir(ROOT, image)
+        results.mkdir(parents=True, exist_ok=True)
+        base.ensure(c, image, results, log, docker_cli=bc.argv[0], root=ROOT, rebuild=args.rebuild)
+        found = {**base.identity(c, render.base_ref(image), results), "store": docker_env.image_store(c)}
+        print(base.describe(render.base_ref(image), found))
+        if args.record:
+            for path in base.record(ROOT, m, image, found, build.source(ROOT).revision):
+                log(f"recorded in {path.relative_to(ROOT)}")
+    return 0
 
 
 def cmd_sbom(m: matrix.Matrix, args) -> int:

@@ -208,7 +208,7 @@ class _Row:
         image, opts, log = self.image, self.opts, self.console.log
         self.results.mkdir(parents=True, exist_ok=True)
         with self.stage("base"):
-            base_id = base.ensure(c, image, self.results, log, docker_cli=bc.argv[0])
+            base_id = base.ensure(c, image, self.results, log, docker_cli=bc.argv[0], root=self.root)
         image_id = self.build(c, bc, base_id)
         self.result.image_id = image_id
         if opts.no_test:

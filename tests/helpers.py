@@ -355,7 +355,7 @@ def current_engine(store: str = "containerd"):
 
 
 def base_in_current_engine(current: dict[str, str], docker_client, row, tmp: Path) -> str:
-    """The row's base rootfs in the current engine's store: built by 20.10's debootstrap (root)
+    """The row's base rootfs in the current engine's store: built by mmdebstrap and loaded into 20.10
     if need be, then carried over with docker save | docker load. Its reference."""
     from pytorch_cuda_build.stages import base, render
 

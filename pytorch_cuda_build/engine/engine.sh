@@ -4,9 +4,9 @@
 # Our build hosts start with only a Docker client. As root on Debian we install
 # Debian's docker.io and start dockerd; anywhere else we stop with a message,
 # because installing an engine is the machine owner's decision, not ours.
-# Also installs debootstrap (local base images), and docker-registry, skopeo and zstd (publish
+# Also installs mmdebstrap (local base images, pytorch_cuda_build/stages/base.py), and docker-registry, skopeo and zstd (publish
 # tests; publish reads the registry back with skopeo, and compresses zstd layers), Slurm's daemons, munge, umoci and runc (the
-# Slurm test), podman, sudo, mmdebstrap and uidmap (the workflow
+# Slurm test), podman, sudo and uidmap (the workflow
 # replay) when asked with --with-registry.
 #
 # Sourcing this file defines its functions without running anything (the unit tests
@@ -158,7 +158,7 @@ main() {
 
   local need_pkgs=()
   if ! command -v dockerd >/dev/null 2>&1; then need_pkgs+=(docker.io); fi
-  if ! command -v debootstrap >/dev/null 2>&1; then need_pkgs+=(debootstrap); fi
+  if ! command -v mmdebstrap >/dev/null 2>&1; then need_pkgs+=(mmdebstrap); fi
   if ! command -v objdump >/dev/null 2>&1; then need_pkgs+=(binutils); fi
   if [ "$want_registry" = 1 ] && [ ! -x /usr/bin/docker-registry ]; then need_pkgs+=(docker-registry); fi
   if [ "$want_registry" = 1 ] && ! command -v skopeo >/dev/null 2>&1; then need_pkgs+=(skopeo); fi
@@ -167,7 +167,6 @@ main() {
   # The workflow replay's runner user (tests/integration/test_workflow_replay.py) has sudo, as a hosted runner's does.
   if [ "$want_registry" = 1 ] && ! command -v sudo >/dev/null 2>&1; then need_pkgs+=(sudo); fi
   # ... and, without sudo, builds the base with mmdebstrap in a user namespace (newuidmap is uidmap's).
-  if [ "$want_registry" = 1 ] && ! command -v mmdebstrap >/dev/null 2>&1; then need_pkgs+=(mmdebstrap); fi
   if [ "$want_registry" = 1 ] && ! command -v newuidmap >/dev/null 2>&1; then need_pkgs+=(uidmap); fi
   # The host-list parser of pytorch-cuda-launch is checked against Slurm's own scontrol.
   if [ "$want_registry" = 1 ] && ! command -v scontrol >/dev/null 2>&1; then need_pkgs+=(slurm-client); fi
@@ -197,7 +196,7 @@ main() {
     exit 3
   fi
   if ! command -v apt-get >/dev/null 2>&1 && [ ${#need_pkgs[@]} -gt 0 ]; then
-    say "need ${need_pkgs[*]} but this is not a Debian-like system; install Docker Engine and debootstrap yourself"
+    say "need ${need_pkgs[*]} but this is not a Debian-like system; install Docker Engine and mmdebstrap yourself"
     exit 3
   fi
 

@@ -1,20 +1,33 @@
 """The base of every image: a digest-pinned registry image, or a rootfs built locally.
 
-Our build hosts reach no container registry, so the default matrix builds its Debian
-root filesystem from the Debian mirror and loads it into Docker once, named after the
-recipe's hash so a changed recipe never reuses an old base. Two ways, by what the user may:
+Our build hosts reach no container registry, so the default matrix builds its Debian root
+filesystem from the Debian mirror and loads it into Docker once, named after the recipe's hash
+so a changed recipe never reuses an old base.
 
-- root, or password-less sudo (a hosted runner's user): debootstrap, then `docker import`;
-- neither: mmdebstrap in a user namespace (the user's /etc/subuid range) writes the tree as a
-  tarball, the same bytes on every run from the same mirror state (SOURCE_DATE_EPOCH), and
-  BuildKit makes it an image (`FROM scratch`, `ADD`), so no root and no `docker import`.
+The rootfs is the same bytes wherever it is built, from the same recipe and mirror state:
+mmdebstrap with SOURCE_DATE_EPOCH writes a tarball with fixed file times and order, as root
+(`--mode=root`, directly or through password-less sudo, as on a hosted runner) or as a user
+without either (`--mode=unshare`, in the user's /etc/subuid range). This module then writes the
+image around it itself: the tarball is the one layer, unchanged (its sha256 is the diff_id), and
+the config is fixed bytes (creation time SOURCE_DATE_EPOCH), so `docker load` gives one image ID
+on every engine: the config's digest on the classic store, the manifest's on containerd's.
+`docker import` would stamp the time of the import, and BuildKit's `ADD` re-packs the tree.
+
+What a built base was made from (mmdebstrap's own view of the suite's signed InRelease date) and
+what it is (diff_id, image ID) go to build-results/<image>/base.json; `images/<image>/base.json`,
+where committed, is the recorded identity a build compares against (docs/reproducibility.md).
 """
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import os
 import shutil
 import subprocess
+import tarfile
 import tempfile
+from datetime import datetime, timezone
 from pathlib import Path
 
 import docker
@@ -22,11 +35,12 @@ import docker.errors
 from filelock import FileLock
 
 from .. import paths
-from ..engine import docker_env
-from ..errors import BuildError, EnvironmentProblem
+from ..errors import BuildError, EnvironmentProblem, UsageError
 from ..matrix import REPRODUCIBLE_EPOCH, Image
 from ..progress import log_tail
 from . import render
+
+RECORD = "base.json"  # images/<image>/base.json: the identity recorded for a commit
 
 
 def image_id(c: docker.DockerClient, ref: str) -> str | None:
@@ -36,29 +50,40 @@ def image_id(c: docker.DockerClient, ref: str) -> str | None:
         return None
 
 
-def ensure(c: docker.DockerClient, image: Image, log_dir: Path, log=print, *, docker_cli: str) -> str:
-    """The base image's ID, building the rootfs first if this machine lacks it; docker_cli
-    (the user's --docker) imports it."""
+def ensure(c: docker.DockerClient, image: Image, log_dir: Path, log=print, *, docker_cli: str,
+           root: Path | None = None, rebuild: bool = False) -> str:
+    """The base image's ID, building the rootfs first if this machine lacks it (or, rebuild,
+    anew in any case); docker_cli (the user's --docker) loads it. With the project's root, a
+    local base is compared with the identity recorded for it, in one line of the log."""
     ref = render.base_ref(image)
-    found = image_id(c, ref)
-    if found:
-        return found
-    if image.os.kind == "registry":
-        raise EnvironmentProblem(f"base {ref} is not present locally; pull it first (docker pull {ref})")
-    paths.STATE_DIR.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(paths.STATE_DIR / "rootfs.lock")):  # two builds never debootstrap at once
-        return image_id(c, ref) or _rootfs(c, image, ref, log_dir, log, docker_cli)
+    found = None if rebuild else image_id(c, ref)
+    if not found:
+        if image.os.kind == "registry":
+            raise EnvironmentProblem(f"base {ref} is not present locally; pull it first (docker pull {ref})")
+        paths.STATE_DIR.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(paths.STATE_DIR / "rootfs.lock")):  # two builds never bootstrap at once
+            found = (None if rebuild else image_id(c, ref)) or _rootfs(c, image, ref, log_dir, log, docker_cli)
+    if root is not None and image.os.kind != "registry":
+        log(f"base {ref}: {compare(identity(c, ref, log_dir), recorded(root, image))}")
+    return found
+
+
+def identity(c: docker.DockerClient, ref: str, log_dir: Path) -> dict:
+    """What the local base is: its diff_id and ID, and the mirror state where this run built it."""
+    attrs = c.images.get(ref).attrs
+    layers = attrs.get("RootFS", {}).get("Layers") or []
+    built = log_dir / RECORD
+    made = json.loads(built.read_text()) if built.exists() else {}
+    found = {"diff_id": layers[0] if len(layers) == 1 else None, "image_id": attrs["Id"]}
+    return {**made, **found} if made.get("diff_id") == found["diff_id"] else found
 
 
 def _rootfs(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, log, docker_cli: str) -> str:
     root = as_root()
-    if root is not None:
-        return _debootstrap(c, image, ref, log_dir, log, docker_cli, root)
     if not shutil.which("mmdebstrap"):
-        raise EnvironmentProblem(f"building base {ref} needs root or password-less sudo (debootstrap), or mmdebstrap "
-                                 "for a user with neither (Debian: apt-get install mmdebstrap uidmap); "
-                                 "or pin a registry base")
-    return _mmdebstrap(c, image, ref, log_dir, log, docker_cli)
+        raise EnvironmentProblem(f"building base {ref} needs mmdebstrap (Debian: apt-get install mmdebstrap; a user "
+                                 "with neither root nor password-less sudo also needs uidmap); or pin a registry base")
+    return _mmdebstrap(c, image, ref, log_dir, log, docker_cli, root)
 
 
 def as_root() -> list[str] | None:
@@ -71,94 +96,177 @@ def as_root() -> list[str] | None:
     return None
 
 
-def _debootstrap(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, log, docker_cli: str,
-                 root: list[str]) -> str:
-    # /usr/sbin is not on a normal user's PATH, and debootstrap lives there
-    debootstrap = shutil.which("debootstrap", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
-    if not debootstrap:
-        raise EnvironmentProblem("debootstrap is not installed (Debian: apt-get install debootstrap)")
+# mmdebstrap's customize hook, outside the chroot ($1 is the tree): first the mirror state the
+# tree was made from (each suite's signed InRelease date, into a file named by $STATE); then no
+# apt lists, downloaded .debs or binary caches in the base, as in every later apt layer (the
+# `partial` directories stay as apt made them, whatever the caller's umask); and not the host's
+# /etc/hostname and /etc/resolv.conf, which mmdebstrap copies in as debootstrap does: they made
+# the tree differ by machine, and put this host's name server into every image. Docker, Podman,
+# enroot and Kubernetes mount both into each container.
+HOOK = (
+    'for f in "$1"/var/lib/apt/lists/*_InRelease; do '
+    'printf "%s\\t%s\\n" "${f##*/}" "$(sed -n "s/^Date: //p" "$f" | head -n1)"; done > "$STATE"; '
+    'find "$1"/var/lib/apt/lists "$1"/var/cache/apt/archives -mindepth 1 -maxdepth 1 ! -name partial -exec rm -rf {} +; '
+    'rm -f "$1"/var/cache/apt/*.bin "$1"/etc/hostname "$1"/etc/resolv.conf'
+)
+# Merged /usr as debootstrap makes it (the symlinks and the usr-is-merged package), not through
+# the usrmerge package, which pulls perl into the base (47 MB).
+MERGED_USR = "/usr/share/mmdebstrap/hooks/merged-usr"
+
+
+def mmdebstrap_command(image: Image, root: list[str] | None) -> list[str]:
+    """The rootfs as a tarball on stdout (so the file is the caller's, whoever runs mmdebstrap)."""
+    os_ = image.os
+    mode = "unshare" if root is None else "root"
+    # sudo drops the environment: SOURCE_DATE_EPOCH goes through `env`, as STATE does.
+    env = ["env", f"SOURCE_DATE_EPOCH={REPRODUCIBLE_EPOCH}"]
+    return [*(root or []), *env, "mmdebstrap", f"--mode={mode}", f"--arch={image.arch}", f"--variant={os_.variant}",
+            "--skip=cleanup/apt/lists", "--skip=cleanup/apt/cache", f"--hook-dir={MERGED_USR}", f"--customize-hook={HOOK}",
+            os_.suite, "-", os_.mirror]
+
+
+def _mmdebstrap(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, log, docker_cli: str,
+                root: list[str] | None) -> str:
     os_ = image.os
     log_path = log_dir / "rootfs.log"
-    via = " (through sudo)" if root else ""
-    # Another architecture's second stage runs its own binaries in the chroot, through QEMU.
-    arch = [] if image.platform == "linux/amd64" else [f"--arch={image.arch}"]
-    if arch:
-        _buildkit(docker_cli)  # it loads the tree: checked before minutes of debootstrap
-    log(f"building base {ref}: debootstrap {' '.join(arch + [f'--variant={os_.variant}'])} {os_.suite} {os_.mirror}{via} "
-        f"(log: {log_path})")
+    how = "as root" if root == [] else "through sudo" if root else "without root, in a user namespace"
+    log(f"building base {ref}: mmdebstrap --arch={image.arch} --variant={os_.variant} {os_.suite} {os_.mirror} "
+        f"({how}; log: {log_path})")
     with tempfile.TemporaryDirectory(prefix="pytorch-cuda-rootfs-") as tmp, open(log_path, "w") as out:
-        target = Path(tmp) / "rootfs"
-        try:
-            cmd = [*root, debootstrap, *arch, f"--variant={os_.variant}", os_.suite, str(target), os_.mirror]
-            if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
-                raise BuildError("debootstrap of the base rootfs", str(log_path), log_tail(log_path))
-            # Debootstrap leaves apt lists and caches; they are not part of the base's identity.
-            junk = [target / "var/lib/apt/lists", target / "var/cache/apt/archives"]
-            subprocess.run([*root, "rm", "-rf", *map(str, junk)], check=True)
-            subprocess.run([*root, "mkdir", "-p", *(str(j / "partial") for j in junk)], check=True)
-            tar_cmd = [*root, "tar", "--numeric-owner", "-C", str(target), "-c", "."]
-            if image.platform == "linux/amd64":
-                tar = subprocess.Popen(tar_cmd, stdout=subprocess.PIPE)
-                imp = subprocess.run([docker_cli, "import", "-", ref], stdin=tar.stdout, stdout=out, stderr=subprocess.STDOUT)
-                tar.wait()
-                if tar.returncode != 0 or imp.returncode != 0:
-                    raise BuildError("importing the base rootfs into Docker", str(log_path), log_tail(log_path))
-            else:
-                # `docker import --platform` records amd64 on Docker 20.10 whatever it is told: BuildKit
-                # loads the tree instead, as the image of the platform it builds for.
-                ctx = Path(tmp) / "context"
-                ctx.mkdir()
-                with open(ctx / "rootfs.tar", "wb") as tarball:
-                    if subprocess.run(tar_cmd, stdout=tarball, stderr=out).returncode != 0:
-                        raise BuildError("packing the base rootfs", str(log_path), log_tail(log_path))
-                out.flush()
-                _load(docker_cli, ctx, ref, image.platform, out, log_path)
-        finally:
-            if root:  # the tree is root's: the temporary directory's own clean-up cannot remove it
-                subprocess.run([*root, "rm", "-rf", str(target)], check=False)
-    log(f"base {ref} ready")
-    return c.images.get(ref).id
+        work = Path(tmp)
+        work.chmod(0o711)  # an unshare-mode hook runs as a uid of the user's subuid range: it passes through
+        state = work / "state"
+        state.mkdir()
+        state.chmod(0o777)  # the hook may run as a mapped uid (unshare mode) or as root (sudo)
+        tarball = work / "rootfs.tar"
+        cmd = mmdebstrap_command(image, root)
+        cmd.insert(cmd.index("mmdebstrap"), f"STATE={state / 'inrelease'}")
+        with open(tarball, "wb") as tar_out:
+            proc = subprocess.run(cmd, stdout=tar_out, stderr=out)
+        if proc.returncode != 0:
+            raise BuildError("mmdebstrap of the base rootfs" + ("" if root is not None else
+                             " (as a user: it needs user namespaces and a /etc/subuid range)"),
+                             str(log_path), log_tail(log_path))
+        identity = {"recipe": ref, "platform": image.platform, "rootfs_sha256": file_sha256(tarball),
+                    "mirror": mirror_state(state / "inrelease")}
+        archive = work / "image.tar"
+        write_archive(archive, tarball, ref, image)
+        load = subprocess.run([docker_cli, "load", "--input", str(archive)], stdout=out, stderr=subprocess.STDOUT)
+        if load.returncode != 0:
+            raise BuildError("loading the base rootfs into Docker (docker load)", str(log_path), log_tail(log_path))
+    image_id = c.images.get(ref).id
+    identity.update(diff_id=f"sha256:{identity['rootfs_sha256']}", image_id=image_id)
+    (log_dir / RECORD).write_text(json.dumps(identity, indent=2, sort_keys=True) + "\n")
+    log(f"base {ref} ready: diff_id {identity['diff_id'][:19]}..., image ID {image_id[:19]}...")
+    return image_id
 
 
-def _buildkit(docker_cli: str) -> docker_env.BuildClient:
-    bc = docker_env.probe(docker_cli)
-    if bc is None:
-        raise EnvironmentProblem(f"{docker_cli} has no BuildKit (buildx) to load the base rootfs with")
-    return bc
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def _load(docker_cli: str, ctx: Path, ref: str, platform: str, out, log_path: Path) -> None:
-    """ctx/rootfs.tar into the engine as ref, an image of platform, with BuildKit (FROM scratch, ADD)."""
-    bc = _buildkit(docker_cli)
-    (ctx / "Dockerfile").write_text("FROM scratch\nADD rootfs.tar /\n")  # ADD unpacks it, owners and modes kept
-    argv = [*bc.argv, "--progress=plain", "--platform", platform, "--tag", ref]
-    if "buildx" in bc.argv:
-        argv.append("--provenance=false")  # a plain image, as `docker import` gives
-    if subprocess.run([*argv, str(ctx)], stdout=out, stderr=subprocess.STDOUT, env=docker_env.build_env(bc)).returncode != 0:
-        raise BuildError("loading the base rootfs into Docker (BuildKit)", str(log_path), log_tail(log_path))
+def mirror_state(path: Path) -> dict[str, str]:
+    """{apt list file of the suite's InRelease: its Date, ISO 8601}: the mirror as mmdebstrap read it."""
+    state = {}
+    for line in path.read_text().splitlines() if path.exists() else []:
+        name, _, date = line.partition("\t")
+        if name and date:
+            state[name.removesuffix("_InRelease")] = iso_date(date)
+    return state
 
 
-def _mmdebstrap(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, log, docker_cli: str) -> str:
-    """The rootfs as an unprivileged user: mmdebstrap in a user namespace, loaded by BuildKit."""
-    _buildkit(docker_cli)  # before minutes of mmdebstrap
-    os_ = image.os
-    log_path = log_dir / "rootfs.log"
-    log(f"building base {ref}: mmdebstrap --mode=unshare --arch={image.arch} --variant={os_.variant} {os_.suite} "
-        f"{os_.mirror} (no root; log: {log_path})")
-    with tempfile.TemporaryDirectory(prefix="pytorch-cuda-rootfs-") as tmp, open(log_path, "w") as out:
-        ctx = Path(tmp)
-        # Like the debootstrap path: no apt lists, caches or their lock files in the base.
-        # mmdebstrap's own clean-up runs after this hook and leaves the lock files: skipped.
-        clean = 'rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/archives/* "$1"/var/cache/apt/*.bin; ' \
-                'mkdir -p "$1"/var/lib/apt/lists/partial "$1"/var/cache/apt/archives/partial'
-        cmd = ["mmdebstrap", "--mode=unshare", f"--arch={image.arch}", f"--variant={os_.variant}", "--skip=cleanup/apt/lists",
-               "--skip=cleanup/apt/cache", f"--customize-hook={clean}", os_.suite, str(ctx / "rootfs.tar"), os_.mirror]
-        # File times and the tar's order fixed: the same tarball from the same mirror state.
-        env = {**os.environ, "SOURCE_DATE_EPOCH": str(REPRODUCIBLE_EPOCH)}
-        if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode != 0:
-            raise BuildError("mmdebstrap of the base rootfs (as a user: it needs user namespaces and a "
-                             "/etc/subuid range)", str(log_path), log_tail(log_path))
-        out.flush()
-        _load(docker_cli, ctx, ref, image.platform, out, log_path)
-    log(f"base {ref} ready")
-    return c.images.get(ref).id
+def iso_date(rfc2822: str) -> str:
+    """`Sat, 15 Nov 2026 09:12:34 UTC` (a Release file's Date) as 2026-11-15T09:12:34Z."""
+    stamp = datetime.strptime(rfc2822.strip().replace("UTC", "+0000"), "%a, %d %b %Y %H:%M:%S %z")
+    return stamp.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def image_config(image: Image, diff_id: str) -> bytes:
+    """The base image's config: fixed bytes for one rootfs, so its digest (the classic store's
+    image ID) is the same on every machine and every day."""
+    created = datetime.fromtimestamp(REPRODUCIBLE_EPOCH, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    config = {
+        "architecture": image.arch,
+        "os": "linux",
+        "created": created,
+        "config": {},
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        "history": [{"created": created, "created_by": f"mmdebstrap --variant={image.os.variant} {image.os.suite} "
+                                                       f"{image.os.mirror} (SOURCE_DATE_EPOCH={REPRODUCIBLE_EPOCH})"}],
+    }
+    if image.arch == "arm64":
+        config["variant"] = "v8"
+    return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+
+
+def write_archive(archive: Path, tarball: Path, ref: str, image: Image) -> None:
+    """A `docker save` archive (the format every `docker load` reads) of one layer, the tarball as it is."""
+    diff = file_sha256(tarball)
+    config = image_config(image, f"sha256:{diff}")
+    config_name = hashlib.sha256(config).hexdigest() + ".json"
+    manifest = json.dumps([{"Config": config_name, "RepoTags": [ref], "Layers": [f"{diff}/layer.tar"]}]).encode()
+    with tarfile.open(archive, "w") as out:
+        for name, data in ((config_name, config), ("manifest.json", manifest)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), REPRODUCIBLE_EPOCH
+            out.addfile(info, io.BytesIO(data))
+        info = out.gettarinfo(str(tarball), arcname=f"{diff}/layer.tar")
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        with open(tarball, "rb") as f:
+            out.addfile(info, f)
+
+
+def recorded(root: Path, image: Image) -> dict | None:
+    """The identity committed for this image's base on its platform (images/<image>/base.json)."""
+    path = root / "images" / image.name / RECORD
+    if not path.exists():
+        return None
+    return json.loads(path.read_text()).get(image.platform)
+
+
+def compare(found: dict, record: dict | None) -> str:
+    """One line: whether a base built here is the recorded one, and if not, what differs."""
+    if record is None:
+        return "no identity recorded for this base (images/<image>/base.json): nothing to compare"
+    if found["diff_id"] == record["diff_id"]:
+        return f"the recorded base: diff_id {found['diff_id'][:19]}... (mirror of {_dates(record)})"
+    moved = found.get("mirror") != record.get("mirror")
+    return (f"NOT the recorded base: diff_id {found['diff_id'][:19]}... against {record['diff_id'][:19]}... recorded; "
+            + (f"the mirror moved since ({_dates(record)} then, {_dates(found)} now)" if moved else
+               f"from the same mirror state ({_dates(found)})"))
+
+
+def _dates(identity: dict) -> str:
+    return ", ".join(f"{k.split('_dists_')[-1]} {v}" for k, v in sorted((identity.get("mirror") or {}).items())) or "unknown"
+
+
+def describe(ref: str, found: dict) -> str:
+    """What `build.py base` prints: the base's identity, one fact a line."""
+    lines = [f"base:        {ref}", f"diff_id:     {found.get('diff_id')}",
+             f"image ID:    {found['image_id']} ({found['store']} store)"]
+    for suite, date in sorted((found.get("mirror") or {}).items()):
+        lines.append(f"mirror:      {suite.replace('_dists_', ' ')} InRelease {date}")
+    return "\n".join(lines)
+
+
+def record(root: Path, matrix, image: Image, found: dict, revision: str) -> list[Path]:
+    """Write found as the recorded identity of this base on image's platform, in the base.json
+    of every row that shares it (same base name and platform); the paths written."""
+    if not found.get("diff_id") or not found.get("mirror"):
+        raise UsageError(f"nothing to record: the base {render.base_ref(image)} was not built by this checkout's "
+                         "build.py, so its mirror state is unknown (build.py base --rebuild --record)")
+    entry = {"diff_id": found["diff_id"], "image_id": found["image_id"], "store": found["store"], "mirror": found["mirror"],
+             "revision": revision, "recorded": datetime.now(timezone.utc).strftime("%Y-%m-%d")}
+    written = []
+    for row in matrix.images:
+        if image.platform not in row.platforms or render.base_ref(row.on(image.platform)) != render.base_ref(image):
+            continue
+        path = root / "images" / row.name / RECORD
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data[image.platform] = entry
+        path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        written.append(path)
+    return written
+

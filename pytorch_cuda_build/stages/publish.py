@@ -12,8 +12,9 @@ dry run that prints what would move. Before the registry is contacted, `screen` 
 an image whose vulnerabilities.json (security.py) lists a critical advisory not allowed.
 
 A locally built base rootfs goes first, under an immutable tag that names its image ID
-(`pytorch-cuda-rootfs:bookworm-<recipe>-<id12>`): debootstrap gives every machine another
-base, and a rebuild from the commit has one digest with the publisher's only on the same base.
+(`pytorch-cuda-rootfs:bookworm-<recipe>-<id12>`): a rebuild from the commit has one digest with
+the publisher's only on the same base, and a base rebuilt from a mirror that has moved since is
+another one; the published base is what a rebuild can always take.
 
 With compression="zstd" (containerd store only) a row's dated tag gets the image's zstd form
 (zstd.py: the same config, zstd layers), read back as that config with every layer zstd, and its

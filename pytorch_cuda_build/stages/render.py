@@ -13,7 +13,7 @@ from pathlib import Path
 import jinja2
 
 from ..errors import LockError, RenderError
-from ..files import write_all_atomic
+from ..files import sha256_text, write_all_atomic
 from ..matrix import REPRODUCIBLE_EPOCH, Image, Matrix, minor_of, snapshot_time
 from . import layers, lock, security
 
@@ -31,12 +31,18 @@ _APT_ARG = re.compile(r'^ARG APT_PACKAGES="[^"]*"$', re.M)
 _SOURCES_ARG = re.compile(r'^ARG APT_SOURCES="[^"]*"$', re.M)
 
 
+# How a local base is made (stages/base.py: mmdebstrap's tarball as the one layer of an image
+# whose config is fixed bytes). Part of the base's name, so a base made another way (an older
+# debootstrap import, on a machine that still has one) is never taken for it.
+ROOTFS_ROUTE = "mmdebstrap-archive-1"
+
+
 def rootfs_ref(image: Image) -> str:
-    """The local image a debootstrap base is imported as; named by its recipe's hash, and by
-    its architecture beside linux/amd64 (a classic image store keeps one platform per name)."""
+    """The local image a built base is loaded as; named by its recipe and route, and by its
+    architecture beside linux/amd64 (a classic image store keeps one platform per name)."""
     recipe = lock.base_identity(image)
     arch = "" if image.platform == "linux/amd64" else f"-{image.arch}"
-    return f"{image.repository}-rootfs:{image.os.suite}-{recipe['recipe_sha256'][:12]}{arch}"
+    return f"{image.repository}-rootfs:{image.os.suite}-{sha256_text(recipe['recipe_sha256'], ROOTFS_ROUTE)[:12]}{arch}"
 
 
 def base_ref(image: Image) -> str:

@@ -216,7 +216,7 @@ def run(root: Path, image, results: Path, docker: str | None, ca: str | None, lo
     bc = docker_env.build_client(docker)
     build.check_disk(docker_env.root_dir(c))
     results.mkdir(parents=True, exist_ok=True)
-    base_id = base.ensure(c, image, results, log, docker_cli=bc.argv[0])
+    base_id = base.ensure(c, image, results, log, docker_cli=bc.argv[0], root=root)
     # Read once: both builds' labels name this commit, even if the checkout is edited or
     # committed to while they run (a second reading would make the configs, so the digests, differ).
     src = build.source(root)

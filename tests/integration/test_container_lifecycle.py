@@ -18,7 +18,7 @@ pytestmark = pytest.mark.docker
 @pytest.fixture(scope="module")
 def rootfs(docker_client) -> str:
     images = docker_client.images.list(name="pytorch-cuda-rootfs")
-    require(images, "no local pytorch-cuda-rootfs image (build.py makes one with debootstrap)")
+    require(images, "no local pytorch-cuda-rootfs image (build.py makes one with mmdebstrap)")
     return images[0].id
 
 

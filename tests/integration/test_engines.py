@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import subprocess
@@ -151,3 +152,45 @@ def test_on_the_classic_store_the_image_id_is_the_config_digest_from_build_to_sa
 
 # The whole pipeline on Docker 26 with the containerd store (build, smoke, structure, tag,
 # publish, pull back by digest) is the workflow replay's: tests/integration/test_workflow_replay.py.
+
+
+def test_a_base_written_around_a_rootfs_has_one_image_id_per_store_wherever_it_is_written(
+        current, classic, docker_client, tmp_path):
+    """The local base's image (stages/base.py): the rootfs tarball as its one layer under fixed
+    config bytes. Written twice, in two directories under two umasks, it loads as one image on
+    Docker 26's containerd store; on the classic stores (20.10's and 26's) its ID is the config's
+    digest; its one diff_id is the tarball's sha256 on all three."""
+    from pytorch_cuda_build.stages import base
+
+    tarball = tmp_path / "rootfs.tar"
+    with tarfile.open(tarball, "w") as tar:
+        info = tarfile.TarInfo("./etc/motd")
+        data = uuid.uuid4().hex.encode()  # a tree no other run has loaded
+        info.size, info.mtime = len(data), 1767225600
+        tar.addfile(info, io.BytesIO(data))
+    diff_id = "sha256:" + hashlib.sha256(tarball.read_bytes()).hexdigest()
+    config_digest = "sha256:" + hashlib.sha256(base.image_config(ROW, diff_id)).hexdigest()
+    ref = f"pcb-base-test:{uuid.uuid4().hex[:12]}"
+
+    def load(env: dict | None, mask: int) -> dict:
+        folder = tmp_path / f"written-{uuid.uuid4().hex[:6]}"
+        folder.mkdir()
+        old = os.umask(mask)
+        try:
+            base.write_archive(folder / "image.tar", tarball, ref, ROW)
+        finally:
+            os.umask(old)
+        docker = env["PYTORCH_CUDA_DOCKER"] if env else "/usr/bin/docker"
+        run_env = {**os.environ, **(env or {})}
+        loaded = subprocess.run([docker, "load", "--input", str(folder / "image.tar")], env=run_env, capture_output=True, text=True)
+        assert loaded.returncode == 0, loaded.stderr
+        attrs = json.loads(subprocess.run([docker, "image", "inspect", ref], env=run_env, capture_output=True, text=True).stdout)[0]
+        subprocess.run([docker, "image", "rm", "--force", ref], env=run_env, capture_output=True)
+        return attrs
+
+    first, second = load(current, 0o022), load(current, 0o077)
+    assert first["Id"] == second["Id"] and first["RootFS"]["Layers"] == [diff_id]
+    assert first["Created"].startswith("2026-01-01T00:00:00")
+    for env in (None, classic):  # 20.10's classic store, then 26's
+        attrs = load(env, 0o022)
+        assert attrs["Id"] == config_digest and attrs["RootFS"]["Layers"] == [diff_id]

@@ -179,8 +179,8 @@ def test_credentials_are_required_used_and_never_printed(tmp_path, image_id):
 
 
 def test_the_base_is_published_under_the_id_the_row_names(registry, image_id, pushed, docker_client):
-    """A rebuild elsewhere gives the publisher's digest only on the same base, and debootstrap
-    gives every machine another one: the base goes to the registry, named by the row's label."""
+    """A rebuild elsewhere gives the publisher's digest only on the same base, and a base rebuilt
+    from a mirror that moved is another one: the base goes to the registry, named by the row's label."""
     base_id = docker_client.images.get(image_id).labels[publishing.BASE_LABEL]
     base = pushed["base"]
     assert base["image_id"] == base_id and base["repository"] == f"{registry.address('ml')}/pytorch-cuda-rootfs"

@@ -266,7 +266,7 @@ def test_the_layer_scan_finds_a_host_key_where_there_is_one(docker_client, tmp_p
     from helpers import PRIVATE_KEYS, SECRET_FILES, require, scan_layers
 
     rootfs = docker_client.images.list(name="pytorch-cuda-rootfs")
-    require(rootfs, "no local pytorch-cuda-rootfs image (build.py makes one with debootstrap)")
+    require(rootfs, "no local pytorch-cuda-rootfs image (build.py makes one with mmdebstrap)")
     key = "-----BEGIN OPENSSH PRIVATE KEY-----\\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ==\\n-----END OPENSSH PRIVATE KEY-----\\n"
     box = docker_client.containers.run(rootfs[0].id, ["sh", "-c", f"mkdir -p /etc/ssh && printf '%b' '{key}' > /etc/ssh/ssh_host_ed25519_key "
                                                       f"&& printf '%b' '{key}' > /srv/deploy_key && cp /bin/ls /srv/not-a-key"],

@@ -22,8 +22,8 @@ The runner gets three things here that a hosted one would not need:
 - the current engine's network settings (PYTORCH_CUDA_BUILD_NETWORK, PYTORCH_CUDA_CONTAINER_DNS;
   that engine has no NAT);
 - the TLS proxy's CA variables;
-- the base rootfs in the engine's store. Building it needs root (debootstrap); on a hosted
-  runner, build.py runs debootstrap through sudo.
+- the base rootfs in the engine's store. build.py builds it with mmdebstrap: as root, through
+  sudo on a hosted runner, or in a user namespace where there is no sudo.
 
 The `checks` and `matrix` jobs run in CI. The `build` job through publish is the full pipeline
 on the current engine with the containerd store (build, smoke, structure, tag, publish, a pull
@@ -317,7 +317,7 @@ def _catalog(reg: LocalRegistry) -> list[str]:
 
 def _base_as_runner(workspace: Path, runner_env: dict[str, str], ref: str) -> subprocess.CompletedProcess:
     """The row's base rootfs built under a throwaway name as the runner user, the way build.py
-    chooses (debootstrap through sudo, or mmdebstrap without it), in the checks job's .venv.
+    chooses (mmdebstrap through sudo, or in a user namespace without it), in the checks job's .venv.
     The last line of its stdout is the image ID."""
     script = ("import docker; from pathlib import Path; from pytorch_cuda_build import matrix; from pytorch_cuda_build.stages import base\n"
               "row = matrix.load(Path('matrix.yaml')).select('2.7', '12.1')\n"
@@ -327,8 +327,8 @@ def _base_as_runner(workspace: Path, runner_env: dict[str, str], ref: str) -> su
 
 
 def test_the_runner_user_builds_a_base_rootfs_through_sudo(runner, checked, current):
-    """What build.py does on a hosted runner that lacks the base: debootstrap through sudo, the
-    tree tarred by root, imported by the user's docker, the root-owned tree removed. A
+    """What build.py does on a hosted runner that lacks the base: mmdebstrap through sudo, its
+    tarball written to the user's file, loaded by the user's docker, nothing of root's left. A
     throwaway name, so the row's own base (and every layer built on it) is left alone. It runs
     in the .venv the checks job's build.py made."""
     workspace, runner_env = runner
@@ -336,7 +336,7 @@ def test_the_runner_user_builds_a_base_rootfs_through_sudo(runner, checked, curr
     try:
         proc = _base_as_runner(workspace, runner_env, ref)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        assert "(through sudo)" in proc.stdout and proc.stdout.strip().splitlines()[-1].startswith("sha256:")
+        assert "(through sudo;" in proc.stdout and proc.stdout.strip().splitlines()[-1].startswith("sha256:")
         shell = _current(current, "run", "--rm", ref, "sh", "-c", "test ! -e /var/lib/apt/lists/lock && ls /var/lib/apt/lists")
         assert shell.returncode == 0 and shell.stdout.split() == ["partial"], shell.stdout + shell.stderr
         assert not [p for p in Path("/tmp").glob("pytorch-cuda-rootfs-*") if p.owner() == USER]  # nothing left behind
@@ -346,8 +346,8 @@ def test_the_runner_user_builds_a_base_rootfs_through_sudo(runner, checked, curr
 
 def test_a_runner_user_without_sudo_builds_a_base_rootfs_with_mmdebstrap(runner, checked, current):
     """Where the runner forbids root: no sudo, so mmdebstrap builds the tree in a user namespace
-    (the user's /etc/subuid range) and BuildKit loads it, with no `docker import`. Built twice
-    under two names: one image ID, because the tarball is the same bytes from the same mirror."""
+    (the user's /etc/subuid range), and the user's docker loads it. Built twice under two names:
+    one image ID, because the tarball is the same bytes from the same mirror."""
     workspace, runner_env = runner
     if USER not in Path("/etc/subuid").read_text():
         pytest.fail(f"{USER} has no /etc/subuid range: useradd gives one where /etc/login.defs sets SUB_UID_COUNT")
@@ -360,10 +360,10 @@ def test_a_runner_user_without_sudo_builds_a_base_rootfs_with_mmdebstrap(runner,
         for ref in refs:
             proc = _base_as_runner(workspace, runner_env, ref)
             assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + (HOME / "rootfs.log").read_text()[-3000:]
-            assert "mmdebstrap --mode=unshare" in proc.stdout and "(no root;" in proc.stdout, proc.stdout
+            assert "(without root, in a user namespace;" in proc.stdout, proc.stdout
             ids.append(proc.stdout.strip().splitlines()[-1])
         assert ids[0].startswith("sha256:") and ids[0] == ids[1], ids
-        # The tree as debootstrap's: no apt lists or caches, owners, groups and set-uid bits kept by ADD.
+        # No apt lists or caches; owners, groups and set-uid bits as the packages set them.
         shell = _current(current, "run", "--rm", refs[0], "sh", "-c",
                          "ls -A /var/lib/apt/lists /var/cache/apt; stat -c '%U:%G:%a' /etc/shadow /usr/bin/su /var/mail; "
                          "apt-get --version | head -1")

@@ -256,7 +256,9 @@ def test_the_weekly_job_refreshes_the_locks_only_when_the_check_exits_1():
     check, refresh = (next(s for s in job["steps"] if s.get("id") == i) for i in ("check", "refresh"))
     assert "build.py lock --check-security" in check["run"] and refresh["if"] == "steps.check.outputs.rc == '1'"
     assert "build.py lock --upgrade" in refresh["run"] and "build.py render" in refresh["run"]
-    assert 'git push origin "$branch"' in refresh["run"] and job["permissions"] == {"contents": "write"}
+    # checkout keeps no credentials: the push alone is given the job's token
+    assert '@github.com/${GITHUB_REPOSITORY}.git" "$branch"' in refresh["run"] and refresh["env"] == {"GITHUB_TOKEN": "${{ github.token }}"}
+    assert job["permissions"] == {"contents": "write"}
 
 
 def test_a_recorded_check_is_the_readme_tables_count(tmp_path):

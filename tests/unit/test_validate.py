@@ -83,22 +83,22 @@ VALUE_CASES = {
     ("", "--matrix"): [(["--matrix", "/nonexistent/matrix.yaml", "list"], "cannot read matrix file /nonexistent/matrix.yaml"),
                        (["--matrix", "{dir}", "list"], "Is a directory")],
     **{(cmd, "--torch"): [([cmd, "--torch", "2.x", *extra], "--torch takes a torch version like 2.7 or 2.7.1, not '2.x'")]
-       for cmd, extra in [("build", []), ("publish", REG), ("lock", []), ("test", []), ("verify", []), ("bench", []),
+       for cmd, extra in [("build", []), ("publish", REG), ("lock", []), ("test", []), ("verify", []), ("base", []), ("bench", []),
                           ("gpu-bundle", ["{dir}/b"]), ("job", ["--scheduler", "slurm", "--nodes", "2", "t.py"])]},
     **{(cmd, "--cuda"): [([cmd, "--torch", "2.7", "--cuda", "cu121", *extra], "--cuda takes a CUDA version like 12.1, not 'cu121'")]
-       for cmd, extra in [("build", []), ("publish", REG), ("lock", []), ("test", []), ("verify", []), ("bench", []),
+       for cmd, extra in [("build", []), ("publish", REG), ("lock", []), ("test", []), ("verify", []), ("base", []), ("bench", []),
                           ("gpu-bundle", ["{dir}/b"]), ("job", ["--scheduler", "slurm", "--nodes", "2", "t.py"])]},
     **{(cmd, "--flavor"): [([cmd, "--torch", "2.7", "--flavor", "slim", *extra], "argument --flavor: invalid choice: 'slim'")]
-       for cmd, extra in [("build", []), ("publish", REG), ("lock", []), ("test", []), ("verify", []), ("bench", []),
+       for cmd, extra in [("build", []), ("publish", REG), ("lock", []), ("test", []), ("verify", []), ("base", []), ("bench", []),
                           ("gpu-bundle", ["{dir}/b"]), ("job", ["--scheduler", "slurm", "--nodes", "2", "t.py"])]},
     **{(cmd, "--ca-bundle"): [([cmd, *extra, "--ca-bundle", "/nonexistent/ca.pem"], "cannot read CA bundle /nonexistent/ca.pem"),
                               ([cmd, *extra, "--ca-bundle", "{notpem}"], "holds no PEM certificate"),
                               ([cmd, *extra, "--ca-bundle", "{dir}"], "Is a directory")]
        for cmd, extra in [("build", ["--torch", "2.7"]), ("matrix", ["--propose"]), ("publish", ["--torch", "2.7", *REG]),
-                          ("lock", []), ("verify", ["--torch", "2.7"]), ("bench", ["--torch", "2.7"]), ("engine", []),
+                          ("lock", []), ("verify", ["--torch", "2.7"]), ("base", ["--torch", "2.7"]), ("bench", ["--torch", "2.7"]), ("engine", []),
                           ("gpu-bundle", ["--torch", "2.7", "{dir}/b"])]},
     **{(cmd, "--docker"): [([cmd, "--torch", "2.7", "--docker", "/nonexistent/docker"], "--docker '/nonexistent/docker' is neither")]
-       for cmd in ("build", "verify", "bench")},
+       for cmd in ("build", "verify", "base", "bench")},
     **{(cmd, "--registry"): [([cmd, "--torch", "2.7", "--push", "--registry", "https://ghcr.io/acme"], "malformed registry address"),
                              ([cmd, "--torch", "2.7", "--push", "--registry", "127.0.0.1:99999/ml"], "port 99999 is not 1-65535")]
        for cmd in ("build", "publish")},
@@ -119,7 +119,7 @@ VALUE_CASES = {
     ("lock", "--security-snapshot"): [(["lock", "--check-security", "--security-snapshot", "{notpem}"], "--security-snapshot {notpem} is not a folder")],
     **{(cmd, "--platform"): [([cmd, "--torch", "2.11", "--platform", "linux/riscv64", *extra],
                               "argument --platform: invalid choice: 'linux/riscv64'")]
-       for cmd, extra in (("build", []), ("test", []), ("verify", []), ("publish", ["--registry", "127.0.0.1:5000/ml"]))},
+       for cmd, extra in (("build", []), ("test", []), ("verify", []), ("base", []), ("publish", ["--registry", "127.0.0.1:5000/ml"]))},
     ("test", "--image"): [(["test", "--torch", "2.7", "--image", ""], "--image takes an image reference or ID, not ''"),
                           (["test", "--torch", "2.7", "--image", "a b"], "--image takes an image reference or ID")],
     ("sbom", "image"): [(["sbom", ""], "IMAGE takes an image reference or ID, not ''")],
