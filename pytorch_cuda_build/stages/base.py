@@ -257,7 +257,10 @@ def record(root: Path, matrix, image: Image, found: dict, revision: str) -> list
     if not found.get("diff_id") or not found.get("mirror"):
         raise UsageError(f"nothing to record: the base {render.base_ref(image)} was not built by this checkout's "
                          "build.py, so its mirror state is unknown (build.py base --rebuild --record)")
+    # The config's digest is the image ID on a classic store: computed, so one record serves both stores.
+    config_digest = "sha256:" + hashlib.sha256(image_config(image, found["diff_id"])).hexdigest()
     entry = {"diff_id": found["diff_id"], "image_id": found["image_id"], "store": found["store"], "mirror": found["mirror"],
+             "config_digest": config_digest,
              "revision": revision, "recorded": datetime.now(timezone.utc).strftime("%Y-%m-%d")}
     written = []
     for row in matrix.images:

@@ -164,6 +164,7 @@ def test_recording_writes_every_row_that_shares_the_base_and_needs_a_build_of_th
     assert sorted(p.parent.name for p in written) == sorted(sharing)
     entry = json.loads(written[0].read_text())["linux/amd64"]
     assert entry["diff_id"] == RECORD["diff_id"] and entry["revision"] == "abc123" and entry["store"] == "containerd"
+    assert entry["config_digest"] == "sha256:" + hashlib.sha256(base.image_config(DEFAULT, RECORD["diff_id"])).hexdigest()
     assert base.recorded(tmp_path, DEFAULT)["diff_id"] == RECORD["diff_id"]
     assert base.recorded(tmp_path, m_arm64()) is None
     with pytest.raises(UsageError):
