@@ -123,6 +123,12 @@ check_bridge() {
 emulation() {
   local arch=${1:-aarch64}
   local entry=/proc/sys/fs/binfmt_misc/qemu-$arch
+  # mmdebstrap checks with arch-test that a foreign architecture runs before it bootstraps one
+  # (the base rootfs, pytorch_cuda_build/stages/base.py).
+  if [ "$(id -u)" = 0 ] && ! command -v arch-test >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    say "installing arch-test (apt): mmdebstrap checks a foreign architecture with it"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends arch-test >/dev/null || true
+  fi
   if [ -r "$entry" ] && grep -qx enabled "$entry" && grep -q '^flags: .*F' "$entry"; then return; fi
   if [ "$(id -u)" != 0 ]; then
     say "QEMU's $arch emulator is not registered with flag F (binfmt_misc); as root: apt-get install qemu-user-static binfmt-support, then update-binfmts --enable"
