@@ -152,8 +152,12 @@ def parser() -> argparse.ArgumentParser:
     _platform(t)
     t.add_argument("--require-gpu", action="store_true")
 
-    vf = sub.add_parser("verify", help="build a row twice without cache and compare the images file by file")
-    _selection(vf)
+    vf = sub.add_parser("verify", help="build a row twice without cache and compare the images file by file; with --image, "
+                                       "rebuild a published image's row from this checkout and compare")
+    _selection(vf, required=False)
+    vf.add_argument("--image", help="a published image, HOST[:PORT]/NAMESPACE/NAME@sha256:<64 hex>: its labels name the commit "
+                                    "and the row; exit 0 same, 1 different, 2 bad input, 3 not rebuildable here")
+    vf.add_argument("--against", metavar="LOCAL", help="with --image: compare with this local image instead of rebuilding")
     vf.add_argument("--compile-ops", action="store_true",
                     help="compile the DeepSpeed ops in both builds instead of taking the host's ops seed, as a "
                          "rebuild on a fresh machine does (about 4 min more per build on 2 cores)")

@@ -16,7 +16,7 @@ from .arguments import COMMANDS, parser
 from .engine import docker_env
 from .errors import PipelineError, UsageError
 from .stages import base, build, inputs, lock, publish, render, sbom, tag, zstd
-from .tools import bench, engine_current, gpubundle, propose, pullcost, selftest, verify
+from .tools import bench, engine_current, gpubundle, propose, pullcost, selftest, verify, verify_image
 from .validate import validate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,7 +148,10 @@ def cmd_prune(m: matrix.Matrix, args) -> int:
 
 
 def cmd_verify(m: matrix.Matrix, args) -> int:
-    """Each platform --platform names, in turn: its own two builds, its own verdict."""
+    """Each platform --platform names, in turn: its own two builds, its own verdict. With --image,
+    the published image against a rebuild of its row from this checkout (tools/verify_image.py)."""
+    if args.image:
+        return verify_published(m, args)
     row = m.select(args.torch, args.cuda, args.flavor)
     pipeline.check_inputs(ROOT, m, [row])
     reproducible = True
@@ -178,6 +181,28 @@ def cmd_base(m: matrix.Matrix, args) -> int:
             for path in base.record(ROOT, m, image, found, build.source(ROOT).revision):
                 log(f"recorded in {path.relative_to(ROOT)}")
     return 0
+
+
+def verify_published(m: matrix.Matrix, args) -> int:
+    ref, ca_path = jobs.parse_image(args.image), ca.ca_bundle(args.ca_bundle)
+    api, name = verify_image.api_for(ref, ca_path)
+    published = verify_image.read_published(api, name, ref, args.platform or docker_env.host_platform())
+    image = verify_image.row_of(m, published, build.source(ROOT).revision)
+    pipeline.check_inputs(ROOT, m, [image])
+    c, bc = docker_env.ensure_engine(log), docker_env.build_client(args.docker)
+    results = pipeline.results_dir(ROOT, image) / "verify-image"
+    results.mkdir(parents=True, exist_ok=True)
+    if args.against:
+        local_ref = args.against
+    else:
+        docker_env.ensure_emulation(image.platform, log)
+        build.check_disk(docker_env.root_dir(c))
+        local_ref = verify_image.rebuild(c, bc, api, image, published, ROOT, results, ca_path, log)
+    local = verify_image.read_local(local_ref, bc.argv[0])
+    verdict = verify_image.compare(api, name, published, local, bc.argv[0])
+    files.write_atomic(results / "verdict.txt", "\n".join(verdict.lines) + "\n")
+    print("\n".join(verdict.lines))
+    return 0 if verdict.same else 1
 
 
 def cmd_sbom(m: matrix.Matrix, args) -> int:

@@ -127,8 +127,10 @@ def _values(args: argparse.Namespace) -> None:
         raise UsageError(f"--limit-mib must be at least 1, not {args.limit_mib}")
     if getattr(args, "python", None) is not None and not re.fullmatch(PYTHON, args.python):
         raise UsageError(f"--python {args.python!r}: expected MAJOR.MINOR, e.g. 3.12")
-    image = getattr(args, "image", None)  # test's --image, sbom's IMAGE (job's: _job_values)
-    if image is not None and args.command != "job" and not re.fullmatch(r"\S+", image):
+    image = getattr(args, "image", None)  # test's --image, sbom's IMAGE (job's: _job_values; verify's: by digest)
+    if image is not None and args.command == "verify":
+        jobs.parse_image(image)
+    elif image is not None and args.command != "job" and not re.fullmatch(r"\S+", image):
         raise UsageError(f"{'--image' if args.command == 'test' else 'IMAGE'} takes an image reference or ID, not {image!r}")
     for vid in getattr(args, "allow_vulnerable", []):
         if not re.fullmatch(r"[A-Za-z0-9][\w.:-]*", vid):
@@ -267,6 +269,8 @@ def _combinations(args: argparse.Namespace) -> None:
     if command == "publish" and args.platform not in (None, "all", docker_env.host_platform()):
         raise UsageError(f"publish --platform takes all (an index of every platform of the row) or this host's "
                          f"{docker_env.host_platform()}, not {args.platform}")
+    if command == "verify":
+        _verify_combinations(args)
     if command == "test" and args.image and args.platform == "all":
         raise UsageError("--image names one image: give its one --platform, not all")
     if command == "publish" and args.all == bool(args.torch):
@@ -277,6 +281,26 @@ def _combinations(args: argparse.Namespace) -> None:
             raise UsageError("--pull-rows picks the rows of the pull measure, and --only leaves it out")
     if command == "job":
         _job_combinations(args)
+
+
+def _verify_combinations(args: argparse.Namespace) -> None:
+    """verify picks its row with --torch, or takes it from --image's labels: one or the other."""
+    if args.image is None:
+        if not args.torch:
+            raise UsageError("verify needs the row: --torch X [--cuda Y], or a published image: --image REPO@sha256:...")
+        if args.against is not None:
+            raise UsageError("--against needs --image: it is what the published image is compared with")
+        return
+    for dest in ("torch", "cuda", "compile_ops"):
+        if given(args, dest):
+            why = "the rebuild always compiles the ops" if dest == "compile_ops" else "the image's labels name its row"
+            raise UsageError(f"--image and {flag(dest)} do not go together: {why}")
+    if args.flavor != "runtime":
+        raise UsageError("--image and --flavor do not go together: the image's labels name its row")
+    if args.platform == "all":
+        raise UsageError("--image names one image: give its one --platform (of an index), not all")
+    if args.against is not None and not re.fullmatch(r"\S+", args.against):
+        raise UsageError(f"--against takes a local image reference or ID, not {args.against!r}")
 
 
 def _job_combinations(args: argparse.Namespace) -> None:

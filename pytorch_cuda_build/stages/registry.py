@@ -191,6 +191,15 @@ class RegistryAPI:
         except _Absent:
             return None
 
+    def config(self, name: str, digest: str) -> bytes:
+        """The config blob of the image manifest name@digest, as served (its digest is checked by the caller)."""
+        return self._skopeo("inspect", "--config", "--raw", f"docker://{self.reg.host}/{self.reg.namespace}/{name}@{digest}")
+
+    def copy_to_layout(self, name: str, digest: str, layout: Path) -> None:
+        """The image manifest name@digest, blobs and all, into an OCI layout, unchanged (verify reads its layers)."""
+        self._skopeo("copy", "--preserve-digests", "--quiet", f"docker://{self.reg.host}/{self.reg.namespace}/{name}@{digest}",
+                     f"oci:{layout}", side="src", timeout=PUSH_TIMEOUT)
+
     def push_index(self, layout: Path, ref_name: str, name: str, tag: str) -> None:
         """The index that an OCI layout names ref_name to name:tag, byte for byte; its manifests
         must be in the repository already (--multi-arch index-only)."""

@@ -120,6 +120,10 @@ VALUE_CASES = {
     **{(cmd, "--platform"): [([cmd, "--torch", "2.11", "--platform", "linux/riscv64", *extra],
                               "argument --platform: invalid choice: 'linux/riscv64'")]
        for cmd, extra in (("build", []), ("test", []), ("verify", []), ("base", []), ("publish", ["--registry", "127.0.0.1:5000/ml"]))},
+    ("verify", "--image"): [(["verify", "--image", "127.0.0.1:5000/ml/pytorch-cuda:v2.7"], "--image takes an image pinned by digest"),
+                            (["verify", "--image", "pytorch-cuda@sha256:abc"], "--image takes an image pinned by digest")],
+    ("verify", "--against"): [(["verify", "--image", f"127.0.0.1:5000/ml/pytorch-cuda@sha256:{'a' * 64}", "--against", ""],
+                               "--against takes a local image reference or ID, not ''")],
     ("test", "--image"): [(["test", "--torch", "2.7", "--image", ""], "--image takes an image reference or ID, not ''"),
                           (["test", "--torch", "2.7", "--image", "a b"], "--image takes an image reference or ID")],
     ("sbom", "image"): [(["sbom", ""], "IMAGE takes an image reference or ID, not ''")],
@@ -196,6 +200,12 @@ NO_BAD_VALUE = {("selftest", "pytest_args"): "passed to pytest as they are"}
 
 # Flags that do nothing where they are given, or contradict each other: the line names both.
 COMBINATION_CASES = [
+    (["verify"], "verify needs the row: --torch X [--cuda Y], or a published image: --image REPO@sha256:..."),
+    (["verify", "--torch", "2.7", "--against", "x"], "--against needs --image"),
+    (["verify", "--image", f"127.0.0.1:5000/ml/pytorch-cuda@sha256:{'a' * 64}", "--torch", "2.7"], "--image and --torch do not go together"),
+    (["verify", "--image", f"127.0.0.1:5000/ml/pytorch-cuda@sha256:{'a' * 64}", "--compile-ops"], "--image and --compile-ops do not go together: the rebuild always compiles the ops"),
+    (["verify", "--image", f"127.0.0.1:5000/ml/pytorch-cuda@sha256:{'a' * 64}", "--flavor", "devel"], "--image and --flavor do not go together"),
+    (["verify", "--image", f"127.0.0.1:5000/ml/pytorch-cuda@sha256:{'a' * 64}", "--platform", "all"], "--image names one image: give its one --platform (of an index), not all"),
     (["publish", "--torch", "2.11", "--registry", "127.0.0.1:5000/ml", "--platform", "linux/arm64"],
      "publish --platform takes all (an index of every platform of the row) or this host's linux/amd64, not linux/arm64"),
     (["test", "--torch", "2.11", "--image", "x", "--platform", "all"], "--image names one image: give its one --platform, not all"),

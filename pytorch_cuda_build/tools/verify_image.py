@@ -1,0 +1,250 @@
+"""verify --image: check a published image against its source, from any machine with a checkout.
+
+    build.py verify --image HOST/NS/pytorch-cuda@sha256:<digest> [--against LOCAL]
+
+1. Read the published image: its manifest (the platform's, from an index), config and labels.
+2. Its labels name the commit and the row; a checkout at another commit is refused (exit 2).
+3. Rebuild the row from this checkout, without the layer cache and with the DeepSpeed ops
+   compiled, on the base the image names: this machine's if it is that one (the base is
+   reproducible from its recipe and mirror state, stages/base.py), else the registry's copy
+   that `publish` pushed beside it. `--against LOCAL` compares with an image built already.
+4. Compare what a rebuild can promise: the config's digest and the layers' diff_ids
+   (uncompressed). Compressed digests also depend on the compressor (gzip or zstd, and its
+   version), so the published manifest's digest is not compared.
+5. On a mismatch, name the config fields and, layer by layer, the files that differ.
+
+Exit 0: the same image; 1: another; 2: bad input; 3: it could not be rebuilt here (an input
+gone from a mirror, the base neither rebuildable nor in the registry, a failed build).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import PipelineError, UsageError
+from ..jobs import ImageRef
+from ..stages import build, publish, render
+from ..stages.registry import Registry, RegistryAPI, credentials
+from . import verify
+
+REVISION_LABEL = "org.opencontainers.image.revision"
+ROW_LABEL = "io.pytorch-cuda.image"
+INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
+
+
+class NotRebuilt(PipelineError):
+    """The row could not be rebuilt here, so nothing was compared."""
+
+    exit_code = 3
+
+
+@dataclass
+class Published:
+    ref: ImageRef
+    manifest: str  # the platform's manifest digest
+    config_digest: str
+    config: dict
+    platform: str
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return (self.config.get("config") or {}).get("Labels") or {}
+
+    @property
+    def diff_ids(self) -> list[str]:
+        return list((self.config.get("rootfs") or {}).get("diff_ids") or [])
+
+
+def api_for(ref: ImageRef, ca: str | None) -> tuple[RegistryAPI, str]:
+    """A reader of ref's registry, and the repository's path under its namespace."""
+    host, path = ref.split()
+    if host is None or "/" not in path:
+        raise UsageError(f"--image {ref}: expected HOST[:PORT]/NAMESPACE/NAME@sha256:<64 hex>, a registry's image")
+    namespace, name = path.rsplit("/", 1)
+    reg = Registry(host, namespace)
+    return RegistryAPI(reg, credentials(reg), ca), name
+
+
+def read_published(api: RegistryAPI, name: str, ref: ImageRef, platform: str) -> Published:
+    raw = api.raw(name, ref.digest)
+    if raw is None:
+        raise UsageError(f"{ref} is not in the registry (manifest unknown)")
+    if "sha256:" + hashlib.sha256(raw).hexdigest() != ref.digest:
+        raise UsageError(f"the registry served {ref} as bytes of another digest")
+    doc = json.loads(raw)
+    manifest = ref.digest
+    if doc.get("mediaType") in INDEX_TYPES or "manifests" in doc:
+        want = dict(zip(("os", "architecture"), platform.split("/")))
+        found = [m for m in doc.get("manifests") or []
+                 if {k: (m.get("platform") or {}).get(k) for k in want} == want]
+        if not found:
+            have = sorted({"/".join(str((m.get("platform") or {}).get(k)) for k in ("os", "architecture")) for m in doc["manifests"]})
+            raise UsageError(f"{ref} is an index without {platform} (it has {', '.join(have)}); give --platform")
+        manifest = found[0]["digest"]
+        doc = json.loads(api.raw(name, manifest) or b"{}")
+    config_digest = (doc.get("config") or {}).get("digest")
+    if not config_digest:
+        raise UsageError(f"{ref} is not an image manifest")
+    config_raw = api.config(name, manifest)
+    if "sha256:" + hashlib.sha256(config_raw).hexdigest() != config_digest:
+        raise UsageError(f"the registry served {ref}'s config as bytes of another digest")
+    config = json.loads(config_raw)
+    return Published(ref, manifest, config_digest, config, f"{config.get('os')}/{config.get('architecture')}")
+
+
+def row_of(matrix, published: Published, revision: str):
+    """The row the labels name, on the image's platform; the checkout must be the labels' commit."""
+    labels = published.labels
+    want, name = labels.get(REVISION_LABEL, ""), labels.get(ROW_LABEL, "")
+    if not want or not name:
+        raise UsageError(f"{published.ref} has no {REVISION_LABEL} and {ROW_LABEL} labels: not an image build.py made")
+    if revision != want:
+        said = "has uncommitted changes" if revision == f"{want}-dirty" else f"is at {revision}"
+        raise UsageError(f"this checkout {said}, but {published.ref} was built from {want}: git checkout {want}")
+    row = next((i for i in matrix.images if i.name == name), None)
+    if row is None:
+        raise UsageError(f"{published.ref} names row {name}, which this checkout's matrix.yaml does not have")
+    if published.platform not in row.platforms:
+        raise UsageError(f"{published.ref} is for {published.platform}, which row {name} is not built for")
+    return row.on(published.platform)
+
+
+@dataclass
+class Local:
+    ref: str
+    config_digest: str
+    config: dict
+    diff_ids: list[str]
+
+
+def read_local(ref: str, docker_cli: str) -> Local:
+    """The local image's config (as `docker save` writes it: its bytes decide the digest) and diff_ids."""
+    with tempfile.TemporaryDirectory(prefix="pytorch-cuda-verify-") as tmp:
+        archive = Path(tmp) / "image.tar"
+        proc = subprocess.run([docker_cli, "save", "--output", str(archive), ref], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise UsageError(f"cannot read the local image {ref}: {(proc.stderr.strip().splitlines() or [''])[-1]}")
+        with tarfile.open(archive) as tar:
+            manifest = json.load(tar.extractfile("manifest.json"))
+            raw = tar.extractfile(manifest[0]["Config"]).read()
+    config = json.loads(raw)
+    return Local(ref, "sha256:" + hashlib.sha256(raw).hexdigest(), config, list(config["rootfs"]["diff_ids"]))
+
+
+def config_differences(a: dict, b: dict) -> list[str]:
+    """The config fields that differ, labels one by one: `field: published -> local`."""
+    out = []
+    for key in sorted(set(a) | set(b)):
+        if key == "config":
+            inner_a, inner_b = a.get(key) or {}, b.get(key) or {}
+            for k in sorted(set(inner_a) | set(inner_b)):
+                if k == "Labels":
+                    la, lb = inner_a.get(k) or {}, inner_b.get(k) or {}
+                    out += [f"label {n}: {la.get(n)!r} -> {lb.get(n)!r}" for n in sorted(set(la) | set(lb)) if la.get(n) != lb.get(n)]
+                elif inner_a.get(k) != inner_b.get(k):
+                    out.append(f"config.{k}: {inner_a.get(k)!r} -> {inner_b.get(k)!r}")
+        elif key != "rootfs" and a.get(key) != b.get(key):
+            out.append(f"{key}: {str(a.get(key))[:120]!r} -> {str(b.get(key))[:120]!r}")
+    return out
+
+
+def published_layers(api: RegistryAPI, name: str, published: Published, wanted: set[int]) -> list[dict]:
+    """Index (path -> entry) of the published image's layers numbered in wanted; {} for the others."""
+    with tempfile.TemporaryDirectory(prefix="pytorch-cuda-verify-") as tmp:
+        layout = Path(tmp) / "layout"
+        api.copy_to_layout(name, published.manifest, layout)
+        manifest = json.loads((layout / "blobs" / "sha256" / published.manifest.split(":")[1]).read_text())
+        out = []
+        for i, layer in enumerate(manifest["layers"]):
+            if i not in wanted:
+                out.append({})
+                continue
+            blob = layout / "blobs" / "sha256" / layer["digest"].split(":")[1]
+            out.append(_index_blob(blob, layer.get("mediaType", "")))
+        return out
+
+
+def _index_blob(blob: Path, media_type: str) -> dict:
+    if media_type.endswith("+zstd"):
+        zstd = subprocess.Popen(["zstd", "-dc", str(blob)], stdout=subprocess.PIPE)
+        with tarfile.open(fileobj=zstd.stdout, mode="r|") as tar:
+            index = verify._index(tar)
+        zstd.wait()
+        return index
+    with tarfile.open(blob, mode="r:*") as tar:
+        return verify._index(tar)
+
+
+@dataclass
+class Verdict:
+    same: bool
+    lines: list[str]
+
+
+def compare(api: RegistryAPI, name: str, published: Published, local: Local, docker_cli: str) -> Verdict:
+    lines = [f"published: {published.ref} ({published.platform}), manifest {published.manifest}",
+             f"config digest: published {published.config_digest}, here {local.config_digest} ({local.ref})",
+             f"layers (diff_ids): published {len(published.diff_ids)}, here {len(local.diff_ids)}"]
+    if published.config_digest == local.config_digest:
+        return Verdict(True, [*lines, "verdict: THE SAME IMAGE: one config digest, so the same diff_ids"])
+    lines += [f"  {d}" for d in config_differences(published.config, local.config)]
+    differing = {i for i in range(max(len(published.diff_ids), len(local.diff_ids)))
+                 if i >= len(published.diff_ids) or i >= len(local.diff_ids) or published.diff_ids[i] != local.diff_ids[i]}
+    lines.append(f"differing layers: {', '.join(str(i) for i in sorted(differing)) or 'none'}")
+    if differing:
+        theirs = published_layers(api, name, published, differing)
+        ours = verify.layer_index(local.ref, docker_cli=docker_cli)
+        theirs += [{}] * (len(ours) - len(theirs))
+        ours += [{}] * (len(theirs) - len(ours))
+        files = verify.compare(theirs, ours, False)
+        lines += [f"  {line.replace('build 1', 'the published image').replace('build 2', 'the image here')}" for line in files.content]
+    return Verdict(False, [*lines, "verdict: DIFFERENT: " + ("the files above differ" if differing else "the config differs, the layers are the same")])
+
+
+def base_for(c, api: RegistryAPI, image, published: Published, results: Path, docker_cli: str, root: Path, log) -> str:
+    """The base the image names, here: this machine's (built from the recipe if absent), else the
+    registry's copy publish pushed; NotRebuilt where neither is that base."""
+    from ..stages import base
+
+    want = published.labels.get(publish.BASE_LABEL, "")
+    if image.os.kind == "registry":
+        return base.ensure(c, image, results, log, docker_cli=docker_cli, root=root)
+    have = base.ensure(c, image, results, log, docker_cli=docker_cli, root=root)
+    if have == want:
+        log(f"verify: the base here is the image's ({want[:19]})")
+        return have
+    repository, tag = render.base_ref(image).split(":", 1)
+    remote = f"{api.reg.host}/{api.reg.namespace}/{repository}:{tag}-{want.removeprefix('sha256:')[:12]}"
+    log(f"verify: the base here ({have[:19]}) is not the image's ({want[:19]}); pulling {remote}")
+    pulled = subprocess.run([docker_cli, "pull", remote], capture_output=True, text=True)
+    if pulled.returncode != 0:
+        raise NotRebuilt(f"the image's base {want[:19]} is neither the one rebuilt here from the recipe ({have[:19]}: the mirror "
+                         f"may have moved, see build-results) nor in the registry ({remote}: "
+                         f"{(pulled.stderr.strip().splitlines() or ['not found'])[-1]})")
+    got = c.images.get(remote).id
+    if got != want:
+        raise NotRebuilt(f"{remote} is {got[:19]}, not the image's base {want[:19]} (a base pulled onto another image store "
+                         "has another ID: rebuild on the store the image was built on)")
+    subprocess.run([docker_cli, "tag", remote, render.base_ref(image)], check=True, capture_output=True)
+    return got
+
+
+def rebuild(c, bc, api: RegistryAPI, image, published: Published, root: Path, results: Path, ca: str | None, log) -> str:
+    """The row rebuilt without cache, ops compiled, on the image's base; its local reference."""
+    try:
+        base_id = base_for(c, api, image, published, results, bc.argv[0], root, log)
+        ref = f"{image.repository}-verify:{image.local_name}-published"
+        log(f"verify: rebuilding {image.name} for {image.platform} without the layer cache, ops compiled "
+            f"(log: {results / 'rebuild.log'})")
+        build.run(bc, root, image, results / "rebuild.log", ca, no_cache=True, echo=False, tag=ref, base_id=base_id,
+                  ops_seed=False, src=build.source(root))
+    except NotRebuilt:
+        raise
+    except PipelineError as e:
+        raise NotRebuilt(f"could not rebuild {image.name}: {e}") from None
+    return ref
