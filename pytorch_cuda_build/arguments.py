@@ -13,7 +13,7 @@ from .jobs import kubernetes, slurm
 from .tools import bench, engine_current
 
 COMPRESSIONS = ("gzip", "zstd")  # publish's layer compression (stages/zstd.py)
-COMMANDS = ("build", "list", "matrix", "lock", "render", "test", "publish", "prune", "selftest", "bench", "sbom", "verify", "base", "engine", "gpu-bundle", "job")
+COMMANDS = ("build", "list", "matrix", "lock", "render", "test", "publish", "prune", "selftest", "bench", "sbom", "verify", "base", "signing-key", "engine", "gpu-bundle", "job")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -132,6 +132,16 @@ def parser() -> argparse.ArgumentParser:
     pb.add_argument("--merge", action="store_true",
                     help="a row on several platforms: one index of the parts each platform's build published (CI's merge job)")
     _registry(pb, "push for real; without it, print what would move")
+    pb.add_argument("--sign-key", type=Path, metavar="FOLDER",
+                    help="with --push: sign each row's image (GPG, containers' simple signing) with the key signing-key "
+                         "wrote in FOLDER; its passphrase in $PYTORCH_CUDA_SIGN_PASSPHRASE")
+    pb.add_argument("--signatures", type=Path, metavar="DIR",
+                    help="with --sign-key: the lookaside directory the signatures go to, to be served over HTTP(S) "
+                         "(default: build-results/signatures)")
+
+    sk = sub.add_parser("signing-key", help="make a GPG signing key for publish --sign-key in FOLDER/gnupg, its public "
+                                            "half in FOLDER/signing-key.pub.asc; passphrase from $PYTORCH_CUDA_SIGN_PASSPHRASE")
+    sk.add_argument("folder", type=Path, help="where to write them (created if absent; an existing key is never replaced)")
 
     lk = sub.add_parser("lock", help="resolve rows into images/<image>/ lock files (network)")
     _selection(lk, required=False)

@@ -15,7 +15,8 @@ from . import ca, console, files, jobs, matrix, pipeline, scheduler
 from .arguments import COMMANDS, parser
 from .engine import docker_env
 from .errors import PipelineError, UsageError
-from .stages import base, build, inputs, lock, publish, render, sbom, tag, zstd
+from .stages import base, build, inputs, lock, publish, render, sbom, sign, tag, zstd
+from .stages.registry import RegistryAPI, credentials
 from .tools import bench, engine_current, gpubundle, propose, pullcost, selftest, verify, verify_image
 from .validate import validate
 
@@ -105,6 +106,9 @@ def cmd_publish(m: matrix.Matrix, args) -> int:
     images = list(m.images) if args.all else [m.select(args.torch, args.cuda, args.flavor)]
     several = [i for i in images if len(i.platforms) > 1]
     images = [i for i in images if len(i.platforms) == 1]
+    if args.sign_key and several:  # before anything is pushed
+        raise UsageError(f"--sign-key signs single-platform rows' images; {several[0].name} is an index of "
+                         f"{', '.join(several[0].platforms)}, which publish does not sign yet")
     backoff = float(os.environ.get("PYTORCH_CUDA_RETRY_BACKOFF", "2"))
     common = {"push": args.push, "ca_bundle": ca.ca_bundle(args.ca_bundle), "attempts": args.retries, "backoff": backoff, "log": log}
     if args.merge:
@@ -127,6 +131,21 @@ def cmd_publish(m: matrix.Matrix, args) -> int:
     moves = pipeline.publish_rows(c, images, reg, args.push, ca.ca_bundle(args.ca_bundle), args.retries, log,
                                   lambda i: pipeline.results_dir(ROOT, i), args.compression)
     print("\n".join(publish.table(moves, reg, args.push)))
+    if args.sign_key and args.push:
+        api = RegistryAPI(reg, credentials(reg), ca.ca_bundle(args.ca_bundle))
+        signatures = args.signatures or ROOT / "build-results" / "signatures"
+        for mv in moves:
+            if mv.immutable and not mv.base and mv.after:  # each row's dated tag: its one image
+                path = sign.sign(api, mv.image.repository, mv.after.digest, mv.tag, args.sign_key, signatures)
+                print(f"signed {reg.host}/{reg.namespace}/{mv.image.repository}@{mv.after.digest} as :{mv.tag}: {path} "
+                      f"(serve {signatures} as the registry's lookaside)")
+    return 0
+
+
+def cmd_signing_key(m: matrix.Matrix, args) -> int:
+    fpr, public = sign.generate(args.folder)
+    print(f"key {fpr} in {args.folder / sign.HOME} (its passphrase: ${sign.PASSPHRASE_ENV}; keep it secret); "
+          f"public key {public} (give it to users)")
     return 0
 
 

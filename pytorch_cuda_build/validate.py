@@ -19,7 +19,7 @@ from . import jobs
 from .engine import docker_env
 from .errors import UsageError
 from .jobs import kubernetes, mounts
-from .stages import publish
+from .stages import publish, sign
 from .tools import bench, gpubundle
 
 # Given as None by the parser, so that a flag given where it does nothing can be told from
@@ -32,6 +32,8 @@ NEEDS = [
     ("build", "retries", "push", "it counts attempts per registry call, and only --push calls a registry"),
     ("build", "allow_vulnerable", "push", "it lets --push publish past an advisory, and without --push nothing is published"),
     ("build", "compression", "push", "it is how --push compresses the layers it pushes, and without --push nothing is pushed"),
+    ("publish", "sign_key", "push", "it signs what --push pushes, and without --push nothing is pushed"),
+    ("publish", "signatures", "sign_key", "it is where --sign-key's signatures go"),
     ("lock", "record", "check_security", "it writes what --check-security finds"),
     ("lock", "security_snapshot", "check_security", "it answers --check-security's questions instead of the network"),
     ("bench", "only", "full", "it picks --full's measures"),
@@ -91,7 +93,7 @@ ONLY_WITH = [
 ]
 JOB_DEFAULTS = {"runtime": lambda a: "oci" if a.scheduler == "slurm" else None}
 
-NO_MATRIX = ("engine", "sbom", "selftest")  # commands that never read matrix.yaml
+NO_MATRIX = ("engine", "sbom", "selftest", "signing-key")  # commands that never read matrix.yaml
 TORCH, CUDA, PYTHON = r"\d+\.\d+(\.\d+)?", r"\d+\.\d+", r"3\.\d+"
 CACHE_SPEC = r"type=[a-z]+(,.*)?"  # buildx's --cache-from/--cache-to: type=...,key=value
 
@@ -271,6 +273,14 @@ def _combinations(args: argparse.Namespace) -> None:
                          f"{docker_env.host_platform()}, not {args.platform}")
     if command == "verify":
         _verify_combinations(args)
+    if command == "publish" and args.sign_key is not None and args.push:
+        if args.signatures is not None and args.signatures.exists() and not args.signatures.is_dir():
+            raise UsageError(f"--signatures {args.signatures} is not a directory")
+        sign.check_key(args.sign_key)  # the passphrase opens it, before anything is pushed
+    if command == "signing-key":
+        if args.folder.exists() and not args.folder.is_dir():
+            raise UsageError(f"FOLDER {args.folder} is not a directory")
+        sign.passphrase()
     if command == "test" and args.image and args.platform == "all":
         raise UsageError("--image names one image: give its one --platform, not all")
     if command == "publish" and args.all == bool(args.torch):

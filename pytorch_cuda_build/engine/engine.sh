@@ -168,6 +168,8 @@ main() {
   if ! command -v objdump >/dev/null 2>&1; then need_pkgs+=(binutils); fi
   if [ "$want_registry" = 1 ] && [ ! -x /usr/bin/docker-registry ]; then need_pkgs+=(docker-registry); fi
   if [ "$want_registry" = 1 ] && ! command -v skopeo >/dev/null 2>&1; then need_pkgs+=(skopeo); fi
+  # publish --sign-key signs with GnuPG (tests/integration/test_signing.py).
+  if [ "$want_registry" = 1 ] && ! command -v gpg >/dev/null 2>&1; then need_pkgs+=(gnupg); fi
   # publish --compression zstd compresses each layer with it (tests/integration/test_zstd_registry.py).
   if [ "$want_registry" = 1 ] && ! command -v zstd >/dev/null 2>&1; then need_pkgs+=(zstd); fi
   # The workflow replay's runner user (tests/integration/test_workflow_replay.py) has sudo, as a hosted runner's does.

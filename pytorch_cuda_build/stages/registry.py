@@ -133,7 +133,8 @@ class RegistryAPI:
             opts.append(f"--cert-dir={tmp / 'certs'}")
         return opts
 
-    def _skopeo(self, *args: str, side: str | tuple[str, ...] = "", timeout: float | None = None) -> bytes:
+    def _skopeo(self, *args: str, side: str | tuple[str, ...] = "", timeout: float | None = None,
+                global_opts: tuple[str, ...] = (), env: dict | None = None) -> bytes:
         """skopeo ARGS with this registry's TLS and credentials options, for the sides of a copy
         that are the registry (side "dest": --dest-tls-verify, ...; ("src", "dest"): both) or for
         a read (side "")."""
@@ -143,11 +144,11 @@ class RegistryAPI:
         with tempfile.TemporaryDirectory(prefix="pytorch-cuda-skopeo-") as tmp:
             options = self._options(Path(tmp))
             opts = [o.replace("--", f"--{s}-", 1) if s else o for s in sides for o in options]
-            cmd = [self.binary, f"--command-timeout={timeout or self.timeout:g}s", args[0], "--retry-times=0",
+            cmd = [self.binary, f"--command-timeout={timeout or self.timeout:g}s", *global_opts, args[0], "--retry-times=0",
                    *opts, *args[1:]]
             # HOME in the scratch directory: skopeo reads no auth or registries.conf of the user's
             # but the auth file given (containers/image looks in ~/.config/containers, ~/.docker).
-            proc = subprocess.run(cmd, capture_output=True, stdin=subprocess.DEVNULL, env={**os.environ, "HOME": tmp})
+            proc = subprocess.run(cmd, capture_output=True, stdin=subprocess.DEVNULL, env={**os.environ, "HOME": tmp, **(env or {})})
         if proc.returncode == 0:
             return proc.stdout
         raise self._failure(proc.stderr.decode(errors="replace"))
@@ -199,6 +200,16 @@ class RegistryAPI:
         """The image manifest name@digest, blobs and all, into an OCI layout, unchanged (verify reads its layers)."""
         self._skopeo("copy", "--preserve-digests", "--quiet", f"docker://{self.reg.host}/{self.reg.namespace}/{name}@{digest}",
                      f"oci:{layout}", side="src", timeout=PUSH_TIMEOUT)
+
+    def signed_copy(self, name: str, digest: str, tag: str, fingerprint: str, passphrase_file: Path, registries_d: Path,
+                    gnupg_home: Path) -> None:
+        """name@digest onto name:tag, unchanged, with a GPG signature by fingerprint (from gnupg_home),
+        which skopeo stores where registries_d says. The source is this registry's own image by
+        digest, so no policy is asked to accept it."""
+        repo = f"docker://{self.reg.host}/{self.reg.namespace}/{name}"
+        self._skopeo("copy", "--preserve-digests", "--quiet", f"--sign-by={fingerprint}", f"--sign-passphrase-file={passphrase_file}",
+                     f"{repo}@{digest}", f"{repo}:{tag}", side=("src", "dest"),
+                     global_opts=("--insecure-policy", f"--registries.d={registries_d}"), env={"GNUPGHOME": str(gnupg_home)})
 
     def push_index(self, layout: Path, ref_name: str, name: str, tag: str) -> None:
         """The index that an OCI layout names ref_name to name:tag, byte for byte; its manifests

@@ -43,15 +43,43 @@ def all_tags(docker_client, image_id) -> list[str]:
     return [publishing.dated_tag(DEFAULT, labels, DEFAULT.refs()[0]), *DEFAULT.tags]
 
 
+SIGNING = {"PYTORCH_CUDA_SIGN_PASSPHRASE": "publish test passphrase"}
+
+
 @pytest.fixture(scope="module")
-def pushed(registry, image_id, all_tags) -> dict:
-    """The row published to the "ml" namespace by this fixture itself (tests that read a
-    published image ask for it; none relies on another test's push): published.json's record."""
-    proc = publish(registry.address("ml"), "--push")
+def signing(tmp_path_factory) -> dict:
+    """A key made as a user makes one, and the lookaside directory publish signs into."""
+    tmp = tmp_path_factory.mktemp("signing")
+    made = run_build_py(ROOT, "signing-key", str(tmp / "key"), env=SIGNING)
+    assert made.returncode == 0, shown(made)
+    return {"key": tmp / "key", "lookaside": tmp / "lookaside", "stdout": ""}
+
+
+@pytest.fixture(scope="module")
+def pushed(registry, image_id, all_tags, signing) -> dict:
+    """The row published and signed to the "ml" namespace by this fixture itself (tests that read
+    a published image ask for it; none relies on another test's push): published.json's record."""
+    proc = publish(registry.address("ml"), "--push", "--sign-key", str(signing["key"]), "--signatures", str(signing["lookaside"]),
+                   env=SIGNING)
     assert proc.returncode == 0, shown(proc)
+    signing["stdout"] = proc.stdout
     published = json.loads((RESULTS / "published.json").read_text())
     assert published["image_id"] == image_id and published["tags"] == all_tags
     return published
+
+
+def test_publish_signs_the_rows_image_under_its_dated_tag(registry, pushed, signing, all_tags):
+    """The signature publish wrote: GPG-signed by the key, naming the pushed manifest digest and
+    the dated tag as its identity (the policy's checks on small images: test_signing.py)."""
+    digest = pushed["digest"]
+    path = signing["lookaside"] / "ml" / f"{DEFAULT.repository}@{digest.replace(':', '=')}" / "signature-1"
+    assert f"signed {registry.address('ml')}/{DEFAULT.repository}@{digest} as :{all_tags[0]}: {path}" in signing["stdout"]
+    home = signing["key"] / "gnupg"
+    out = subprocess.run(["gpg", "--homedir", str(home), "--batch", "--decrypt", str(path)], capture_output=True)
+    assert out.returncode == 0 and b"Good signature" in out.stderr, out.stderr
+    payload = json.loads(out.stdout)
+    assert payload["critical"]["image"]["docker-manifest-digest"] == digest
+    assert payload["critical"]["identity"]["docker-reference"] == f"{registry.address('ml')}/{DEFAULT.repository}:{all_tags[0]}"
 
 
 def publish(address: str, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -120,6 +120,12 @@ VALUE_CASES = {
     **{(cmd, "--platform"): [([cmd, "--torch", "2.11", "--platform", "linux/riscv64", *extra],
                               "argument --platform: invalid choice: 'linux/riscv64'")]
        for cmd, extra in (("build", []), ("test", []), ("verify", []), ("base", []), ("publish", ["--registry", "127.0.0.1:5000/ml"]))},
+    ("publish", "--sign-key"): [(["publish", "--torch", "2.7", *REG, "--sign-key", "{dir}"], "--sign-key {dir}: no gnupg/ in it"),
+                                (["publish", "--torch", "2.7", *REG, "--sign-key", "/nonexistent/key"], "--sign-key /nonexistent/key: no gnupg/")],
+    ("publish", "--signatures"): [(["publish", "--torch", "2.7", *REG, "--sign-key", "{dir}", "--signatures", "{notpem}"],
+                                   "--signatures {notpem} is not a directory")],
+    ("signing-key", "folder"): [(["signing-key", "{notpem}"], "FOLDER {notpem} is not a directory"),
+                                (["signing-key", "{dir}/k"], "set PYTORCH_CUDA_SIGN_PASSPHRASE")],
     ("verify", "--image"): [(["verify", "--image", "127.0.0.1:5000/ml/pytorch-cuda:v2.7"], "--image takes an image pinned by digest"),
                             (["verify", "--image", "pytorch-cuda@sha256:abc"], "--image takes an image pinned by digest")],
     ("verify", "--against"): [(["verify", "--image", f"127.0.0.1:5000/ml/pytorch-cuda@sha256:{'a' * 64}", "--against", ""],
@@ -256,7 +262,7 @@ GIVE = {"jobs": ["--jobs", "2"], "retries": ["--retries", "2"], "allow_vulnerabl
         "cache_from": ["--cache-from", "type=registry,ref=r/c"], "cache_to": ["--cache-to", "type=registry,ref=r/c"],
         "result_json": ["--result-json", "{dir}/r.json"], "ca_bundle": ["--ca-bundle", "{pem}"], "cuda": ["--cuda", "12.1"],
         "cluster_runtime": ["--kind", "trainjob", "--cluster-runtime", "torch-distributed"], "rdma": ["--rdma", "rdma/ib=1"],
-        "platform": ["--platform", "linux/arm64"], "compression": ["--compression", "zstd"], "deadline": ["--deadline", "24h"]}
+        "platform": ["--platform", "linux/arm64"], "sign_key": ["--sign-key", "{dir}"], "signatures": ["--signatures", "{dir}"], "compression": ["--compression", "zstd"], "deadline": ["--deadline", "24h"]}
 
 
 def _give(command: str, dest: str, but: str | None = None) -> list[str]:
