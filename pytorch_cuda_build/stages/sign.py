@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -42,16 +43,10 @@ def passphrase() -> str:
 
 
 def _gpg(home: Path, *args: str, secret: str | None = None) -> subprocess.CompletedProcess:
-    if not (gpg := _which("gpg")):
+    if not (gpg := shutil.which("gpg")):
         raise EnvironmentProblem("gpg is not installed (signing uses it): apt-get install gnupg")
     cmd = [gpg, "--homedir", str(home), "--batch", "--no-tty", *(["--pinentry-mode", "loopback", "--passphrase-fd", "0"] if secret else []), *args]
     return subprocess.run(cmd, input=secret or "", capture_output=True, text=True)
-
-
-def _which(name: str) -> str | None:
-    from shutil import which
-
-    return which(name)
 
 
 def fingerprint(folder: Path) -> str:
@@ -69,8 +64,11 @@ def fingerprint(folder: Path) -> str:
 def check_key(folder: Path) -> str:
     """Before anything is pushed: the key is there and the passphrase opens it (a test signature)."""
     fpr = fingerprint(folder)
+    # A test signature of an empty file to stdout: never `--output /dev/null`, which gpg, as root,
+    # unlinks when signing fails (a wrong passphrase), leaving the host without /dev/null.
     try:
-        proc = _gpg(folder / HOME, "--local-user", fpr, "--output", os.devnull, "--sign", os.devnull, secret=passphrase())
+        with tempfile.NamedTemporaryFile(prefix="pytorch-cuda-sign-") as empty:
+            proc = _gpg(folder / HOME, "--local-user", fpr, "--armor", "--output", "-", "--sign", empty.name, secret=passphrase())
     finally:  # the agent would remember the passphrase: a later wrong one must still fail
         subprocess.run(["gpgconf", "--homedir", str(folder / HOME), "--kill", "gpg-agent"], capture_output=True)
     if proc.returncode != 0:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ..errors import PipelineError, UsageError
 from ..jobs import ImageRef
-from ..stages import build, publish, render
+from ..stages import base, build, publish, render
 from ..stages.registry import Registry, RegistryAPI, credentials
 from . import verify
 
@@ -209,8 +209,6 @@ def compare(api: RegistryAPI, name: str, published: Published, local: Local, doc
 def base_for(c, api: RegistryAPI, image, published: Published, results: Path, docker_cli: str, root: Path, log) -> str:
     """The base the image names, here: this machine's (built from the recipe if absent), else the
     registry's copy publish pushed; NotRebuilt where neither is that base."""
-    from ..stages import base
-
     want = published.labels.get(publish.BASE_LABEL, "")
     if image.os.kind == "registry":
         return base.ensure(c, image, results, log, docker_cli=docker_cli, root=root)

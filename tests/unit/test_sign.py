@@ -5,7 +5,9 @@ registries.d that docs/security.md shows. Signing and verifying against a regist
 tests/integration/test_signing.py."""
 from __future__ import annotations
 
+import os
 import shutil
+import stat
 
 import pytest
 
@@ -38,6 +40,8 @@ def test_only_its_passphrase_opens_it_even_right_after_the_right_one(key, monkey
     monkeypatch.setenv(sign.PASSPHRASE_ENV, "wrong")
     with pytest.raises(UsageError, match="does not open its key"):
         sign.check_key(folder)
+    # gpg unlinks the output of a failed signature: as root, an output of /dev/null was the host's
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
 
 
 def test_no_passphrase_and_no_key_are_one_line_each(tmp_path, monkeypatch):
