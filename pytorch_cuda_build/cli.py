@@ -15,7 +15,7 @@ from . import ca, console, files, jobs, matrix, pipeline, scheduler
 from .arguments import COMMANDS, parser
 from .engine import docker_env
 from .errors import PipelineError, UsageError
-from .stages import base, build, inputs, lock, publish, render, sbom, sign, tag, zstd
+from .stages import attach, base, build, inputs, lock, publish, render, sbom, sign, tag, zstd
 from .stages.registry import RegistryAPI, credentials
 from .tools import bench, engine_current, gpubundle, propose, pullcost, selftest, verify, verify_image
 from .validate import validate
@@ -131,6 +131,8 @@ def cmd_publish(m: matrix.Matrix, args) -> int:
     moves = pipeline.publish_rows(c, images, reg, args.push, ca.ca_bundle(args.ca_bundle), args.retries, log,
                                   lambda i: pipeline.results_dir(ROOT, i), args.compression)
     print("\n".join(publish.table(moves, reg, args.push)))
+    if args.push:
+        attach_sboms(moves, reg, ca.ca_bundle(args.ca_bundle))
     if args.sign_key and args.push:
         api = RegistryAPI(reg, credentials(reg), ca.ca_bundle(args.ca_bundle))
         signatures = args.signatures or ROOT / "build-results" / "signatures"
@@ -140,6 +142,17 @@ def cmd_publish(m: matrix.Matrix, args) -> int:
                 print(f"signed {reg.host}/{reg.namespace}/{mv.image.repository}@{mv.after.digest} as :{mv.tag}: {path} "
                       f"(serve {signatures} as the registry's lookaside)")
     return 0
+
+
+def attach_sboms(moves: list, reg, ca_path: str | None) -> None:
+    """Each row's SBOM beside its image in the registry (stages/attach.py)."""
+    api = RegistryAPI(reg, credentials(reg), ca_path)
+    for mv in moves:
+        if mv.immutable and not mv.base and mv.after:
+            sbom = pipeline.results_dir(ROOT, mv.image) / "sbom.cdx.json"
+            found = attach.attach_sbom(api, mv.image.repository, mv.after.digest, sbom)
+            print(f"SBOM {found} attached to {reg.host}/{reg.namespace}/{mv.image.repository}@{mv.after.digest} "
+                  f"(referrers fallback :{attach.fallback_tag(mv.after.digest)})")
 
 
 def cmd_signing_key(m: matrix.Matrix, args) -> int:

@@ -7,6 +7,7 @@ that a retry completes the job. That a dated tag never moves: test_immutable_tag
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ import docker.errors
 import pytest
 
 from pytorch_cuda_build import matrix
+from pytorch_cuda_build.stages import attach
 from pytorch_cuda_build.stages import publish as publishing
 from pytorch_cuda_build.stages import tag
 
@@ -66,6 +68,17 @@ def pushed(registry, image_id, all_tags, signing) -> dict:
     published = json.loads((RESULTS / "published.json").read_text())
     assert published["image_id"] == image_id and published["tags"] == all_tags
     return published
+
+
+def test_publish_attaches_the_rows_sbom_beside_its_image(registry, pushed):
+    """The SBOM the build wrote, as an artifact whose subject is the pushed image, listed under the
+    referrers fallback tag (this registry has no referrers API)."""
+    digest = pushed["digest"]
+    _, index = registry.manifest(f"ml/{DEFAULT.repository}", attach.fallback_tag(digest))
+    (entry,) = [m for m in index["manifests"] if m["artifactType"] == attach.ARTIFACT_TYPE]
+    _, artifact = registry.manifest(f"ml/{DEFAULT.repository}", entry["digest"])
+    assert artifact["subject"]["digest"] == digest
+    assert artifact["layers"][0]["digest"] == "sha256:" + hashlib.sha256((RESULTS / "sbom.cdx.json").read_bytes()).hexdigest()
 
 
 def test_publish_signs_the_rows_image_under_its_dated_tag(registry, pushed, signing, all_tags):

@@ -4,11 +4,13 @@ The Basic-auth flow is covered with htpasswd in test_publish.py. No Docker daemo
 the image read back is pushed over the distribution API with a token."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from pytorch_cuda_build import matrix
 from pytorch_cuda_build.errors import UsageError
-from pytorch_cuda_build.stages import registry
+from pytorch_cuda_build.stages import attach, registry
 
 from helpers import ROOT
 from registry import LocalRegistry, TokenIssuer, push_small_image, require_binary
@@ -71,3 +73,18 @@ def test_a_token_service_that_is_down_is_a_transient_error(tmp_path):
             api(reg, SECRET).ping(DEFAULT)
     finally:
         reg.stop()
+
+
+def test_the_sbom_attaches_through_the_token_flow_and_its_fallback_index_keeps_artifact_type(token_registry, tmp_path):
+    """publish --push attaches the row's SBOM (stages/attach.py): the artifact through skopeo, the
+    referrers fallback index through the distribution API's PUT, each with a token for the
+    repository (push and pull)."""
+    reg, issuer, (digest, _) = token_registry
+    sbom = tmp_path / "sbom.cdx.json"
+    sbom.write_text('{"bomFormat": "CycloneDX", "specVersion": "1.5", "components": []}')
+    client = api(reg, SECRET)
+    found = attach.attach_sbom(client, DEFAULT.repository, digest, sbom)
+    index = json.loads(client.raw(DEFAULT.repository, attach.fallback_tag(digest)))
+    assert [(m["digest"], m.get("artifactType")) for m in index["manifests"]] == [(found, attach.ARTIFACT_TYPE)]
+    pushes = [r for r in issuer.requests if r["user"] == "ci" and any(s.endswith(":pull,push") or ",push" in s for s in r["scope"])]
+    assert pushes, issuer.requests
