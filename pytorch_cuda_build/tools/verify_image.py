@@ -216,6 +216,11 @@ def base_for(c, api: RegistryAPI, image, published: Published, results: Path, do
     if have == want:
         log(f"verify: the base here is the image's ({want[:19]})")
         return have
+    layers = c.images.get(have).attrs.get("RootFS", {}).get("Layers") or []
+    if layers[:1] == published.diff_ids[:1]:  # the same rootfs, under another store's kind of ID
+        raise NotRebuilt(f"the base here is the image's rootfs ({layers[0][:19]}) but has the ID {have[:19]} on this engine's "
+                         f"store, and the image's label names {want[:19]}: the label is part of the config, so rebuild on "
+                         "an engine with the store the image was built on (containerd: build.py engine)")
     repository, tag = render.base_ref(image).split(":", 1)
     remote = f"{api.reg.host}/{api.reg.namespace}/{repository}:{tag}-{want.removeprefix('sha256:')[:12]}"
     log(f"verify: the base here ({have[:19]}) is not the image's ({want[:19]}); pulling {remote}")

@@ -120,3 +120,16 @@ def test_a_row_that_cannot_be_rebuilt_here_is_exit_3(monkeypatch, tmp_path):
     with pytest.raises(verify_image.NotRebuilt) as e:
         verify_image.rebuild(None, SimpleNamespace(argv=["docker"]), None, image, published(LABELS), ROOT, tmp_path, None, print)
     assert e.value.exit_code == 3 and str(e.value).startswith("could not rebuild 2.7.1-cuda12.1-runtime: ")
+
+
+def test_the_same_rootfs_under_another_stores_id_says_which_engine_to_rebuild_on(monkeypatch, tmp_path):
+    """A base's ID is its config digest on a classic store and its manifest digest on containerd's;
+    the image's label (part of its config) names the publisher's, so a rebuild elsewhere cannot match."""
+    image = M.select("2.7", "12.1")
+    pub = published({**LABELS, verify_image.publish.BASE_LABEL: "sha256:" + "9" * 64})
+    pub.config["rootfs"]["diff_ids"] = ["sha256:" + "5" * 64, "sha256:" + "6" * 64]
+    monkeypatch.setattr(verify_image.base, "ensure", lambda *a, **kw: "sha256:" + "8" * 64)
+    c = SimpleNamespace(images=SimpleNamespace(get=lambda ref: SimpleNamespace(attrs={"RootFS": {"Layers": ["sha256:" + "5" * 64]}})))
+    with pytest.raises(verify_image.NotRebuilt) as e:
+        verify_image.base_for(c, None, image, pub, tmp_path, "docker", ROOT, print)
+    assert "the base here is the image's rootfs" in str(e.value) and "containerd: build.py engine" in str(e.value)
