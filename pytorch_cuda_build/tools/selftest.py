@@ -12,7 +12,7 @@ SLOWEST = 25  # tests listed with their times at the end of each run
 
 
 def run(root: Path, pytest_args: list[str]) -> int:
-    """Docker Engine, debootstrap and a registry first (engine.sh), then pytest over tests/.
+    """Docker Engine, mmdebstrap and a registry first (engine.sh), then pytest over tests/.
 
     pytest's exit code is returned as it is: 5 (no tests ran) is a failure, not a pass. Every run
     ends with its slowest tests (--durations): CI's budget is watched from the run's own output.
