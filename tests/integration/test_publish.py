@@ -115,7 +115,7 @@ def test_dry_run_prints_the_moves_and_pushes_nothing(registry, image_id, all_tag
     # the row's four tags and, first, the base it was built on
     assert proc.stdout.count("would push") == len(all_tags) + 1 == 5 and "dry run: nothing pushed" in proc.stdout
     assert "/dry/pytorch-cuda-rootfs:bookworm-" in proc.stdout
-    assert registry.catalog() == []
+    assert [r for r in registry.catalog() if r.startswith("dry/")] == []  # the module's other tests push elsewhere
 
 
 @pytest.mark.fault
