@@ -40,7 +40,10 @@ def small(tmp_path, text: str) -> str:
 
 def push(local: str, target: str) -> str:
     subprocess.run([DOCKER, "tag", local, target], check=True)
-    out = subprocess.run([DOCKER, "push", target], check=True, capture_output=True, text=True).stdout
+    try:
+        out = subprocess.run([DOCKER, "push", target], check=True, capture_output=True, text=True).stdout
+    finally:
+        subprocess.run([DOCKER, "image", "rm", target], capture_output=True)  # the local name only; the image stays under `local`
     return next(w for line in out.splitlines() for w in line.split() if w.startswith("sha256:"))
 
 

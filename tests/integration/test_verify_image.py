@@ -39,9 +39,10 @@ def small_image(tmp_path, tag: str, motd: str, revision: str | None = None) -> s
 
 
 def push(tag: str, target: str) -> str:
-    """target (REG/NS/NAME:TAG) pushed; its manifest digest."""
+    """target (REG/NS/NAME:TAG) pushed; its manifest digest. The local name target goes again."""
     subprocess.run([DOCKER, "tag", tag, target], check=True)
     proc = subprocess.run([DOCKER, "push", target], capture_output=True, text=True)
+    subprocess.run([DOCKER, "image", "rm", target], capture_output=True)
     assert proc.returncode == 0, proc.stderr
     return next(w for line in proc.stdout.splitlines() for w in line.split() if w.startswith("sha256:"))
 
