@@ -15,8 +15,7 @@ from . import ca, console, files, jobs, matrix, pipeline, scheduler
 from .arguments import COMMANDS, parser
 from .engine import docker_env
 from .errors import PipelineError, UsageError
-from .stages import attach, base, build, inputs, lock, publish, render, sbom, sign, tag, zstd
-from .stages.registry import RegistryAPI, credentials
+from .stages import base, build, inputs, lock, publish, render, sbom, sign, tag, zstd
 from .tools import bench, engine_current, gpubundle, propose, pullcost, selftest, verify, verify_image
 from .validate import validate
 
@@ -132,27 +131,11 @@ def cmd_publish(m: matrix.Matrix, args) -> int:
                                   lambda i: pipeline.results_dir(ROOT, i), args.compression)
     print("\n".join(publish.table(moves, reg, args.push)))
     if args.push:
-        attach_sboms(moves, reg, ca.ca_bundle(args.ca_bundle))
-    if args.sign_key and args.push:
-        api = RegistryAPI(reg, credentials(reg), ca.ca_bundle(args.ca_bundle))
         signatures = args.signatures or ROOT / "build-results" / "signatures"
-        for mv in moves:
-            if mv.immutable and not mv.base and mv.after:  # each row's dated tag: its one image
-                path = sign.sign(api, mv.image.repository, mv.after.digest, mv.tag, args.sign_key, signatures)
-                print(f"signed {reg.host}/{reg.namespace}/{mv.image.repository}@{mv.after.digest} as :{mv.tag}: {path} "
-                      f"(serve {signatures} as the registry's lookaside)")
+        for line in pipeline.after_push(moves, reg, ca.ca_bundle(args.ca_bundle), lambda i: pipeline.results_dir(ROOT, i),
+                                        args.sign_key, signatures):
+            print(line)
     return 0
-
-
-def attach_sboms(moves: list, reg, ca_path: str | None) -> None:
-    """Each row's SBOM beside its image in the registry (stages/attach.py)."""
-    api = RegistryAPI(reg, credentials(reg), ca_path)
-    for mv in moves:
-        if mv.immutable and not mv.base and mv.after:
-            sbom = pipeline.results_dir(ROOT, mv.image) / "sbom.cdx.json"
-            found = attach.attach_sbom(api, mv.image.repository, mv.after.digest, sbom)
-            print(f"SBOM {found} attached to {reg.host}/{reg.namespace}/{mv.image.repository}@{mv.after.digest} "
-                  f"(referrers fallback :{attach.fallback_tag(mv.after.digest)})")
 
 
 def cmd_signing_key(m: matrix.Matrix, args) -> int:
@@ -216,23 +199,9 @@ def cmd_base(m: matrix.Matrix, args) -> int:
 
 
 def verify_published(m: matrix.Matrix, args) -> int:
-    ref, ca_path = jobs.parse_image(args.image), ca.ca_bundle(args.ca_bundle)
-    api, name = verify_image.api_for(ref, ca_path)
-    published = verify_image.read_published(api, name, ref, args.platform or docker_env.host_platform())
-    image = verify_image.row_of(m, published, build.source(ROOT).revision)
-    pipeline.check_inputs(ROOT, m, [image])
-    c, bc = docker_env.ensure_engine(log), docker_env.build_client(args.docker)
-    results = pipeline.results_dir(ROOT, image) / "verify-image"
-    results.mkdir(parents=True, exist_ok=True)
-    if args.against:
-        local_ref = args.against
-    else:
-        docker_env.ensure_emulation(image.platform, log)
-        build.check_disk(docker_env.root_dir(c))
-        local_ref = verify_image.rebuild(c, bc, api, image, published, ROOT, results, ca_path, log)
-    local = verify_image.read_local(local_ref, bc.argv[0])
-    verdict = verify_image.compare(api, name, published, local, bc.argv[0])
-    files.write_atomic(results / "verdict.txt", "\n".join(verdict.lines) + "\n")
+    verdict = verify_image.run(ROOT, m, jobs.parse_image(args.image), args.platform or docker_env.host_platform(),
+                               args.against, args.docker, ca.ca_bundle(args.ca_bundle), log,
+                               lambda image: pipeline.check_inputs(ROOT, m, [image]), lambda image: pipeline.results_dir(ROOT, image))
     print("\n".join(verdict.lines))
     return 0 if verdict.same else 1
 

@@ -24,7 +24,7 @@ from . import files, paths
 from .engine import docker_env
 from .errors import BuildError, PipelineError, UsageError
 from .matrix import Image, Matrix
-from .stages import base, build, gate, lock, publish, registry, render, sbom, security, tag
+from .stages import attach, base, build, gate, lock, publish, registry, render, sbom, security, sign, tag
 
 results_dir = paths.results_dir
 
@@ -239,6 +239,8 @@ class _Row:
             with self.stage("publish"):
                 self.result.moves = publish_rows(c, [image], opts.registry, True, opts.ca_path, opts.retries,
                                                  log, lambda i: results_dir(self.root, i), opts.compression)
+                for line in after_push(self.result.moves, opts.registry, opts.ca_path, lambda i: results_dir(self.root, i)):
+                    log(line)
         return self.result
 
     def build(self, c, bc, base_id: str) -> str:
@@ -324,6 +326,23 @@ def publish_rows(c, images: list[Image], reg: registry.Registry, push: bool, ca_
         for image in images:
             publish.write_record(results(image), reg, image, moves)
     return moves
+
+
+def after_push(moves: list[publish.Move], reg: registry.Registry, ca_path: str | None, results: Callable[[Image], Path],
+               sign_key: Path | None = None, signatures: Path | None = None) -> list[str]:
+    """Beside each pushed row image (its dated tag): its SBOM as an artifact, and with sign_key
+    its signature in the signatures lookaside directory. One line each, for the caller to show."""
+    api = registry.RegistryAPI(reg, registry.credentials(reg), ca_path)
+    where, lines = f"{reg.host}/{reg.namespace}", []
+    for mv in (m for m in moves if m.immutable and not m.base and m.after):
+        found = attach.attach_sbom(api, mv.image.repository, mv.after.digest, results(mv.image) / "sbom.cdx.json")
+        lines.append(f"SBOM {found} attached to {where}/{mv.image.repository}@{mv.after.digest} "
+                     f"(referrers fallback :{attach.fallback_tag(mv.after.digest)})")
+        if sign_key is not None:
+            path = sign.sign(api, mv.image.repository, mv.after.digest, mv.tag, sign_key, signatures)
+            lines.append(f"signed {where}/{mv.image.repository}@{mv.after.digest} as :{mv.tag}: {path} "
+                         f"(serve {signatures} as the registry's lookaside)")
+    return lines
 
 
 def test_image(root: Path, image: Image, ref: str, require_gpu: bool, log, matrix_path: Path | None = None) -> tuple[str, str]:

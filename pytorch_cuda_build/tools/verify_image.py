@@ -26,6 +26,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import files
+from ..engine import docker_env
 from ..errors import PipelineError, UsageError
 from ..jobs import ImageRef
 from ..stages import base, build, publish, render
@@ -251,3 +253,24 @@ def rebuild(c, bc, api: RegistryAPI, image, published: Published, root: Path, re
     except PipelineError as e:
         raise NotRebuilt(f"could not rebuild {image.name}: {e}") from None
     return ref
+
+
+def run(root: Path, matrix, ref: ImageRef, platform: str, against: str | None, docker: str | None, ca: str | None,
+        log, check_inputs, results_of) -> Verdict:
+    """The whole check: read the published image, take its row from this checkout (its inputs
+    checked by check_inputs), rebuild it (or take `against`), compare, and write the lines to
+    results_of(image)/verify-image/verdict.txt."""
+    api, name = api_for(ref, ca)
+    published = read_published(api, name, ref, platform)
+    image = row_of(matrix, published, build.source(root).revision)
+    check_inputs(image)
+    c, bc = docker_env.ensure_engine(log), docker_env.build_client(docker)
+    results = results_of(image) / "verify-image"
+    results.mkdir(parents=True, exist_ok=True)
+    if against is None:
+        docker_env.ensure_emulation(image.platform, log)
+        build.check_disk(docker_env.root_dir(c))
+        against = rebuild(c, bc, api, image, published, root, results, ca, log)
+    verdict = compare(api, name, published, read_local(against, bc.argv[0]), bc.argv[0])
+    files.write_atomic(results / "verdict.txt", "\n".join(verdict.lines) + "\n")
+    return verdict
