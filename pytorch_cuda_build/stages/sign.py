@@ -49,6 +49,11 @@ def _gpg(home: Path, *args: str, secret: str | None = None) -> subprocess.Comple
     return subprocess.run(cmd, input=secret or "", capture_output=True, text=True)
 
 
+def stop_agent(home: Path) -> None:
+    """No gpg-agent left behind: it would outlive the command and remember the passphrase."""
+    subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True)
+
+
 def fingerprint(folder: Path) -> str:
     """The fingerprint of the one secret key in folder's GnuPG home; UsageError if there is none."""
     home = folder / HOME
@@ -69,8 +74,8 @@ def check_key(folder: Path) -> str:
     try:
         with tempfile.NamedTemporaryFile(prefix="pytorch-cuda-sign-") as empty:
             proc = _gpg(folder / HOME, "--local-user", fpr, "--armor", "--output", "-", "--sign", empty.name, secret=passphrase())
-    finally:  # the agent would remember the passphrase: a later wrong one must still fail
-        subprocess.run(["gpgconf", "--homedir", str(folder / HOME), "--kill", "gpg-agent"], capture_output=True)
+    finally:  # a later wrong passphrase must still fail
+        stop_agent(folder / HOME)
     if proc.returncode != 0:
         raise UsageError(f"--sign-key {folder}: the passphrase in {PASSPHRASE_ENV} does not open its key "
                          f"({(proc.stderr.strip().splitlines() or ['gpg failed'])[-1]})")
@@ -92,7 +97,7 @@ def generate(folder: Path) -> tuple[str, Path]:
     fpr = fingerprint(folder)
     exported = _gpg(home, "--armor", "--export", fpr)
     public.write_text(exported.stdout)
-    subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True)  # no agent left behind
+    stop_agent(home)
     return fpr, public
 
 
@@ -128,7 +133,7 @@ def sign(api, name: str, digest: str, tag: str, folder: Path, signatures: Path) 
         try:
             api.signed_copy(name, digest, tag, fpr, secret, conf, gnupg_home=folder / HOME)
         finally:
-            subprocess.run(["gpgconf", "--homedir", str(folder / HOME), "--kill", "gpg-agent"], capture_output=True)
+            stop_agent(folder / HOME)
     written = signatures / api.reg.namespace / f"{name}@{digest.replace(':', '=')}"
     found = sorted(written.glob("signature-*"))
     if not found:
