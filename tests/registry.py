@@ -11,6 +11,7 @@ import base64
 import hashlib
 import http.server
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 import warnings
 from pathlib import Path
 
@@ -232,3 +234,35 @@ def push_small_image(reg: LocalRegistry, repo: str, tag: str, bearer: str) -> tu
                                           "Content-Type": "application/vnd.oci.image.manifest.v1+json"})
     with urllib.request.urlopen(req, timeout=30) as r:
         return r.headers["Docker-Content-Digest"], json.loads(manifest)["config"]["digest"]
+
+
+# ---- small images for registry tests, built by Docker 20.10 -------------------------------------
+
+def small_image(tmp: Path, files: dict[str, str], labels: dict[str, str] | None = None) -> str:
+    """FROM scratch with files (path in the image: text), built by Docker 20.10 (classic store: the
+    config pushed is the config built); its local tag, which the caller removes."""
+    ctx = tmp / f"ctx-{uuid.uuid4().hex[:8]}"
+    ctx.mkdir(parents=True)
+    lines = ["FROM scratch"]
+    for n, (path, text) in enumerate(files.items()):
+        (ctx / f"f{n}").write_text(text)
+        lines.append(f"COPY f{n} {path}")
+    (ctx / "Dockerfile").write_text("\n".join(lines) + "\n")
+    tag = f"pcb-small-test:{uuid.uuid4().hex[:12]}"
+    args = [a for k, v in (labels or {}).items() for a in ("--label", f"{k}={v}")]
+    proc = subprocess.run(["/usr/bin/docker", "build", "-q", *args, "-t", tag, str(ctx)], capture_output=True, text=True,
+                          env={**os.environ, "DOCKER_BUILDKIT": "1"})
+    assert proc.returncode == 0, proc.stderr
+    return tag
+
+
+def push_small(local: str, target: str) -> str:
+    """local pushed as target (REGISTRY/NS/NAME:TAG); the name target removed again (the image stays
+    under local); the manifest digest the push reports."""
+    subprocess.run(["/usr/bin/docker", "tag", local, target], check=True)
+    try:
+        proc = subprocess.run(["/usr/bin/docker", "push", target], capture_output=True, text=True)
+    finally:
+        subprocess.run(["/usr/bin/docker", "image", "rm", target], capture_output=True)
+    assert proc.returncode == 0, proc.stderr
+    return next(w for line in proc.stdout.splitlines() for w in line.split() if w.startswith("sha256:"))

@@ -6,7 +6,6 @@ publish attaches its own: test_publish.py."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import urllib.error
 import urllib.request
@@ -17,7 +16,7 @@ import pytest
 from pytorch_cuda_build.stages import attach
 from pytorch_cuda_build.stages.registry import Registry, RegistryAPI
 
-from registry import LocalRegistry, require_binary
+from registry import LocalRegistry, push_small, require_binary, small_image
 
 pytestmark = [pytest.mark.docker]
 
@@ -29,23 +28,15 @@ def pushed(tmp_path_factory, docker_client):
     require_binary()
     tmp = tmp_path_factory.mktemp("sbom")
     reg = LocalRegistry(tmp / "registry").start()
-    ctx = tmp / "ctx"
-    ctx.mkdir()
-    (ctx / "f").write_text(uuid.uuid4().hex)
-    (ctx / "Dockerfile").write_text("FROM scratch\nCOPY f /f\n")
-    local = f"pcb-sbom-test:{uuid.uuid4().hex[:8]}"
-    subprocess.run([DOCKER, "build", "-q", "-t", local, str(ctx)], check=True, capture_output=True, env={**os.environ, "DOCKER_BUILDKIT": "1"})
-    target = f"{reg.address('ml')}/pytorch-cuda:attach"
-    subprocess.run([DOCKER, "tag", local, target], check=True)
-    out = subprocess.run([DOCKER, "push", target], check=True, capture_output=True, text=True).stdout
-    digest = next(w for line in out.splitlines() for w in line.split() if w.startswith("sha256:"))
+    local = small_image(tmp, {"/f": uuid.uuid4().hex})
+    digest = push_small(local, f"{reg.address('ml')}/pytorch-cuda:attach")
     sbom = tmp / "sbom.cdx.json"
     sbom.write_text(json.dumps({"bomFormat": "CycloneDX", "specVersion": "1.5", "components": [{"name": "torch"}]}))
     try:
         yield {"reg": reg, "api": RegistryAPI(Registry(reg.host, "ml"), None, None), "digest": digest, "sbom": sbom, "tmp": tmp}
     finally:
         reg.stop()
-        subprocess.run([DOCKER, "image", "rm", "--force", local, target], capture_output=True)
+        subprocess.run([DOCKER, "image", "rm", "--force", local], capture_output=True)
 
 
 def blob(reg: LocalRegistry, digest: str) -> bytes:

@@ -19,32 +19,13 @@ from pytorch_cuda_build.stages import sign
 from pytorch_cuda_build.stages.registry import Registry, RegistryAPI
 
 from helpers import ROOT, run_build_py
-from registry import LocalRegistry, require_binary
+from registry import LocalRegistry, push_small, require_binary, small_image
 
 pytestmark = [pytest.mark.docker]
 
 DOCKER = "/usr/bin/docker"
 PASSPHRASE = {sign.PASSPHRASE_ENV: "correct horse battery staple"}
 DATED = "2.7.1-cuda12.1-runtime-20261127-test"
-
-
-def small(tmp_path, text: str) -> str:
-    ctx = tmp_path / f"ctx-{uuid.uuid4().hex[:6]}"
-    ctx.mkdir()
-    (ctx / "f").write_text(text)
-    (ctx / "Dockerfile").write_text("FROM scratch\nCOPY f /f\n")
-    tag = f"pcb-sign-test:{uuid.uuid4().hex[:8]}"
-    subprocess.run([DOCKER, "build", "-q", "-t", tag, str(ctx)], check=True, capture_output=True, env={**os.environ, "DOCKER_BUILDKIT": "1"})
-    return tag
-
-
-def push(local: str, target: str) -> str:
-    subprocess.run([DOCKER, "tag", local, target], check=True)
-    try:
-        out = subprocess.run([DOCKER, "push", target], check=True, capture_output=True, text=True).stdout
-    finally:
-        subprocess.run([DOCKER, "image", "rm", target], capture_output=True)  # the local name only; the image stays under `local`
-    return next(w for line in out.splitlines() for w in line.split() if w.startswith("sha256:"))
 
 
 def copy(source: str, dest: str) -> None:
@@ -62,9 +43,9 @@ def setup(tmp_path_factory, docker_client):
     made = run_build_py(ROOT, "signing-key", str(tmp / "key"), env=PASSPHRASE)
     assert made.returncode == 0, made.stderr
     repo = f"{reg.address('ml')}/pytorch-cuda"
-    signed, unsigned = small(tmp, "signed"), small(tmp, "unsigned")
-    signed_digest = push(signed, f"{repo}:{DATED}")
-    unsigned_digest = push(unsigned, f"{repo}:unsigned")
+    signed, unsigned = small_image(tmp, {"/f": "signed"}), small_image(tmp, {"/f": "unsigned"})
+    signed_digest = push_small(signed, f"{repo}:{DATED}")
+    unsigned_digest = push_small(unsigned, f"{repo}:unsigned")
     api = RegistryAPI(Registry(reg.host, "ml"), None, None)
     os.environ.update(PASSPHRASE)
     try:

@@ -14,7 +14,7 @@ import pytest
 from pytorch_cuda_build.stages import build
 
 from helpers import ROOT, run_build_py
-from registry import LocalRegistry, require_binary
+from registry import LocalRegistry, push_small, require_binary, small_image
 
 pytestmark = [pytest.mark.docker]
 
@@ -22,29 +22,10 @@ DOCKER = "/usr/bin/docker"
 ROW = "2.7.1-cuda12.1-runtime"
 
 
-def small_image(tmp_path, tag: str, motd: str, revision: str | None = None) -> str:
-    """FROM scratch, two files, the labels verify reads; built by Docker 20.10 (classic store:
-    the config pushed is the config built)."""
-    ctx = tmp_path / f"ctx-{uuid.uuid4().hex[:6]}"
-    ctx.mkdir()
-    (ctx / "motd").write_text(motd)
-    (ctx / "os-release").write_text("ID=test\n")
-    (ctx / "Dockerfile").write_text("FROM scratch\nCOPY motd /etc/motd\nCOPY os-release /etc/os-release\n")
+def small(tmp_path, motd: str, revision: str | None = None) -> str:
+    """Two files, labelled as build.py labels the default row."""
     labels = {"org.opencontainers.image.revision": revision or build.source(ROOT).revision, "io.pytorch-cuda.image": ROW}
-    args = [a for k, v in labels.items() for a in ("--label", f"{k}={v}")]
-    proc = subprocess.run([DOCKER, "build", "-q", *args, "-t", tag, str(ctx)], capture_output=True, text=True,
-                          env={**os.environ, "DOCKER_BUILDKIT": "1"})
-    assert proc.returncode == 0, proc.stderr
-    return tag
-
-
-def push(tag: str, target: str) -> str:
-    """target (REG/NS/NAME:TAG) pushed; its manifest digest. The local name target goes again."""
-    subprocess.run([DOCKER, "tag", tag, target], check=True)
-    proc = subprocess.run([DOCKER, "push", target], capture_output=True, text=True)
-    subprocess.run([DOCKER, "image", "rm", target], capture_output=True)
-    assert proc.returncode == 0, proc.stderr
-    return next(w for line in proc.stdout.splitlines() for w in line.split() if w.startswith("sha256:"))
+    return small_image(tmp_path, {"/etc/motd": motd, "/etc/os-release": "ID=test\n"}, labels)
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +34,11 @@ def published(tmp_path_factory, docker_client):
     tmp = tmp_path_factory.mktemp("verify-image")
     reg = LocalRegistry(tmp / "registry").start()
     made = uuid.uuid4().hex[:8]
-    local = small_image(tmp, f"pcb-verify-test:{made}-a", f"published {made}\n")
-    digest = push(local, f"{reg.address('ml')}/pytorch-cuda:verify-{made}")
-    other = small_image(tmp, f"pcb-verify-test:{made}-b", f"changed {made}\n")
-    elsewhere = small_image(tmp, f"pcb-verify-test:{made}-c", f"published {made}\n", revision="0" * 40)
-    elsewhere_digest = push(elsewhere, f"{reg.address('ml')}/pytorch-cuda:verify-{made}-c")
+    local = small(tmp, f"published {made}\n")
+    digest = push_small(local, f"{reg.address('ml')}/pytorch-cuda:verify-{made}")
+    other = small(tmp, f"changed {made}\n")
+    elsewhere = small(tmp, f"published {made}\n", revision="0" * 40)
+    elsewhere_digest = push_small(elsewhere, f"{reg.address('ml')}/pytorch-cuda:verify-{made}-c")
     try:
         yield {"reg": reg, "ref": f"{reg.address('ml')}/pytorch-cuda@{digest}", "local": local, "other": other,
                "elsewhere": f"{reg.address('ml')}/pytorch-cuda@{elsewhere_digest}"}
