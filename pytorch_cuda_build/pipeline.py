@@ -218,7 +218,7 @@ class _Row:
         self.test(c, image_id)
         with self.stage("sbom"):
             doc = sbom.generate(c, image_id)
-            files.write_atomic(self.results / "sbom.cdx.json", sbom.text(doc))
+            files.write_atomic(self.results / sbom.FILE, sbom.text(doc))
         with self.stage("vulnerabilities"):
             report = security.record(self.root, image, security.sbom_debian(doc), opts.ca_path, log)
         if opts.registry:  # before any tag moves: a refused image keeps its old tags everywhere
@@ -335,7 +335,7 @@ def after_push(moves: list[publish.Move], reg: registry.Registry, ca_path: str |
     api = registry.RegistryAPI(reg, registry.credentials(reg), ca_path)
     where, lines = f"{reg.host}/{reg.namespace}", []
     for mv in (m for m in moves if m.immutable and not m.base and m.after):
-        found = attach.attach_sbom(api, mv.image.repository, mv.after.digest, results(mv.image) / "sbom.cdx.json")
+        found = attach.attach_sbom(api, mv.image.repository, mv.after.digest, results(mv.image) / sbom.FILE)
         lines.append(f"SBOM {found} attached to {where}/{mv.image.repository}@{mv.after.digest} "
                      f"(referrers fallback :{attach.fallback_tag(mv.after.digest)})")
         if sign_key is not None:

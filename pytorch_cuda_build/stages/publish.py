@@ -44,7 +44,7 @@ from ..engine import docker_env
 from ..errors import EnvironmentProblem, ImmutableTagTaken, PublishError, TagTaken, UsageError
 from ..files import write_atomic
 from ..matrix import Image
-from . import index, lock, render, security, zstd
+from . import index, lock, render, sbom, security, zstd
 from . import tag as tags
 from .build import source
 from .registry import Registry, RegistryAPI, Remote, Transient, credentials
@@ -144,10 +144,15 @@ def tested_id(c: docker.DockerClient, image: Image) -> str:
 
 def screen(c: docker.DockerClient, images: list[Image], results: Callable[[Image], Path], allowed: set[str]) -> None:
     """Refuse before the registry is contacted: a row never tested here, or one whose
-    vulnerabilities.json lists a critical advisory that `allowed` does not name."""
+    vulnerabilities.json lists a critical advisory that `allowed` does not name, or one without
+    the SBOM a push attaches beside it (a push that stopped there would leave its tags moved)."""
     for image in images:
         tested_id(c, image)  # the first question: a row never built says so, not that its report is missing
     security.gate({i.local_name: results(i) / security.REPORT for i in images}, allowed)
+    for image in images:
+        if not (results(image) / sbom.FILE).is_file():
+            raise UsageError(f"{image.name}: no {results(image) / sbom.FILE}, the SBOM a push attaches beside the image; "
+                             f"nothing pushed (the build writes it: python build.py --torch {image.torch} --cuda {image.cuda})")
 
 
 def dated_tag(image: Image, labels: dict[str, str] | None, ref: str) -> str:

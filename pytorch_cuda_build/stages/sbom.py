@@ -10,6 +10,7 @@ import docker.errors
 from ..errors import PipelineError, UsageError
 from . import gate
 
+FILE = "sbom.cdx.json"  # in the row's build-results: written by the build, attached by a push
 SCRIPT = Path(__file__).resolve().parents[2] / "pytorch_cuda_runtime" / "sbom.py"
 
 

@@ -200,7 +200,9 @@ def compare(api: RegistryAPI, name: str, published: Published, local: Local, doc
     lines.append(f"differing layers: {', '.join(str(i) for i in sorted(differing)) or 'none'}")
     if differing:
         theirs = published_layers(api, name, published, differing)
-        ours = verify.layer_index(local.ref, docker_cli=docker_cli)
+        # Only the differing layers are read from the registry, so only those are compared here:
+        # a layer both images share would otherwise read as "only in the image here".
+        ours = [index if i in differing else {} for i, index in enumerate(verify.layer_index(local.ref, docker_cli=docker_cli))]
         theirs += [{}] * (len(ours) - len(theirs))
         ours += [{}] * (len(theirs) - len(ours))
         files = verify.compare(theirs, ours, False)

@@ -18,7 +18,7 @@ import docker.errors
 import pytest
 
 from pytorch_cuda_build import matrix
-from pytorch_cuda_build.stages import render
+from pytorch_cuda_build.stages import render, sbom
 
 from helpers import project_copy, run_build_py, shown
 from registry import LocalRegistry, require_binary
@@ -54,6 +54,12 @@ def _reported(project, name: str) -> None:
     from pytorch_cuda_build.stages import security
 
     security.write_report(name, [], [], project / "build-results" / name / security.REPORT, {"test": "no advisories"})
+
+
+def _sbom(project, name: str) -> None:
+    """An SBOM where the build writes it (a push attaches it beside the image)."""
+    (project / "build-results" / name / sbom.FILE).write_text(json.dumps({"bomFormat": "CycloneDX", "specVersion": "1.5",
+                                                                           "components": []}))
 
 
 def test_a_dated_tag_held_by_another_image_is_refused_and_nothing_moves(tmp_path, docker_client):
@@ -92,6 +98,10 @@ def test_a_dated_tag_held_by_another_image_is_refused_and_nothing_moves(tmp_path
         first = _import(tmp_path, local, b"first image\n", labels)
         made.append(first)
         _tested(state, [first], row.name)
+        proc = publish()  # without the SBOM the push would attach: refused before the registry is contacted
+        assert proc.returncode == 2 and "the SBOM a push attaches" in proc.stderr and "nothing pushed" in proc.stderr, shown(proc)
+        assert all(v is None for v in remote().values())
+        _sbom(project, row.name)
         proc = publish()
         assert proc.returncode == 0, shown(proc)
         assert proc.stdout.count("pushed, verified") == 5, shown(proc)  # the base, then the row's four

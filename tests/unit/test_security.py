@@ -14,7 +14,7 @@ import yaml
 from pytorch_cuda_build import matrix, pipeline
 from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import AdvisoryLookupError, VulnerableImage
-from pytorch_cuda_build.stages import publish, security
+from pytorch_cuda_build.stages import publish, sbom, security
 
 from helpers import ROOT, run_cli
 
@@ -179,6 +179,7 @@ def test_publish_refuses_a_critical_advisory_in_one_line_nothing_pushed(tmp_path
 @pytest.mark.parametrize("allowed", ["PYSEC-SEEDED-1", "GHSA-seed-crit-0001"])
 def test_allow_vulnerable_lets_the_named_advisory_past_the_gate(tmp_path, publishing, allowed):
     _report(tmp_path, {})
+    _sbom(tmp_path)
     proc = _publish(tmp_path, "--allow-vulnerable", "PYSEC-SEEDED-2", "--allow-vulnerable", allowed)
     assert proc.returncode == 0, proc.stderr
     assert publishing == [[ROW.name]] and "dry run: nothing pushed" in proc.stdout
@@ -189,6 +190,18 @@ def test_publish_refuses_an_image_without_its_report(tmp_path, publishing):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert f"{ROW.name}: no {tmp_path}/build-results/{ROW.name}/vulnerabilities.json" in proc.stderr and "nothing pushed" in proc.stderr
     assert publishing == []
+
+
+def test_publish_refuses_an_image_without_its_sbom_before_any_push(tmp_path, publishing):
+    _report(tmp_path, {})
+    proc = _publish(tmp_path, "--allow-vulnerable", "PYSEC-SEEDED-1")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"{ROW.name}: no {tmp_path}/build-results/{ROW.name}/sbom.cdx.json, the SBOM a push attaches" in proc.stderr
+    assert "nothing pushed" in proc.stderr and publishing == []
+
+
+def _sbom(tmp_path: Path) -> None:
+    (tmp_path / "build-results" / ROW.name / sbom.FILE).write_text('{"bomFormat": "CycloneDX"}')
 
 
 # ---- `lock --check-security` -----------------------------------------------------------------
