@@ -25,7 +25,7 @@ def write_all_atomic(items: list[tuple[Path, str]]) -> set[Path]:
     staged: list[tuple[str, Path]] = []
     try:
         for path, text in items:
-            if path.exists() and path.read_text() == text:
+            if path.exists() and path.read_text(encoding="utf-8") == text:
                 continue
             staged.append((_stage(path, text), path))
     except BaseException as e:
@@ -45,7 +45,7 @@ def _stage(path: Path, text: str) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:  # whatever the locale: bytes read back are the bytes meant
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

@@ -24,7 +24,7 @@ from . import files, paths
 from .engine import docker_env
 from .errors import BuildError, PipelineError, UsageError
 from .matrix import Image, Matrix
-from .stages import attach, base, build, gate, lock, publish, registry, render, sbom, security, sign, tag
+from .stages import attach, base, build, gate, lock, provenance, publish, registry, render, sbom, security, sign, tag
 
 results_dir = paths.results_dir
 
@@ -251,7 +251,8 @@ class _Row:
             try:
                 return build.run(bc, self.root, self.image, log_path, self.opts.ca_path, self.opts.no_cache,
                                  cache_args=self.opts.cache_args(self.image),
-                                 echo=self.console.build_sink(getattr(bc, "progress", "plain")), base_id=base_id)
+                                 echo=self.console.build_sink(getattr(bc, "progress", "plain")), base_id=base_id,
+                                 results=self.results)
             except BuildError:
                 if not docker_env.answers(c):  # not a failing step: the daemon itself went away
                     raise docker_env.lost("the build") from None
@@ -330,14 +331,24 @@ def publish_rows(c, images: list[Image], reg: registry.Registry, push: bool, ca_
 
 def after_push(moves: list[publish.Move], reg: registry.Registry, ca_path: str | None, results: Callable[[Image], Path],
                sign_key: Path | None = None, signatures: Path | None = None) -> list[str]:
-    """Beside each pushed row image (its dated tag): its SBOM as an artifact, and with sign_key
-    its signature in the signatures lookaside directory. One line each, for the caller to show."""
+    """Beside each pushed row image (its dated tag): its SBOM and, where the build kept it for
+    that image, BuildKit's provenance, as artifacts; and with sign_key its signature in the
+    signatures lookaside directory. One line each, for the caller to show."""
     api = registry.RegistryAPI(reg, registry.credentials(reg), ca_path)
     where, lines = f"{reg.host}/{reg.namespace}", []
     for mv in (m for m in moves if m.immutable and not m.base and m.after):
         found = attach.attach_sbom(api, mv.image.repository, mv.after.digest, results(mv.image) / sbom.FILE)
         lines.append(f"SBOM {found} attached to {where}/{mv.image.repository}@{mv.after.digest} "
                      f"(referrers fallback :{attach.fallback_tag(mv.after.digest)})")
+        statement = provenance.kept(results(mv.image), mv.after.digest)
+        if statement is None:
+            lines.append(f"no provenance for {where}/{mv.image.repository}@{mv.after.digest}: its build wrote none for this "
+                         "manifest (Docker 20.10's BuildKit writes none; build on a current engine: build.py engine)")
+        else:
+            kind = attach.provenance_kind(json.loads(statement)["predicateType"])
+            found = attach.attach(api, mv.image.repository, mv.after.digest, statement, kind)
+            lines.append(f"provenance {found} attached to {where}/{mv.image.repository}@{mv.after.digest} "
+                         f"(:{attach.fallback_tag(mv.after.digest)}{kind.tag_suffix})")
         if sign_key is not None:
             path = sign.sign(api, mv.image.repository, mv.after.digest, mv.tag, sign_key, signatures)
             lines.append(f"signed {where}/{mv.image.repository}@{mv.after.digest} as :{mv.tag}: {path} "

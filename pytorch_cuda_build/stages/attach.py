@@ -1,31 +1,55 @@
-"""The image's CycloneDX SBOM, attached to it in the registry as an OCI artifact.
+"""What a push attaches beside a row image in the registry, as OCI 1.1 artifacts: its CycloneDX
+SBOM and BuildKit's SLSA provenance.
 
-BuildKit's own SBOM attestations are SPDX only and need a scanner image from a registry our
-hosts cannot reach, so `publish --push` pushes the SBOM the build wrote
+The SBOM: BuildKit's own SBOM attestations are SPDX only and need a scanner image from a registry
+our hosts cannot reach, so a push attaches the SBOM the build wrote
 (build-results/<image>/sbom.cdx.json, the one baked into the image at
-/opt/pytorch-cuda/sbom.cdx.json) as an OCI 1.1 artifact: an image manifest with
-`artifactType: application/vnd.cyclonedx+json`, the empty config, the SBOM as its one layer, and
-`subject` naming the image's manifest.
+/opt/pytorch-cuda/sbom.cdx.json). The provenance: the in-toto statement BuildKit wrote for the
+image, byte for byte (provenance.py). Each is an image manifest with its `artifactType`, the empty
+config, the document as its one layer, and `subject` naming the image's manifest.
 
 Where it can be found from the image, both ways the OCI distribution spec gives:
 - a registry with the referrers API (`GET /v2/<name>/referrers/<digest>`) indexes the artifact
   by its `subject` when it is pushed;
 - a registry without one (Debian's docker-registry 2.8, for one) is given the spec's tag-schema
-  fallback: an index under the tag `sha256-<hex of the image digest>` listing the artifact, kept
+  fallback: an index under the tag `sha256-<hex of the image digest>` listing the artifacts, kept
   with any entries other tools put there.
-The artifact itself also carries the tag `sha256-<hex>.sbom` (cosign's tag for an attached SBOM),
-so tools that know neither can find it, and so skopeo, which pushes only to a tag, can push it.
+Each artifact also carries a tag of its own, `sha256-<hex>.sbom` (cosign's tag for an attached
+SBOM) and `sha256-<hex>.provenance`, so tools that know neither can find it, and so skopeo, which
+pushes only to a tag, can push it.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import PublishError
 
-ARTIFACT_TYPE = "application/vnd.cyclonedx+json"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of attached document: its artifact type (also its layer's media type), its file
+    name, the suffix of its own tag, and its layer's annotations beside the title."""
+
+    artifact_type: str
+    title: str
+    tag_suffix: str
+    annotations: tuple[tuple[str, str], ...] = ()
+
+
+SBOM = Kind("application/vnd.cyclonedx+json", "sbom.cdx.json", ".sbom")
+ARTIFACT_TYPE = SBOM.artifact_type
+
+
+def provenance_kind(predicate_type: str) -> Kind:
+    return Kind("application/vnd.in-toto+json", "provenance.intoto.json", ".provenance",
+                (("in-toto.io/predicate-type", predicate_type),))
+
+
 EMPTY_CONFIG = {"mediaType": "application/vnd.oci.empty.v1+json",
                 "digest": "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a", "size": 2}
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -37,21 +61,21 @@ def fallback_tag(digest: str) -> str:
     return digest.replace(":", "-")
 
 
-def artifact(sbom: bytes, subject: dict) -> tuple[dict, dict[str, bytes]]:
+def artifact(document: bytes, subject: dict, kind: Kind = SBOM) -> tuple[dict, dict[str, bytes]]:
     """The artifact manifest and its blobs (digest -> bytes)."""
-    layer_digest = "sha256:" + hashlib.sha256(sbom).hexdigest()
-    manifest = {"schemaVersion": 2, "mediaType": MANIFEST, "artifactType": ARTIFACT_TYPE, "config": EMPTY_CONFIG,
-                "layers": [{"mediaType": ARTIFACT_TYPE, "digest": layer_digest, "size": len(sbom),
-                            "annotations": {"org.opencontainers.image.title": "sbom.cdx.json"}}],
+    layer_digest = "sha256:" + hashlib.sha256(document).hexdigest()
+    manifest = {"schemaVersion": 2, "mediaType": MANIFEST, "artifactType": kind.artifact_type, "config": EMPTY_CONFIG,
+                "layers": [{"mediaType": kind.artifact_type, "digest": layer_digest, "size": len(document),
+                            "annotations": {"org.opencontainers.image.title": kind.title, **dict(kind.annotations)}}],
                 "subject": subject}
-    return manifest, {layer_digest: sbom, EMPTY_CONFIG["digest"]: b"{}"}
+    return manifest, {layer_digest: document, EMPTY_CONFIG["digest"]: b"{}"}
 
 
 def referrers_index(existing: bytes | None, entry: dict) -> dict:
     """The fallback index with entry in it: existing entries kept, an older entry of ours (same
-    artifact type) replaced, so a republish leaves one SBOM per image."""
+    artifact type) replaced, so a republish leaves one of each kind per image."""
     index = json.loads(existing) if existing else {"schemaVersion": 2, "mediaType": INDEX, "manifests": []}
-    others = [m for m in index.get("manifests") or [] if m.get("artifactType") != ARTIFACT_TYPE]
+    others = [m for m in index.get("manifests") or [] if m.get("artifactType") != entry["artifactType"]]
     return {**index, "manifests": [*others, entry]}
 
 
@@ -77,17 +101,22 @@ def attach_sbom(api, name: str, digest: str, sbom_path: Path) -> str:
         sbom = sbom_path.read_bytes()
     except OSError as e:
         raise PublishError(f"no SBOM to attach: {sbom_path}: {e.strerror} (the build writes it; rebuild the row)") from None
+    return attach(api, name, digest, sbom, SBOM)
+
+
+def attach(api, name: str, digest: str, document: bytes, kind: Kind) -> str:
+    """Push document as name@digest's artifact of kind and list it under the fallback tag; its digest."""
     subject_raw = api.raw(name, digest)
     if subject_raw is None:
-        raise PublishError(f"{name}@{digest} is not in the registry: nothing to attach an SBOM to")
+        raise PublishError(f"{name}@{digest} is not in the registry: nothing to attach {kind.title} to")
     subject = {"mediaType": json.loads(subject_raw).get("mediaType") or MANIFEST, "digest": digest, "size": len(subject_raw)}
-    manifest, blobs = artifact(sbom, subject)
+    manifest, blobs = artifact(document, subject, kind)
     raw = json.dumps(manifest).encode()
     artifact_digest = "sha256:" + hashlib.sha256(raw).hexdigest()
-    with tempfile.TemporaryDirectory(prefix="pytorch-cuda-sbom-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="pytorch-cuda-attach-") as tmp:
         layout, ref = _layout(Path(tmp) / "artifact", manifest, blobs)
-        api.push_layout(layout, ref, name, fallback_tag(digest) + ".sbom")
-    entry = {"mediaType": MANIFEST, "digest": artifact_digest, "size": len(raw), "artifactType": ARTIFACT_TYPE}
+        api.push_layout(layout, ref, name, fallback_tag(digest) + kind.tag_suffix)
+    entry = {"mediaType": MANIFEST, "digest": artifact_digest, "size": len(raw), "artifactType": kind.artifact_type}
     index = referrers_index(api.raw(name, fallback_tag(digest)), entry)
     # Byte for byte: skopeo would re-serialize the index without the entries' artifactType.
     api.put_manifest(name, fallback_tag(digest), json.dumps(index).encode(), INDEX)

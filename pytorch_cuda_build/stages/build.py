@@ -23,7 +23,7 @@ from ..engine import docker_env
 from ..engine.docker_env import BuildClient
 from ..errors import BuildError, EnvironmentProblem, UsageError
 from ..matrix import Image
-from . import lock, opsseed
+from . import lock, opsseed, provenance, render
 
 RUNTIME_PACKAGE = "pytorch_cuda_runtime"
 CONTEXT_FILES = ("requirements.lock", "deepspeed.lock", "toolkit.lock", "manifest.json")
@@ -112,9 +112,16 @@ def command(bc: BuildClient, root: Path, image: Image, context: Path, iidfile: P
     if getattr(bc, "network", None):
         cmd += ["--network", bc.network]
     if getattr(bc, "export", "load") == "oci":
-        # No provenance attestation: it records build times, and would make the image an index.
-        cmd += ["--provenance=false", "--output", f"type=oci,dest={oci_tarball(iidfile)},rewrite-timestamp=true"]
+        cmd += oci_export_args(lock.read(root, image)["files_sha256"], oci_tarball(iidfile))
     return cmd + [str(context)]
+
+
+def oci_export_args(lock_sha256: str, tarball: Path) -> list[str]:
+    """An OCI export with BuildKit's provenance, which load_oci takes apart from the image
+    (provenance.py). The lock hash is given as a label here as well as in the Dockerfile (the same
+    value: the config does not change) because provenance records the command line's labels only."""
+    return [provenance.BUILD_FLAG, "--label", f"{render.LOCK_LABEL}={lock_sha256}",
+            "--output", f"type=oci,dest={tarball},rewrite-timestamp=true"]
 
 
 def platform_args(image: Image) -> list[str]:
@@ -171,11 +178,12 @@ def oci_tarball(iidfile: Path) -> Path:
 def run(bc: BuildClient, root: Path, image: Image, log_path: Path, ca_bundle: str | None,
         no_cache: bool = False, echo: bool | Callable[[str], None] = True, tag: str | None = None,
         base_id: str | None = None, cache_args: list[str] | tuple[str, ...] = (), ops_seed: bool = True,
-        src: Source | None = None) -> str:
+        src: Source | None = None, results: Path | None = None) -> str:
     """Build the candidate; return its image ID. The log is kept in full; each line also goes
     to echo: a callable (a console), True (stderr, raw) or False (nowhere). A --no-cache build
     takes the host's ops seed unless ops_seed is False (then it compiles, as a fresh machine does).
-    src: the commit the labels name (default: the checkout's now)."""
+    src: the commit the labels name (default: the checkout's now). results: where the row's
+    provenance is kept (or an earlier build's removed, where this engine writes none)."""
     src = src or source(root)
     with tempfile.TemporaryDirectory(prefix="pytorch-cuda-context-") as tmp:
         context = Path(tmp) / "context"
@@ -191,23 +199,45 @@ def run(bc: BuildClient, root: Path, image: Image, log_path: Path, ca_bundle: st
         if not seeded:  # a seeded build took the wheel the host has already
             export_ops(bc, root, image, context, env, ca_bundle, cache_args, log_path.with_name("ops-export.log"))
         if getattr(bc, "export", "load") == "oci":
-            return load_oci(bc, oci_tarball(iidfile), tag or candidate_ref(image), log_path)
+            return load_oci(bc, oci_tarball(iidfile), tag or candidate_ref(image), log_path, results)
+        if results is not None:
+            provenance.forget(results)
         return iidfile.read_text().strip()
 
 
-def load_oci(bc: BuildClient, tarball: Path, ref: str, log_path: Path) -> str:
+def load_oci(bc: BuildClient, tarball: Path, ref: str, log_path: Path, results: Path | None = None) -> str:
     """`docker load` an OCI export; the containerd store keeps its manifest, so the image ID
-    is the digest the build wrote (and the one a push sends)."""
+    is the digest the build wrote (and the one a push sends). An export with provenance is loaded
+    as its image alone, and the provenance kept in results (provenance.py); none kept without results."""
     env = {**os.environ, **bc.env}
-    proc = subprocess.run([bc.argv[0], "load", "--input", str(tarball)], capture_output=True, text=True, env=env)
+    parts = provenance.split(tarball)
+    if parts is None:
+        proc = subprocess.run([bc.argv[0], "load", "--input", str(tarball)], capture_output=True, text=True, env=env)
+    else:
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            loader = subprocess.Popen([bc.argv[0], "load"], stdin=subprocess.PIPE, stdout=out, stderr=err, env=env)
+            try:
+                provenance.stream(tarball, parts.index_json, loader.stdin)  # type: ignore[arg-type]
+            except BrokenPipeError:  # docker load stopped reading: its own error says why
+                pass
+            finally:
+                loader.stdin.close()  # type: ignore[union-attr]
+            loader.wait()
+            out.seek(0), err.seek(0)
+            proc = subprocess.CompletedProcess(loader.args, loader.returncode, out.read().decode(errors="replace"),
+                                               err.read().decode(errors="replace"))
     with open(log_path, "a") as log:
-        log.write(f"$ {bc.argv[0]} load --input {tarball.name}\n{proc.stdout}{proc.stderr}")
+        log.write(f"$ {bc.argv[0]} load --input {tarball.name}{' (its image alone, provenance kept apart)' if parts else ''}\n"
+                  f"{proc.stdout}{proc.stderr}")
     if proc.returncode != 0:
         raise BuildError("loading the built image", str(log_path), (proc.stderr.strip().splitlines() or ["no output"])[-1])
     out = subprocess.run([bc.argv[0], "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True, text=True, env=env)
     if out.returncode != 0 or not out.stdout.strip():
         raise BuildError(f"loading the built image: {ref} is not in the daemon after `docker load`", str(log_path), out.stderr.strip())
-    return out.stdout.strip()
+    image_id = out.stdout.strip()
+    if results is not None:
+        provenance.keep(results, image_id, parts.statement if parts and parts.image == image_id else None)
+    return image_id
 
 
 def _stream(cmd: list[str], env: dict[str, str], log_path: Path, echo: bool | Callable[[str], None]) -> int:

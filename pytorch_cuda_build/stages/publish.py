@@ -48,7 +48,7 @@ from . import index, lock, render, sbom, security, zstd
 from . import tag as tags
 from .build import source
 from .registry import Registry, RegistryAPI, Remote, Transient, credentials
-from .render import LABEL_PREFIX
+from .render import LOCK_LABEL
 
 _PUSHED_DIGEST = re.compile(r"\bdigest: (sha256:[0-9a-f]{64})\b")
 # Push errors worth retrying: the registry or the network hiccuped. Anything else
@@ -56,7 +56,6 @@ _PUSHED_DIGEST = re.compile(r"\bdigest: (sha256:[0-9a-f]{64})\b")
 _PERMANENT = re.compile(r"unauthori[sz]ed|denied|authentication required|invalid reference|name unknown", re.I)
 BASE_LABEL = "org.opencontainers.image.base.digest"  # the local image ID of the base the row was built on
 CREATED_LABEL = "org.opencontainers.image.created"  # the source commit's time (not SOURCE_DATE_EPOCH: matrix.REPRODUCIBLE_EPOCH)
-LOCK_LABEL = f"{LABEL_PREFIX}.lock-sha256"
 _LOCK_HASH = re.compile(r"^[0-9a-f]{64}$")
 
 

@@ -18,6 +18,7 @@ from ..matrix import REPRODUCIBLE_EPOCH, Image, Matrix, minor_of, snapshot_time
 from . import layers, lock, security
 
 LABEL_PREFIX = "io.pytorch-cuda"
+LOCK_LABEL = f"{LABEL_PREFIX}.lock-sha256"  # the hash of the row's lock files
 WHEELHOUSE_CACHE_ID = "pytorch-cuda-wheelhouse"
 DEB_CACHE_ID = "pytorch-cuda-debs"
 OPS_CACHE_ID = "pytorch-cuda-ops"
@@ -109,7 +110,7 @@ def labels(image: Image, lock_meta: dict) -> list[tuple[str, str]]:
         (f"{p}.cpu-arch", image.cpu_arch),
         (f"{p}.cuda-toolkit", toolkit_text(image, lock_meta)),
         (f"{p}.deepspeed-ops", ",".join(image.prebuilt_ops)),
-        (f"{p}.lock-sha256", lock_meta["files_sha256"]),
+        (LOCK_LABEL, lock_meta["files_sha256"]),
         *([(f"{p}.extras", ",".join(f"{n}=={v}" for n, v in image.extras_pins.items())),
            (f"{p}.extras-left-out", "; ".join(f"{n}: {why}" for n, why in image.extras_left_out) or "none")]
           if image.flavor == "train" else []),

@@ -66,9 +66,11 @@ def test_attaching_again_keeps_other_tools_entries_and_one_sbom(pushed):
     existing = json.loads(api.raw("pytorch-cuda", attach.fallback_tag(digest)))
     theirs = {"mediaType": attach.MANIFEST, "digest": existing["manifests"][0]["digest"], "size": existing["manifests"][0]["size"],
               "artifactType": "application/vnd.example.signature"}
-    pushed["sbom"].write_text(json.dumps({"bomFormat": "CycloneDX", "specVersion": "1.5", "components": []}))
     index = attach.referrers_index(json.dumps(existing).encode(), theirs)
-    assert len(index["manifests"]) == 1  # ours replaced by nothing of its type, theirs added
+    assert len(index["manifests"]) == 2  # ours kept, theirs added
+    api.put_manifest("pytorch-cuda", attach.fallback_tag(digest), json.dumps(index).encode(), attach.INDEX)
+    pushed["sbom"].write_text(json.dumps({"bomFormat": "CycloneDX", "specVersion": "1.5", "components": []}))
     newer = attach.attach_sbom(api, "pytorch-cuda", digest, pushed["sbom"])
     _, listed = reg.manifest("ml/pytorch-cuda", attach.fallback_tag(digest))
+    assert theirs in listed["manifests"]  # the other tool's entry kept
     assert [m["digest"] for m in listed["manifests"] if m["artifactType"] == "application/vnd.cyclonedx+json"] == [newer]

@@ -7,6 +7,7 @@ committed locks' time by tests/conftest.py (PYTORCH_CUDA_EXCLUDE_NEWER).
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import certifi
@@ -171,8 +172,12 @@ def test_buildx_on_the_containerd_store_exports_a_time_rewritten_oci_tarball(tmp
     image = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
     src = build.Source("abc", 1)
     cmd = build.command(ctrd, ROOT, image, tmp_path, tmp_path / "iid", src, None, False)
-    assert cmd[-4:-1] == ["--provenance=false", "--output", f"type=oci,dest={tmp_path / 'image.oci.tar'},rewrite-timestamp=true"]
-    assert "--output" not in build.command(classic, ROOT, image, tmp_path, tmp_path / "iid", src, None, False)
+    lock_hash = json.loads((ROOT / "images" / image.name / "lock.json").read_text())["files_sha256"]
+    assert cmd[-6:-1] == ["--provenance=mode=max", "--label", f"io.pytorch-cuda.lock-sha256={lock_hash}",
+                          "--output", f"type=oci,dest={tmp_path / 'image.oci.tar'},rewrite-timestamp=true"]
+    assert f'io.pytorch-cuda.lock-sha256="{lock_hash}"' in (ROOT / "images" / image.name / "Dockerfile").read_text()  # the same value
+    plain = build.command(classic, ROOT, image, tmp_path, tmp_path / "iid", src, None, False)
+    assert "--output" not in plain and not any(a.startswith("--provenance") for a in plain)
 
 
 def test_source_date_epoch_is_one_fixed_time_and_the_created_label_is_the_commits(tmp_path, monkeypatch):
