@@ -66,7 +66,7 @@ def _platform(p: argparse.ArgumentParser) -> None:
                         "(default: this host's)")
 
 
-def _flags(p: argparse.ArgumentParser, **helps: str) -> None:
+def _flags(p: argparse._ActionsContainer, **helps: str) -> None:  # a parser or a mutually exclusive group
     for name, text in helps.items():
         p.add_argument("--" + name.replace("_", "-"), action="store_true", help=text)
 

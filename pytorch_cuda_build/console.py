@@ -235,10 +235,11 @@ class Live(CI):
         from rich.text import Text  # here: rich only where a terminal shows it
 
         now = time.monotonic()
-        parts = []
+        parts: list[Spinner | Text] = []
         if self.stage:
             parts.append(Spinner("dots", Text(f"{self.stage}  {now - self.stage_t0:.0f}s", style="bold")))
         for step, t0 in list(self.running.values()):
+            assert step.position is not None  # only steps with a position are kept in running (above)
             k, total = step.position[1:]
             parts.append(Text(f"   step {k} of {total}  [{step.label}] {short(step.name)}  {now - t0:.0f}s"))
         if self.stage == "build" and self.steps_done:

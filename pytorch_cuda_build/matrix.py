@@ -61,7 +61,7 @@ def _version(what: str, parts: tuple[int, int], local: bool = False, exact: bool
             v = None
         final = v is not None and not (v.epoch or v.is_prerelease or v.is_postrelease or (v.local and not local))
         written = v is not None and (str(v) == text if exact else text.replace(".", "").isdigit())
-        if not (final and written and parts[0] <= len(v.release) <= parts[1]):
+        if v is None or not (final and written and parts[0] <= len(v.release) <= parts[1]):
             raise ValueError(f"{text!r} is not a valid {what}")
         return text
 
@@ -174,7 +174,7 @@ class Toolkit(_Strict):
 # `platforms:` of matrix.yaml, below), which name the CUDA an image promises the host.
 OS_PLATFORMS = {"linux/amd64": "x86_64-manylinux_2_28", "linux/arm64": "aarch64-manylinux_2_28"}
 OsPlatform = Literal["linux/amd64", "linux/arm64"]
-DEFAULT_OS_PLATFORMS: tuple[str, ...] = ("linux/amd64",)
+DEFAULT_OS_PLATFORMS: tuple[OsPlatform, ...] = ("linux/amd64",)
 
 
 class Platform(_Strict):
@@ -478,7 +478,7 @@ def _line_map(node: yaml.Node, path: tuple[Any, ...] = (), out: dict | None = No
 class _NoDuplicateKeys(yaml.SafeLoader):
     """A repeated key in a mapping is an error, not a silent overwrite."""
 
-    def construct_mapping(self, node, deep=False):  # type: ignore[override]
+    def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
@@ -584,10 +584,10 @@ def _complete(spec: MatrixFile, path: Path) -> Matrix:
                     toolkit=spec.toolkits[major_of(row.wheel_cuda)],
                     prebuilt_ops=spec.defaults.prebuilt_ops, layers=spec.defaults.layers,
                     platforms=tuple(sorted(row.platforms or spec.defaults.platforms, key=list(OS_PLATFORMS).index)),
-                    extras=tuple((n, e.requirement_for(minor_of(row.torch))) for n, e in spec.train.items()
-                                 if train and e.left_out_because(row) is None),
-                    extras_left_out=tuple((n, e.left_out_because(row)) for n, e in spec.train.items()
-                                          if train and e.left_out_because(row) is not None),
+                    extras=tuple((n, req) for n, e in spec.train.items()  # left in: it has a requirement (left_out_because)
+                                 if train and e.left_out_because(row) is None and (req := e.requirement_for(minor_of(row.torch))) is not None),
+                    extras_left_out=tuple((n, why) for n, e in spec.train.items()
+                                          if train and (why := e.left_out_because(row)) is not None),
                     extras_built=tuple(e.build for e in spec.train.values() if train and e.build and e.left_out_because(row) is None),
                 )
             )

@@ -337,6 +337,7 @@ def after_push(moves: list[publish.Move], reg: registry.Registry, ca_path: str |
     api = registry.RegistryAPI(reg, registry.credentials(reg), ca_path)
     where, lines = f"{reg.host}/{reg.namespace}", []
     for mv in (m for m in moves if m.immutable and not m.base and m.after):
+        assert mv.after is not None  # the filter above
         found = attach.attach_sbom(api, mv.image.repository, mv.after.digest, results(mv.image) / sbom.FILE)
         lines.append(f"SBOM {found} attached to {where}/{mv.image.repository}@{mv.after.digest} "
                      f"(referrers fallback :{attach.fallback_tag(mv.after.digest)})")
@@ -350,6 +351,7 @@ def after_push(moves: list[publish.Move], reg: registry.Registry, ca_path: str |
             lines.append(f"provenance {found} attached to {where}/{mv.image.repository}@{mv.after.digest} "
                          f"(:{attach.fallback_tag(mv.after.digest)}{kind.tag_suffix})")
         if sign_key is not None:
+            assert signatures is not None  # given with sign_key (cli: build-results/signatures by default)
             path = sign.sign(api, mv.image.repository, mv.after.digest, mv.tag, sign_key, signatures)
             lines.append(f"signed {where}/{mv.image.repository}@{mv.after.digest} as :{mv.tag}: {path} "
                          f"(serve {signatures} as the registry's lookaside)")
@@ -364,6 +366,7 @@ def test_image(root: Path, image: Image, ref: str, require_gpu: bool, log, matri
         image_id = c.images.get(ref).id
     except Exception:
         raise UsageError(f"no image {ref} on this daemon; build it first (python build.py --torch {image.torch_minor} --cuda {image.cuda})") from None
+    assert image_id is not None  # docker-py types Model.id optional; an image the engine lists has one
     code = gate.code_hash(root)
     report = gate.run(c, root, image, image_id, results_dir(root, image), require_gpu, log, matrix_path=matrix_path)
     return image_id, tag.record_pass(image, image_id, report, code)

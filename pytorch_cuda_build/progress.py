@@ -193,8 +193,8 @@ class RawJSONParser:
                 events.append(Cached(digest))
             elif v.get("completed"):
                 self._ended.add(digest)
-                t0 = started or self._started.get(digest)
-                events.append(Done(digest, round((_time(v["completed"]) - t0).total_seconds(), 1) if t0 else 0.0))
+                t0, t1 = started or self._started.get(digest), _time(v["completed"])
+                events.append(Done(digest, round((t1 - t0).total_seconds(), 1) if t0 and t1 else 0.0))
         for st in status.get("statuses") or []:  # progress of pulls and transfers: only their times matter here
             self._saw(st.get("timestamp"))
         for log in status.get("logs") or []:

@@ -14,6 +14,7 @@ import re
 import shutil
 import ssl
 from pathlib import Path
+from typing import Any
 
 from . import jobs
 from .engine import docker_env
@@ -24,7 +25,7 @@ from .tools import bench, gpubundle
 
 # Given as None by the parser, so that a flag given where it does nothing can be told from
 # its default; filled in once the checks pass.
-DEFAULTS = {"jobs": 1, "retries": 4, "cold_runs": 1, "compression": "gzip", "qos": "burstable"}
+DEFAULTS: dict[str, Any] = {"jobs": 1, "retries": 4, "cold_runs": 1, "compression": "gzip", "qos": "burstable"}
 
 # (command, flag, the flag it needs, what it is for): the first does nothing without the second.
 NEEDS = [

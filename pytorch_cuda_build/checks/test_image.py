@@ -279,10 +279,10 @@ def test_files_the_baked_ops_compiled_from_carry_the_reproducible_epoch(root_hos
     and contents for one, and torch ships such twins, so with install times the ops' objects
     depended on whether pip wrote a pair within one second."""
     ext = root_host.environment()["PYTORCH_CUDA_CPU_OPS"]
-    read = set()
+    deps: set[str] = set()
     for op in render.CPU_OPS.values():
-        read |= ninjalogs.deps_inputs(root_host.file(f"{ext}/{op}/.ninja_deps").content)
-    read = sorted(p for p in read if "/site-packages/" in p)
+        deps |= ninjalogs.deps_inputs(root_host.file(f"{ext}/{op}/.ninja_deps").content)
+    read = sorted(p for p in deps if "/site-packages/" in p)
     assert any("/site-packages/deepspeed/ops/csrc/includes/" in p for p in read), read[:20]
     package = read[0].split("/site-packages/")[0] + "/site-packages"
     listing = root_host.check_output(

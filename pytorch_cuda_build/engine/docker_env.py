@@ -48,7 +48,7 @@ def client() -> docker.DockerClient:
         raise EnvironmentProblem(f"no Docker daemon answers at {daemon_address()}: {_short(e)}") from None
 
 
-def api_error(e: BaseException) -> docker.errors.APIError | None:
+def api_error(e: BaseException | None) -> docker.errors.APIError | None:
     """The daemon's HTTP error behind e, if the daemon answered at all (else None)."""
     seen = 0
     while e is not None and seen < 10:  # the SDK wraps; follow the chain a little way
@@ -252,7 +252,7 @@ def build_client(override: str | None = None) -> BuildClient:
     if bc.argv[1:3] != ("buildx", "build"):
         return bc
     bc = replace(bc, driver=_buildx_driver(bc.argv[0]))
-    if _buildx_version(bc.argv[0]) >= (0, 13) and _cli_store(bc.argv[0]) == "containerd":
+    if (_buildx_version(bc.argv[0]) or (0, 0)) >= (0, 13) and _cli_store(bc.argv[0]) == "containerd":
         bc = replace(bc, argv=tuple(a for a in bc.argv if a != "--load"), export="oci")
     return bc
 

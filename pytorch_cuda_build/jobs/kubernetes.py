@@ -109,6 +109,7 @@ def deadline_seconds(text: str) -> int:
 
 
 def render(job: Job) -> str:
+    assert job.kind is not None  # --scheduler kubernetes needs --kind (validate)
     docs = {"trainjob": trainjob, "pytorchjob": pytorchjob, "jobset": jobset, "indexed-job": indexed_job}[job.kind](job)
     head = "".join(f"# {line}".rstrip() + "\n" for line in [*job.header(), *notes(job), *_mount_notes(job)])
     return head + "---\n".join(dump(d) for d in docs)
@@ -145,6 +146,7 @@ def notes(job: Job) -> list[str]:
                     + (". QoS Guaranteed holds only where the runtime's other containers, if any, have limits equal to "
                        "their requests." if job.qos == "guaranteed" else "."))
     else:
+        assert job.kind is not None  # --scheduler kubernetes needs --kind (validate)
         said.append("One failed or disrupted pod fails the whole job, with no retry (a static rendezvous cannot take a "
                     f"replacement pod): {FAILURE[job.kind]}. "
                     + (f"Deadline: activeDeadlineSeconds {job.deadline_s}." if job.deadline_s
@@ -176,7 +178,7 @@ def _mount_notes(job: Job) -> list[str]:
 
 
 def _meta(job: Job, name: str | None = None) -> dict:
-    meta = {"name": name or job.name}
+    meta: dict = {"name": name or job.name}
     if job.namespace:
         meta["namespace"] = job.namespace
     meta["labels"] = {"app.kubernetes.io/name": "pytorch-cuda", "pytorch-cuda/image": job.row}
@@ -231,7 +233,7 @@ def volumes(job: Job) -> list[dict]:
 
 
 def volume_mounts(job: Job) -> list[dict]:
-    out = [{"name": SHM, "mountPath": "/dev/shm"}]
+    out: list[dict] = [{"name": SHM, "mountPath": "/dev/shm"}]
     for i, m in enumerate(job.mounts):
         out.append({"name": f"mount-{i}", "mountPath": m.target, **({"readOnly": True} if m.read_only else {})})
     return out
@@ -286,7 +288,7 @@ def _nproc(job: Job) -> int:
 def trainjob(job: Job) -> list[dict]:
     trainer = {"image": str(job.image), "command": [LAUNCH, *job.command], "numNodes": job.nodes,
                "numProcPerNode": _nproc(job)}
-    env = {**job.nccl_env(), **({WORKDIR: workdir(job)} if job.cluster_runtime and workdir(job) else {})}
+    env = {**job.nccl_env(), **({WORKDIR: wd} if job.cluster_runtime and (wd := workdir(job)) else {})}
     if env:
         trainer["env"] = _env(env)
     trainer["resourcesPerNode"] = resources(job)  # it replaces the runtime container's resources whole
@@ -330,7 +332,7 @@ def _indexed(job: Job, master: str, subdomain: str | None = None) -> dict:
     replacement), the contract's own node count and master address."""
     env = {"PYTORCH_CUDA_NNODES": str(job.nodes), "PYTORCH_CUDA_MASTER_ADDR": master,
            "PYTORCH_CUDA_MASTER_PORT": str(PORT), **job.launch_env(), **job.nccl_env()}
-    extra = {"subdomain": subdomain} if subdomain else {}
+    extra: dict = {"subdomain": subdomain} if subdomain else {}
     return {"completionMode": "Indexed", "completions": job.nodes, "parallelism": job.nodes, **gang_job(job, RJOB),
             "template": {"metadata": {"labels": _meta(job)["labels"]},
                          "spec": pod_spec(job, container(job, RJOB, env), **extra)}}

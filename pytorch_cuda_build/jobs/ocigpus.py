@@ -59,9 +59,9 @@ def bundle_of(argv):
     raise Refused("no --bundle BUNDLE among the runtime's arguments (oci.conf: ... create --bundle %b ...)")
 
 
-def indexes(text):
+def indexes(text: str) -> list[int]:
     """"0-1,4" -> [0, 1, 4]."""
-    out = []
+    out: list[int] = []
     for part in text.split(","):
         low, _, high = part.partition("-")
         out.extend(range(int(low), int(high or low) + 1))

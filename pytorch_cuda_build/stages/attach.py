@@ -29,7 +29,6 @@ from pathlib import Path
 from ..errors import PublishError
 
 
-
 @dataclass(frozen=True)
 class Kind:
     """One kind of attached document: its artifact type (also its layer's media type), its file
@@ -50,8 +49,8 @@ def provenance_kind(predicate_type: str) -> Kind:
                 (("in-toto.io/predicate-type", predicate_type),))
 
 
-EMPTY_CONFIG = {"mediaType": "application/vnd.oci.empty.v1+json",
-                "digest": "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a", "size": 2}
+EMPTY_DIGEST = "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"  # of b"{}"
+EMPTY_CONFIG = {"mediaType": "application/vnd.oci.empty.v1+json", "digest": EMPTY_DIGEST, "size": 2}
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 INDEX = "application/vnd.oci.image.index.v1+json"
 
@@ -68,13 +67,13 @@ def artifact(document: bytes, subject: dict, kind: Kind = SBOM) -> tuple[dict, d
                 "layers": [{"mediaType": kind.artifact_type, "digest": layer_digest, "size": len(document),
                             "annotations": {"org.opencontainers.image.title": kind.title, **dict(kind.annotations)}}],
                 "subject": subject}
-    return manifest, {layer_digest: document, EMPTY_CONFIG["digest"]: b"{}"}
+    return manifest, {layer_digest: document, EMPTY_DIGEST: b"{}"}
 
 
 def referrers_index(existing: bytes | None, entry: dict) -> dict:
     """The fallback index with entry in it: existing entries kept, an older entry of ours (same
     artifact type) replaced, so a republish leaves one of each kind per image."""
-    index = json.loads(existing) if existing else {"schemaVersion": 2, "mediaType": INDEX, "manifests": []}
+    index: dict = json.loads(existing) if existing else {"schemaVersion": 2, "mediaType": INDEX, "manifests": []}
     others = [m for m in index.get("manifests") or [] if m.get("artifactType") != entry["artifactType"]]
     return {**index, "manifests": [*others, entry]}
 

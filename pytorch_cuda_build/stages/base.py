@@ -117,6 +117,7 @@ MERGED_USR = "/usr/share/mmdebstrap/hooks/merged-usr"
 def mmdebstrap_command(image: Image, root: list[str] | None) -> list[str]:
     """The rootfs as a tarball on stdout (so the file is the caller's, whoever runs mmdebstrap)."""
     os_ = image.os
+    assert os_.suite is not None and os_.mirror is not None, f"{image.name}: a debootstrap base needs a suite and a mirror (matrix.yaml)"
     mode = "unshare" if root is None else "root"
     # sudo drops the environment: SOURCE_DATE_EPOCH goes through `env`, as STATE does.
     env = ["env", f"SOURCE_DATE_EPOCH={REPRODUCIBLE_EPOCH}"]
@@ -147,7 +148,7 @@ def _mmdebstrap(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, l
             raise BuildError("mmdebstrap of the base rootfs" + ("" if root is not None else
                              " (as a user: it needs user namespaces and a /etc/subuid range)"),
                              str(log_path), log_tail(log_path))
-        identity = {"recipe": ref, "platform": image.platform, "rootfs_sha256": file_sha256(tarball),
+        identity: dict = {"recipe": ref, "platform": image.platform, "rootfs_sha256": file_sha256(tarball),
                     "mirror": mirror_state(state / "inrelease")}
         archive = work / "image.tar"
         write_archive(archive, tarball, ref, image)
@@ -155,6 +156,7 @@ def _mmdebstrap(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, l
         if load.returncode != 0:
             raise BuildError("loading the base rootfs into Docker (docker load)", str(log_path), log_tail(log_path))
     image_id = c.images.get(ref).id
+    assert image_id is not None  # docker-py types Model.id optional; an image the engine lists has one
     identity.update(diff_id=f"sha256:{identity['rootfs_sha256']}", image_id=image_id)
     (log_dir / RECORD).write_text(json.dumps(identity, indent=2, sort_keys=True) + "\n")
     log(f"base {ref} ready: diff_id {identity['diff_id'][:19]}..., image ID {image_id[:19]}...")

@@ -109,8 +109,8 @@ def command(bc: BuildClient, root: Path, image: Image, context: Path, iidfile: P
     if no_cache:
         cmd += ["--no-cache"]
     cmd += list(cache_args)
-    if getattr(bc, "network", None):
-        cmd += ["--network", bc.network]
+    if network := getattr(bc, "network", None):
+        cmd += ["--network", network]
     if getattr(bc, "export", "load") == "oci":
         cmd += oci_export_args(lock.read(root, image)["files_sha256"], oci_tarball(iidfile))
     return cmd + [str(context)]
@@ -141,8 +141,8 @@ def export_command(bc: BuildClient, root: Path, image: Image, context: Path, des
     for i, a in enumerate(args[:-1]):
         if a == "--cache-from":  # never --cache-to: that would overwrite the row's exported cache
             cmd += [a, args[i + 1]]
-    if getattr(bc, "network", None):
-        cmd += ["--network", bc.network]
+    if network := getattr(bc, "network", None):
+        cmd += ["--network", network]
     return cmd + [str(context)]
 
 
@@ -231,10 +231,10 @@ def load_oci(bc: BuildClient, tarball: Path, ref: str, log_path: Path, results: 
                   f"{proc.stdout}{proc.stderr}")
     if proc.returncode != 0:
         raise BuildError("loading the built image", str(log_path), (proc.stderr.strip().splitlines() or ["no output"])[-1])
-    out = subprocess.run([bc.argv[0], "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True, text=True, env=env)
-    if out.returncode != 0 or not out.stdout.strip():
-        raise BuildError(f"loading the built image: {ref} is not in the daemon after `docker load`", str(log_path), out.stderr.strip())
-    image_id = out.stdout.strip()
+    found = subprocess.run([bc.argv[0], "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True, text=True, env=env)
+    if found.returncode != 0 or not found.stdout.strip():
+        raise BuildError(f"loading the built image: {ref} is not in the daemon after `docker load`", str(log_path), found.stderr.strip())
+    image_id = found.stdout.strip()
     if results is not None:
         provenance.keep(results, image_id, parts.statement if parts and parts.image == image_id else None)
     return image_id

@@ -49,6 +49,7 @@ def tested(c: docker.DockerClient, row: Image) -> list[PlatformImage]:
         arch = img.attrs.get("Architecture")
         if arch != image.arch:
             raise UsageError(f"{ref} is a {arch} image, not {platform} (a build for one platform moved the row's tags); {build_cmd}")
+        assert img.id is not None  # docker-py types Model.id optional; an image the engine lists has one
         if tags.passed(img.id) is None:
             raise UsageError(f"{ref} ({img.id[:19]}) never passed its tests here; nothing pushed ({build_cmd})")
         out.append(PlatformImage(image, img.id))
@@ -81,8 +82,8 @@ def digest_of(raw: bytes) -> str:
     return "sha256:" + hashlib.sha256(raw).hexdigest()
 
 
-def _digest(raw: bytes | None) -> str | None:
-    return None if raw is None else "sha256:" + hashlib.sha256(raw).hexdigest()
+def _digest(raw: bytes) -> str:
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
 
 
 def check_index(api: RegistryAPI, name: str, reference: str, configs: dict[str, str]) -> str:

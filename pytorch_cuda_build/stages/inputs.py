@@ -65,7 +65,7 @@ def status(root: Path, m: Matrix) -> list[tuple[str, ...]]:
         c = docker_env.client()
     except EnvironmentProblem:
         c = None
-    rows = [("IMAGE", "TORCH", "CUDA", "WHEEL CUDA", "CUDNN", "NCCL", "DEEPSPEED", "PY", "LOCK", "BUILT", "TAGS")]
+    rows: list[tuple[str, ...]] = [("IMAGE", "TORCH", "CUDA", "WHEEL CUDA", "CUDNN", "NCCL", "DEEPSPEED", "PY", "LOCK", "BUILT", "TAGS")]
     for i in m.images:
         lock_ok = "ok" if not lock.problems(root, i) else "STALE"
         built = "?" if c is None else ("yes" if tag.current(c, i)[i.refs()[0]] else "no")

@@ -192,6 +192,7 @@ def resolve_toolkit(image: Image, lock_text: str, ca_bundle: str | None,
     if platform != "linux/amd64":  # Debian's toolkit is read from its amd64 index
         raise LockError(f"{image.name}: the CUDA {image.cuda_major} toolkit comes from Debian's amd64 packages; "
                         f"{platform} needs a pypi toolkit (toolkits.{image.cuda_major} in matrix.yaml)")
+    assert tk.mirror is not None and tk.suite is not None  # a debian toolkit has both (matrix.Toolkit._complete)
     debs = resolve_debian.debian_toolkit(tk.mirror, tk.suite, tk.components, tk.packages, ca_bundle)
     found = next(d.version for d in debs if d.package == "nvidia-cuda-toolkit") if any(d.package == "nvidia-cuda-toolkit" for d in debs) else None
     if found != tk.version:
@@ -377,7 +378,8 @@ def split_extras(image: Image, resolved: str, runtime_lock: str, platform: str) 
     """(wheels, sdists built in the image) among the packages the extras add to the runtime lock.
     A runtime pin that moved would change the tested runtime under them: refused."""
     base = resolve_pypi.pins(runtime_lock)
-    added, built = [], []
+    added: list[str] = []
+    built: list[str] = []
     for block in re.split(r"\n(?=\S)", resolved.strip()):
         found = resolve_pypi.pins(block)
         if not found:

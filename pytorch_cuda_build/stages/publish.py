@@ -136,6 +136,7 @@ def tested_id(c: docker.DockerClient, image: Image) -> str:
         image_id = c.images.get(ref).id
     except docker.errors.ImageNotFound:
         raise UsageError(f"{image.name} was never built here (no {ref}); build and test it first: {build_cmd}") from None
+    assert image_id is not None  # docker-py types Model.id optional; an image the engine lists has one
     if tags.passed(image_id) is None:
         raise UsageError(f"{ref} ({image_id[:19]}) never passed its tests here; nothing pushed (run {build_cmd} or build.py test)")
     return image_id
@@ -308,6 +309,7 @@ def execute(c: docker.DockerClient, api: RegistryAPI, moves: list[Move], creds: 
             _follow(moves)
             followed = True
         if mv.in_place:
+            assert mv.before is not None  # in place: the registry holds it
             mv.after = mv.before
             form = f", {mv.before.form}" if mv.before.form == "zstd" or mv.compression == "zstd" else ""
             log(f"{mv.target(reg)} already at this image ({mv.before.digest}{form}); skipped")
@@ -352,6 +354,7 @@ def retrying(attempts: int, backoff: float, log: Callable[[str], None]) -> Calla
     """retry(fn, what): fn again on a Transient failure, with exponential backoff, each retry logged."""
     def retry(fn: Callable, what: str):
         def before_sleep(state: tenacity.RetryCallState) -> None:
+            assert state.outcome is not None and state.next_action is not None  # both set before a sleep
             log(f"{what} failed: {state.outcome.exception()}; attempt {state.attempt_number + 1}/{attempts} in {state.next_action.sleep:.0f}s")
         r = tenacity.Retrying(stop=tenacity.stop_after_attempt(attempts), reraise=True,
                               wait=tenacity.wait_exponential(multiplier=backoff, max=60),
@@ -551,6 +554,7 @@ def _action(mv: Move, push: bool) -> str:
     """What happened to the tag (or would), with its layers' compression where it is zstd or the run asked for zstd."""
     now = mv.after if push else mv.before
     if mv.in_place:
+        assert now is not None  # in place: the registry holds it (before; after, once pushed)
         action, form = "already there", now.form
     elif push:
         action, form = "pushed, verified", now.form if now else mv.compression
@@ -572,12 +576,14 @@ def write_record(results: Path, reg: Registry, image: Image, moves: list[Move]) 
     """build-results/<image>/published.json: where the row went and the digest to pull it by,
     and where the base it was built on went (no "base" for a registry base)."""
     mine = [mv for mv in moves if mv.image is image and not mv.base]
-    record = {"registry": str(reg), "repository": reg.repository(image), "image_id": mine[0].image_id,
-              "digest": mine[0].after.digest, "tags": [mv.tag for mv in mine],
-              "compression": mine[0].after.form}
+    assert mine[0].after is not None  # a record is written after the push
+    record: dict = {"registry": str(reg), "repository": reg.repository(image), "image_id": mine[0].image_id,
+                    "digest": mine[0].after.digest, "tags": [mv.tag for mv in mine],
+                    "compression": mine[0].after.form}
     # rows that share a base share one move, made for the first of them
     base = next((mv for mv in moves if mv.base and mv.after and render.base_ref(mv.image) == render.base_ref(image)), None)
     if base is not None:
+        assert base.after is not None  # the filter above
         record["base"] = {"image_id": base.image_id, "repository": base.repository(reg), "tag": base.tag,
                           "digest": base.after.digest}
     write_atomic(results / "published.json", json.dumps(record, indent=2) + "\n")

@@ -107,8 +107,8 @@ def closure(index: dict[str, dict[str, str]], roots: list[str]) -> set[str]:
     """Every package reachable from roots through Depends and Pre-Depends (an over-approximation:
     all alternatives, all providers): no package the image may hold is left out."""
     providers: dict[str, list[str]] = {}
-    for name, fields in index.items():
-        for dep in fields.get("Provides", "").split(","):
+    for name, entry in index.items():
+        for dep in entry.get("Provides", "").split(","):
             m = _DEP.match(dep)
             if m:
                 providers.setdefault(m.group(1), []).append(name)

@@ -177,6 +177,7 @@ def pypi_toolkit(image: Image, wheel_lock: str, ca_bundle: str | None, exclude_n
     version = pinned.get("cuda-toolkit")
     if not version:
         raise ResolveError(f"{image.name}: torch {image.torch} pins no cuda-toolkit; a pypi toolkit needs one (use a debian toolkit for this CUDA major)")
+    assert image.toolkit is not None  # a pypi toolkit: resolve_toolkit read it
     spec = f"cuda-toolkit[{','.join(image.toolkit.extras)}]=={version}"
     out = _run_uv(image, spec + "\n", spec, exclude_newer, ca_bundle, "--no-annotate", platform=platform)
     blocks = re.split(r"\n(?=\S)", out.strip())

@@ -77,7 +77,8 @@ def _read() -> tuple[dict[str, list[dict]], bool]:
 
 def record_pass(image: Image, image_id: str, report: dict, code: str) -> str:
     """Remember that this image ID passed in this mode with this test code; return the mode."""
-    new = {"image": image.name, "mode": mode_of(report), "code": code, "passed_at": int(time.time())}
+    mode = mode_of(report)
+    new = {"image": image.name, "mode": mode, "code": code, "passed_at": int(time.time())}
     TESTED.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(TESTED) + ".lock"):
         data, intact = _read()
@@ -86,7 +87,7 @@ def record_pass(image: Image, image_id: str, report: dict, code: str) -> str:
         kept = [r for r in data.get(image_id, []) if (r["mode"], r["code"]) != (new["mode"], new["code"])]
         data[image_id] = (kept + [new])[-KEEP_PER_ID:]
         write_atomic(TESTED, json.dumps(data, indent=2, sort_keys=True) + "\n")
-    return new["mode"]
+    return mode
 
 
 def passed(image_id: str, mode: str | None = None, code: str | None = None) -> dict | None:

@@ -128,7 +128,7 @@ class Index:
                     for f in r.json().get("files", [])]
         parser = _Links()
         parser.feed(r.text)
-        out = []
+        out: list[tuple[str, str, int | None, str]] = []
         for name, href in parser.links:
             url, frag = urldefrag(urljoin(page, href))
             out.append((name, frag[len("sha256="):] if frag.startswith("sha256=") else "", None, url))
@@ -163,4 +163,4 @@ def wheel_files(lock_text: str, python: str, platform: str, index: Index, glibc:
     missing = sorted(f"{n}=={pins[n][0]}" for n, w in found.items() if w is None)
     if missing:
         raise ResolveError(f"{index.url} has no {platform} wheel for Python {python} with a hash the lock lists: {', '.join(missing)}")
-    return {n: w.as_json() for n, w in sorted(found.items())}
+    return {n: w.as_json() for n, w in sorted(found.items()) if w is not None}  # none is: missing above

@@ -67,8 +67,8 @@ def config_digest(c: docker.DockerClient, image_id: str) -> str:
     want = _blob_name(image_id)
     with _export(c, image_id) as tar:
         for member in tar:
-            if member.name == want:
-                return _manifest(tar.extractfile(member).read(), image_id)["config"]["digest"]
+            if member.name == want and (blob := tar.extractfile(member)) is not None:  # a blob is a regular file
+                return _manifest(blob.read(), image_id)["config"]["digest"]
     raise PublishError(f"the engine's export of {image_id[:19]} holds no {want}: not a containerd-store image ID")
 
 
@@ -149,6 +149,7 @@ def _compress(tar_stream, blobs: Path) -> tuple[str, int, str]:
     with open(partial, "wb") as out:
         proc = subprocess.Popen([shutil.which("zstd") or "zstd", "-q", f"-{LEVEL}", "-T0", "-c"], stdin=subprocess.PIPE,
                                 stdout=out, stderr=subprocess.PIPE)
+        assert proc.stdin is not None and proc.stderr is not None  # both PIPE
         try:
             while chunk := tar_stream.read(CHUNK):
                 diff.update(chunk)

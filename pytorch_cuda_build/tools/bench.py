@@ -141,6 +141,7 @@ DS_BUILD_VAR = {"async_io": "DS_BUILD_AIO"}
 def naive_ops_dockerfile(image: Image, base: str, lock_dir: Path) -> str | None:
     """The DS_BUILD_* baseline for a row whose toolkit is Debian's; None for a PyPI toolkit
     (CUDA 13 rows), which this baseline does not cover."""
+    assert image.toolkit is not None  # every matrix row has one (matrix.yaml toolkits)
     if image.toolkit.source != "debian":
         return None
     urls = [line.split()[2] for line in (lock_dir / "toolkit.lock").read_text().splitlines()
@@ -371,8 +372,8 @@ def platforms(c, image: Image, root: Path, bc, out_dir: Path, log) -> dict:
     if "linux/arm64" not in image.platforms:
         raise UsageError(f"{image.name} is not built for linux/arm64 (its platforms: {', '.join(image.platforms)})")
     arm = image.on("linux/arm64")
-    r = {"image": image.name, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
-         "host": docker_env.host_platform()}
+    r: dict = {"image": image.name, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
+               "host": docker_env.host_platform()}
     for p in image.platforms:
         r[p] = _platform_figures(results_dir(root, image.on(p)))
     ref = tag.own_ref(arm)

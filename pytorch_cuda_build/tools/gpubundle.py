@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,7 +159,7 @@ def fetch_sdist(index: str, name: str, version: str, digest: str, dest: Path, ca
     hits = [f for f in page.get("files", []) if f.get("hashes", {}).get("sha256") == digest]
     if not hits:
         raise ResolveError(f"{index} serves no file of {name} with the locked sha256 {digest[:16]}...")
-    url = urllib.request.urljoin(f"{index.rstrip('/')}/{name}/", hits[0]["url"])
+    url = urllib.parse.urljoin(f"{index.rstrip('/')}/{name}/", hits[0]["url"])
     data = _get(url, ca)
     if hashlib.sha256(data).hexdigest() != digest:
         raise ResolveError(f"{url} does not match the sha256 in deepspeed.lock ({digest})")

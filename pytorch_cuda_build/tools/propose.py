@@ -68,8 +68,8 @@ def _instant(text: str) -> datetime:
 def new_releases(m: Matrix, versions: list[str]) -> list[str]:
     """The newest patch of every minor newer than the matrix, and newer patches of its minors."""
     have: dict[tuple[int, ...], Version] = {}
-    for v in filter(None, (stable(i.torch) for i in m.images)):
-        have[v.release[:2]] = max(have.get(v.release[:2], v), v)
+    for h in filter(None, (stable(i.torch) for i in m.images)):
+        have[h.release[:2]] = max(have.get(h.release[:2], h), h)
     oldest = min(have) if have else (0, 0)
     newest: dict[tuple[int, ...], tuple[Version, str]] = {}
     for text in versions:

@@ -183,6 +183,7 @@ def refresh_lock(copy: Path, image: Image, index: wheel_files.Index) -> str:
     version = max(wheels)
     name, sha, size = wheels[version]
     block = re.search(rf"^{REFRESHED}==\S+ \\\n(?:    --hash=sha256:[0-9a-f]{{64}}(?: \\)?\n)+", req, re.M)
+    assert block is not None, f"the lock has no hash-pinned {REFRESHED}"
     req = req.replace(block.group(0), f"{REFRESHED}=={version} \\\n    --hash=sha256:{sha}\n")
     (d / "requirements.lock").write_text(req)
     meta["pins"][REFRESHED] = str(version)

@@ -50,6 +50,7 @@ class Comparison:
 def layer_index(ref: str, *, docker_cli: str) -> list[dict[str, tuple[Entry, int]]]:
     """For each layer of the image in order: path -> (entry, mtime), read from `docker_cli save`."""
     save = subprocess.Popen([docker_cli, "save", ref], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert save.stdout is not None and save.stderr is not None  # both PIPE
     try:
         parsed: tuple | ArchiveLayoutError = read_save(save.stdout, ref)
     except ArchiveLayoutError as e:
@@ -87,7 +88,9 @@ def read_save(stream, ref: str) -> tuple[list[str], dict[str, dict]]:
         outer = tarfile.open(fileobj=stream, mode="r|")
         for member in outer:
             if member.name == "manifest.json":
-                order = _layers(json.load(outer.extractfile(member)), ref)
+                manifest_file = outer.extractfile(member)
+                assert manifest_file is not None  # docker save writes regular files
+                order = _layers(json.load(manifest_file), ref)
             elif member.isfile() and (member.name.endswith("layer.tar") or member.name.startswith("blobs/")):
                 try:
                     by_name[member.name] = _index(tarfile.open(fileobj=outer.extractfile(member), mode="r|*"))
@@ -113,6 +116,7 @@ def _index(layer: tarfile.TarFile) -> dict[str, tuple[Entry, int]]:
         digest = ""
         if f.isfile():
             h, fh = hashlib.sha256(), layer.extractfile(f)
+            assert fh is not None  # a regular file has contents
             while block := fh.read(8 * 1024 * 1024):
                 h.update(block)
             digest = h.hexdigest()
@@ -171,7 +175,7 @@ def verdict(c: Comparison, buildkit_note: str, show: int = 200) -> str:
 KEEP_FILES, KEEP_FILE_BYTES = 50, 256 * 1024**2
 
 
-def keep_differing(c, refs: tuple[str, str], paths: list[str], dest: Path) -> int:
+def keep_differing(c, refs: tuple[str, ...], paths: list[str], dest: Path) -> int:
     """Copy each differing file out of both images, as the finished images have them, to
     dest/build1/<path> and dest/build2/<path>; how many files were kept from both."""
     shutil.rmtree(dest, ignore_errors=True)
@@ -265,7 +269,7 @@ def _room_for_two(docker_root: str, image_size: int) -> bool:
     return build.free_bytes(docker_root)[0] >= 2 * image_size + SECOND_BUILD_MARGIN
 
 
-def _keep(c, refs: tuple[str, str], paths: list[str], dest: Path, log) -> str:
+def _keep(c, refs: tuple[str, ...], paths: list[str], dest: Path, log) -> str:
     """Copy the differing files out of both builds where both are still there; what was done, for the verdict."""
     try:
         for ref in refs:

@@ -132,8 +132,12 @@ def read_local(ref: str, docker_cli: str) -> Local:
         if proc.returncode != 0:
             raise UsageError(f"cannot read the local image {ref}: {(proc.stderr.strip().splitlines() or [''])[-1]}")
         with tarfile.open(archive) as tar:
-            manifest = json.load(tar.extractfile("manifest.json"))
-            raw = tar.extractfile(manifest[0]["Config"]).read()
+            manifest_file = tar.extractfile("manifest.json")
+            assert manifest_file is not None  # docker save writes regular files
+            manifest = json.load(manifest_file)
+            config_file = tar.extractfile(manifest[0]["Config"])
+            assert config_file is not None
+            raw = config_file.read()
     config = json.loads(raw)
     return Local(ref, "sha256:" + hashlib.sha256(raw).hexdigest(), config, list(config["rootfs"]["diff_ids"]))
 
@@ -161,7 +165,7 @@ def published_layers(api: RegistryAPI, name: str, published: Published, wanted: 
         layout = Path(tmp) / "layout"
         api.copy_to_layout(name, published.manifest, layout)
         manifest = json.loads((layout / "blobs" / "sha256" / published.manifest.split(":")[1]).read_text())
-        out = []
+        out: list[dict] = []
         for i, layer in enumerate(manifest["layers"]):
             if i not in wanted:
                 out.append({})
