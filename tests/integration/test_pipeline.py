@@ -193,6 +193,7 @@ def test_a_row_on_the_same_lock_shares_the_torch_layer(built, docker_client, tmp
     assert own < 0.01 * size, f"{own / 1e6:.0f} MB of {size / 1e6:.0f} MB are the twin row's own"
 
 
+@pytest.mark.gpu  # `-m gpu` selects it; the gpu_runtime fixture skips it without a GPU runtime
 def test_gpu_smoke_on_a_gpu_host(built, gpu_runtime):
     """GPU only: NCCL collectives, bf16/fp16 matmul and cuDNN conv on every GPU."""
     proc = run_build_py(ROOT, "test", "--torch", "2.7", "--cuda", "12.1", "--require-gpu", timeout=1800)
