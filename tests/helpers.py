@@ -327,6 +327,44 @@ CURRENT_ENGINE_ENV = {"DOCKER_HOST", "PYTORCH_CUDA_DOCKER", "DOCKER_CONFIG", "PY
                       "PYTORCH_CUDA_CONTAINER_DNS"}
 
 
+def image_exists(client, ref: str) -> bool:
+    """Whether the daemon behind the SDK client has ref (a name or an image ID)."""
+    try:
+        client.images.get(ref)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def run_once(image: str, cmd: list[str], opts: tuple[str, ...] = (), timeout: int = 180) -> subprocess.CompletedProcess:
+    """`docker run --rm` of image with opts before it and cmd after; its output captured."""
+    return subprocess.run(["docker", "run", "--rm", *opts, image, *cmd], capture_output=True, text=True, timeout=timeout)
+
+
+def build_small_oci(tmp: Path, ref: str, dockerfile: str, lock_sha256: str, platform: str = "linux/amd64",
+                    labels: dict[str, str] | None = None, results: Path | None = None) -> str:
+    """A small image built as build.py builds on the containerd store (Docker 26: the current
+    engine's environment set): its files `file` beside the Dockerfile, an OCI export with
+    build.py's export arguments (provenance, the lock label), then load_oci, which keeps the
+    provenance in results if given. No RUN step: no emulation for another platform. Its image ID."""
+    from pytorch_cuda_build.engine import docker_env  # the host package, imported where a docker test needs it
+    from pytorch_cuda_build.stages import build
+
+    ctx = tmp / ref.replace(":", "-").replace("/", "-")
+    ctx.mkdir()
+    (ctx / "file").write_text(f"{ref}\n")
+    (ctx / "Dockerfile").write_text(dockerfile)
+    bc = docker_env.build_client(None)
+    assert bc.export == "oci", bc
+    tarball = ctx / "image.oci.tar"
+    label_args = [a for k, v in (labels or {}).items() for a in ("--label", f"{k}={v}")]
+    proc = subprocess.run([*bc.argv, "--platform", platform, *label_args, "--tag", ref,
+                           *build.oci_export_args(lock_sha256, tarball), str(ctx)],
+                          capture_output=True, text=True, env=docker_env.build_env(bc), timeout=600)
+    assert proc.returncode == 0, shown(proc)
+    return build.load_oci(bc, tarball, ref, ctx / "load.log", results)
+
+
 @contextlib.contextmanager
 def current_engine(store: str = "containerd"):
     """`eval "$(python3 build.py engine)"`, as the README says: the environment it prints.

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import os
 import secrets
-import subprocess
 from pathlib import Path
 
 import pytest
 import requests
 
-from helpers import default_image, free_port, one_error_line, serving, shown, ssh_keypair, wait_until
+from helpers import default_image, free_port, one_error_line, run_once, serving, shown, ssh_keypair, wait_until
 
 pytestmark = pytest.mark.docker
 
@@ -43,12 +42,11 @@ def image(docker_client, default_build) -> str:
     return default_image()
 
 
-def run_once(image: str, user: str, cmd: list[str], opts: tuple[str, ...] = (), timeout: int = 300):
+def run_as(image: str, user: str, cmd: list[str], opts: tuple[str, ...] = (), timeout: int = 300):
     from pytorch_cuda_build.stages import gate
 
-    return subprocess.run(["docker", "run", "--rm", "--label", f"{gate.RUN_LABEL}={gate.RUN_ID}",
-                           "--label", "pytorch-cuda.test=any-uid", *USERS[user], *opts, image, *cmd],
-                          capture_output=True, text=True, timeout=timeout)
+    return run_once(image, cmd, ("--label", f"{gate.RUN_LABEL}={gate.RUN_ID}", "--label", "pytorch-cuda.test=any-uid",
+                                 *USERS[user], *opts), timeout)
 
 
 def owned_by(path: Path, uid: int, gid: int) -> Path:
@@ -76,7 +74,7 @@ python -c 'import torch, deepspeed; print("imported", torch.__version__, deepspe
 
 @pytest.mark.parametrize("user", USERS)
 def test_banner_home_workspace_caches_and_imports(image, user):
-    proc = run_once(image, user, ["bash", "-c", PROBE])
+    proc = run_as(image, user, ["bash", "-c", PROBE])
     assert proc.returncode == 0, shown(proc)
     assert "== pytorch-cuda 2.7.1-cuda12.1-runtime" in proc.stderr, shown(proc)
     out = proc.stdout.splitlines()
@@ -108,7 +106,7 @@ print("LOADED")
 
 
 def test_the_prebuilt_cpu_ops_load_without_compiling_for_group_0(image):
-    proc = run_once(image, "group-0", ["bash", "-c", LOAD_CPU_OPS], QUIET + ("-e", "DS_ACCELERATOR=cpu"))
+    proc = run_as(image, "group-0", ["bash", "-c", LOAD_CPU_OPS], QUIET + ("-e", "DS_ACCELERATOR=cpu"))
     assert proc.returncode == 0 and proc.stdout.split() == ["LOADED", "UNCHANGED"], shown(proc)
 
 
@@ -140,7 +138,7 @@ def test_the_launch_contract_trains_two_gloo_ranks(image, user, tmp_path):
     (job / "train.py").write_text(TRAIN)
     for p in (job, job / "train.py"):
         p.chmod(0o755)
-    proc = run_once(image, user, ["pytorch-cuda-launch", "/job/train.py"],
+    proc = run_as(image, user, ["pytorch-cuda-launch", "/job/train.py"],
                     QUIET + ("-e", "PYTORCH_CUDA_NPROC_PER_NODE=2", "-e", "OMP_NUM_THREADS=1", "-v", f"{job}:/job:ro"))
     assert proc.returncode == 0, shown(proc)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("TRAINED ")), "")
@@ -173,7 +171,7 @@ def test_jupyter_lab_serves_and_saves_in_workspace(image, user, tmp_path):
 
 
 def test_jupyter_says_so_where_the_caller_cannot_write_workspace(image):
-    proc = run_once(image, "caller", ["jupyter", "lab", "--ip=127.0.0.1", f"--port={free_port()}"], QUIET)
+    proc = run_as(image, "caller", ["jupyter", "lab", "--ip=127.0.0.1", f"--port={free_port()}"], QUIET)
     one_error_line(proc, 1, "/workspace is not writable by uid 4242", **IMAGE_ERROR)
 
 
@@ -193,5 +191,5 @@ def test_tensorboard_serves(image, user):
 @pytest.mark.parametrize("user", USERS)
 def test_sshd_refuses_a_uid_without_an_account_in_one_line(image, user, tmp_path):
     _, pub = ssh_keypair(tmp_path)
-    proc = run_once(image, user, ["sshd"], QUIET + ("-e", f"SSH_PUBLIC_KEY={pub}", "-e", f"SSH_PORT={free_port()}"))
+    proc = run_as(image, user, ["sshd"], QUIET + ("-e", f"SSH_PUBLIC_KEY={pub}", "-e", f"SSH_PORT={free_port()}"))
     one_error_line(proc, 1, "has no account in /etc/passwd", **IMAGE_ERROR)

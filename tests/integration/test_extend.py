@@ -224,7 +224,7 @@ def test_a_derived_dockerfile_pip_installs_with_no_user_line_on_docker_26(image,
                 subprocess.run([docker, "rmi", "-f", ref], env=env, capture_output=True)
 
 
-HF = f"""
+HF = """
 set -eu
 pip install --quiet -r /extend/hf-requirements.txt
 python -c 'import importlib.metadata as m; print("AFTER", *(m.version(n) for n in ("torch", "deepspeed", "transformers", "accelerate")))'

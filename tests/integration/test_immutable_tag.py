@@ -14,13 +14,12 @@ import subprocess
 import tarfile
 import uuid
 
-import docker.errors
 import pytest
 
 from pytorch_cuda_build import matrix
 from pytorch_cuda_build.stages import render, sbom
 
-from helpers import project_copy, run_build_py, shown
+from helpers import image_exists, project_copy, run_build_py, shown
 from registry import LocalRegistry, require_binary
 
 pytestmark = [pytest.mark.docker]
@@ -133,15 +132,9 @@ def test_a_dated_tag_held_by_another_image_is_refused_and_nothing_moves(tmp_path
     finally:
         reg.stop()
         for image_id in made:
-            for ref in docker_client.images.get(image_id).tags if _exists(docker_client, image_id) else []:
+            for ref in docker_client.images.get(image_id).tags if image_exists(docker_client, image_id) else []:
                 docker_client.images.remove(ref, noprune=True)
-            if _exists(docker_client, image_id):
+            if image_exists(docker_client, image_id):
                 docker_client.images.remove(image_id, force=True)
 
 
-def _exists(client, image_id: str) -> bool:
-    try:
-        client.images.get(image_id)
-        return True
-    except docker.errors.ImageNotFound:
-        return False

@@ -7,7 +7,6 @@ test_immutable_tag.py.)"""
 from __future__ import annotations
 
 import json
-import subprocess
 import urllib.request
 import uuid
 
@@ -15,9 +14,9 @@ import pytest
 
 from pytorch_cuda_build import matrix
 from pytorch_cuda_build.engine import docker_env
-from pytorch_cuda_build.stages import attach, build, provenance, publish, sbom, security
+from pytorch_cuda_build.stages import attach, provenance, publish, sbom, security
 
-from helpers import current_engine, project_copy, run_build_py, shown
+from helpers import build_small_oci, current_engine, project_copy, run_build_py, shown
 
 pytestmark = [pytest.mark.docker]
 
@@ -36,20 +35,6 @@ def engine():
         c.close()
 
 
-def build_small(bc, tmp, ref: str, dockerfile: str, lock_sha256: str, results) -> str:
-    """One file FROM scratch or FROM a base, exported and loaded as build.py does; its image ID."""
-    ctx = tmp / ref.replace(":", "-").replace("/", "-")
-    ctx.mkdir()
-    (ctx / "file").write_text(f"{ref}\n")
-    (ctx / "Dockerfile").write_text(dockerfile)
-    tarball = ctx / "image.oci.tar"
-    proc = subprocess.run([*bc.argv, "--label", f"org.opencontainers.image.revision={REVISION}", "--tag", ref,
-                           *build.oci_export_args(lock_sha256, tarball), str(ctx)],
-                          capture_output=True, text=True, env=docker_env.build_env(bc), timeout=600)
-    assert proc.returncode == 0, shown(proc)
-    return build.load_oci(bc, tarball, ref, ctx / "load.log", results)
-
-
 def blob(reg, repo: str, digest: str) -> bytes:
     with urllib.request.urlopen(f"http://{reg.host}/v2/{repo}/blobs/{digest}", timeout=30) as r:
         return r.read()
@@ -65,15 +50,14 @@ def test_a_pushed_row_carries_buildkits_provenance_naming_the_commit_and_the_loc
     lock_sha256 = publish.lock_files_sha256(project, row)
     results = project / "build-results" / row.name
     results.mkdir(parents=True)
-    bc = docker_env.build_client(None)
-    assert bc.export == "oci", bc
     base_ref, row_ref = f"{repo}-base:tiny", f"{repo}:{row.name}"
     made = [base_ref, row_ref]
     try:
-        base_id = build_small(bc, tmp_path, base_ref, "FROM scratch\nCOPY file /base-file\n", lock_sha256, None)
-        image_id = build_small(bc, tmp_path, row_ref, f"FROM {base_ref}\nCOPY file /file\n"
-                               f'LABEL {publish.CREATED_LABEL}="{CREATED}" {publish.LOCK_LABEL}="{lock_sha256}" '
-                               f'{publish.BASE_LABEL}="{base_id}"\n', lock_sha256, results)
+        revision = {"org.opencontainers.image.revision": REVISION}
+        base_id = build_small_oci(tmp_path, base_ref, "FROM scratch\nCOPY file /base-file\n", lock_sha256, labels=revision)
+        image_id = build_small_oci(tmp_path, row_ref, f"FROM {base_ref}\nCOPY file /file\n"
+                                   f'LABEL {publish.CREATED_LABEL}="{CREATED}" {publish.LOCK_LABEL}="{lock_sha256}" '
+                                   f'{publish.BASE_LABEL}="{base_id}"\n', lock_sha256, labels=revision, results=results)
         kept = json.loads((results / provenance.RECORD_FILE).read_text())
         assert kept["image"] == image_id and kept["predicate_type"] == "https://slsa.dev/provenance/v0.2"
         assert c.images.get(row_ref).id == image_id  # loaded as the image manifest, not the index around it

@@ -22,7 +22,7 @@ from pytorch_cuda_build.stages import attach
 from pytorch_cuda_build.stages import publish as publishing
 from pytorch_cuda_build.stages import tag
 
-from helpers import ROOT, run_build_py, shown
+from helpers import ROOT, image_exists, run_build_py, shown
 from registry import LocalRegistry
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -244,19 +244,11 @@ def test_published_image_pulled_back_by_digest_passes_its_smoke_suite(registry, 
         assert proc.returncode == 0, shown(proc)
         assert "passed the smoke and structure tests" in proc.stdout
     finally:  # put the public tags back on the (identical) image, or rebuild if the pull failed
-        if _exists(docker_client, image_id):
+        if image_exists(docker_client, image_id):
             tag.promote(docker_client, DEFAULT, image_id)
         else:
             restored = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.1", "--quiet", timeout=3600)
             assert restored.returncode == 0, shown(restored)
-
-
-def _exists(client, image_id: str) -> bool:
-    try:
-        client.images.get(image_id)
-        return True
-    except docker.errors.ImageNotFound:
-        return False
 
 
 @pytest.mark.fault

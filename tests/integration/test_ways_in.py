@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from helpers import default_image, free_port, jupyter, logs, one_error_line, owned_by_image_user, serving, shown, ssh, ssh_keypair, wait_until
+from helpers import (default_image, free_port, jupyter, logs, one_error_line, owned_by_image_user, run_once, serving, shown, ssh,
+                     ssh_keypair, wait_until)
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -36,9 +37,8 @@ def image(docker_client, default_build) -> str:
     return default_image()
 
 
-def run_once(image: str, cmd: list[str], opts: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    return subprocess.run(["docker", "run", "--rm", "--network", "host", *QUIET, *opts, image, *cmd],
-                          capture_output=True, text=True, timeout=180)
+def run_host_net(image: str, cmd: list[str], opts: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    return run_once(image, cmd, ("--network", "host", *QUIET, *opts))
 
 
 # The entrypoint refuses bad input with this one line on stderr and nothing else.
@@ -108,14 +108,14 @@ def test_each_container_has_its_own_host_keys(sshd, image):
 ])
 def test_a_bad_public_key_never_opens_a_server(image, key, says):
     port = free_port()
-    proc = run_once(image, ["sshd"], ("-e", f"SSH_PUBLIC_KEY={key}", "-e", f"SSH_PORT={port}", "-e", "SSH_LISTEN=127.0.0.1"))
+    proc = run_host_net(image, ["sshd"], ("-e", f"SSH_PUBLIC_KEY={key}", "-e", f"SSH_PORT={port}", "-e", "SSH_LISTEN=127.0.0.1"))
     one_error_line(proc, 2, says, **IMAGE_ERROR)
 
 
 def test_sshd_without_a_key_or_on_a_taken_port_fails(image, sshd):
-    one_error_line(run_once(image, ["sshd"]), 2, "SSH_PUBLIC_KEY is not set", **IMAGE_ERROR)
+    one_error_line(run_host_net(image, ["sshd"]), 2, "SSH_PUBLIC_KEY is not set", **IMAGE_ERROR)
     pub = (sshd["key"].parent / "id_ed25519.pub").read_text().strip()
-    taken = run_once(image, ["sshd"], ("-e", f"SSH_PUBLIC_KEY={pub}", "-e", f"SSH_PORT={sshd['port']}", "-e", "SSH_LISTEN=127.0.0.1"))
+    taken = run_host_net(image, ["sshd"], ("-e", f"SSH_PUBLIC_KEY={pub}", "-e", f"SSH_PORT={sshd['port']}", "-e", "SSH_LISTEN=127.0.0.1"))
     one_error_line(taken, 1, f"port {sshd['port']} on 127.0.0.1 is already in use", **IMAGE_ERROR)
 
 
@@ -217,15 +217,15 @@ def test_jupyter_refuses_an_empty_token_a_readonly_workspace_and_a_taken_port(im
     ws = owned_by_image_user(tmp_path / "ws")
     port = free_port()
     lab = ["jupyter", "lab", "--ip=127.0.0.1", f"--port={port}"]
-    one_error_line(run_once(image, lab, ("-e", "JUPYTER_TOKEN=", "-v", f"{ws}:/workspace")), 2, "JUPYTER_TOKEN is empty",
+    one_error_line(run_host_net(image, lab, ("-e", "JUPYTER_TOKEN=", "-v", f"{ws}:/workspace")), 2, "JUPYTER_TOKEN is empty",
                    **IMAGE_ERROR)
-    one_error_line(run_once(image, [*lab, "--IdentityProvider.token="], ("-v", f"{ws}:/workspace")), 2,
+    one_error_line(run_host_net(image, [*lab, "--IdentityProvider.token="], ("-v", f"{ws}:/workspace")), 2,
                    "would turn authentication off", **IMAGE_ERROR)
-    one_error_line(run_once(image, lab, ("-v", f"{ws}:/workspace:ro")), 1, "/workspace is not writable", **IMAGE_ERROR)
+    one_error_line(run_host_net(image, lab, ("-v", f"{ws}:/workspace:ro")), 1, "/workspace is not writable", **IMAGE_ERROR)
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
         s.listen()
-        one_error_line(run_once(image, lab, ("-v", f"{ws}:/workspace")), 1, f"port {port} on 127.0.0.1 is already in use",
+        one_error_line(run_host_net(image, lab, ("-v", f"{ws}:/workspace")), 1, f"port {port} on 127.0.0.1 is already in use",
                        **IMAGE_ERROR)
     assert not list(Path(ws).iterdir())  # nothing half-written
 
@@ -240,7 +240,7 @@ WRITE_EVENTS = ("from torch.utils.tensorboard import SummaryWriter\n"
 
 def test_tensorboard_serves_what_torch_wrote(image, tmp_path):
     ws = owned_by_image_user(tmp_path / "ws")
-    wrote = run_once(image, ["python", "-c", WRITE_EVENTS], ("-v", f"{ws}:/workspace"))
+    wrote = run_host_net(image, ["python", "-c", WRITE_EVENTS], ("-v", f"{ws}:/workspace"))
     assert wrote.returncode == 0, shown(wrote)
     port = free_port()
     with serving(image, ["tensorboard", "--logdir", "/workspace/runs", "--bind_all", "--port", str(port)],

@@ -19,10 +19,10 @@ import pytest
 from pytorch_cuda_build import matrix
 from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import PublishError
-from pytorch_cuda_build.stages import build, publish, tag, zstd
+from pytorch_cuda_build.stages import publish, tag, zstd
 from pytorch_cuda_build.stages.registry import ZSTD_LAYER, Registry, RegistryAPI
 
-from helpers import CURRENT_ENGINE_ENV, ROOT, current_engine, one_error_line, require, shown
+from helpers import CURRENT_ENGINE_ENV, ROOT, build_small_oci, current_engine, one_error_line, require, shown
 from registry import LocalRegistry
 
 pytestmark = [pytest.mark.docker]
@@ -58,20 +58,8 @@ def engine(docker_client):
 
 
 def build_small(tmp: Path, name: str, dockerfile: str, platform: str = "linux/amd64") -> str:
-    """A one-file image built as build.py builds on the containerd store (no RUN step: no
-    emulation for another platform); its image ID, the manifest digest."""
-    ctx = tmp / name.replace(":", "-")
-    ctx.mkdir()
-    (ctx / "file").write_text(f"{name}\n")
-    (ctx / "Dockerfile").write_text(dockerfile)
-    bc = docker_env.build_client(None)
-    assert bc.export == "oci", bc
-    tarball = ctx / "image.oci.tar"
-    proc = subprocess.run([*bc.argv, "--provenance=false", "--platform", platform, "--tag", name,
-                           "--output", f"type=oci,dest={tarball},rewrite-timestamp=true", str(ctx)],
-                          capture_output=True, text=True, env=docker_env.build_env(bc), timeout=600)
-    assert proc.returncode == 0, shown(proc)
-    return build.load_oci(bc, tarball, name, ctx / "load.log")
+    """A one-file image built as build.py builds on the containerd store; its image ID, the manifest digest."""
+    return build_small_oci(tmp, name, dockerfile, LOCK, platform)
 
 
 def config_in_export(tarball: Path, image_id: str) -> str:
