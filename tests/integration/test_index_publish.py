@@ -30,7 +30,7 @@ def row(tmp_path_factory) -> matrix.Image:
     return matrix.load(path).select("2.11", "13.0")
 
 
-def build_small(tmp: Path, image: matrix.Image, content: str = "", created: str = "2026-11-25T10:00:00Z") -> str:
+def build_part(tmp: Path, image: matrix.Image, content: str = "", created: str = "2026-11-25T10:00:00Z") -> str:
     """A one-file image of image.platform, tagged as that platform's image of the row, its test recorded."""
     ctx = tmp / image.arch
     ctx.mkdir(exist_ok=True)
@@ -52,7 +52,7 @@ def build_small(tmp: Path, image: matrix.Image, content: str = "", created: str 
 @pytest.fixture(scope="module")
 def images(docker_client, row, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("index-images")
-    ids = {p: build_small(tmp, row.on(p)) for p in row.platforms}
+    ids = {p: build_part(tmp, row.on(p)) for p in row.platforms}
     yield ids
     for p in row.platforms:
         docker_client.images.remove(tag.own_ref(row.on(p)), force=True)
@@ -94,7 +94,7 @@ def test_a_dated_tag_holding_another_index_is_refused_before_any_push(docker_cli
     run(docker_client, row, registry, "taken")
     moving = {t: registry.manifest(f"taken/{row.repository}", t) for t in row.tags}
     arm = row.on("linux/arm64")
-    build_small(tmp_path, arm, content="other bytes, same labels: the same dated tag\n")
+    build_part(tmp_path, arm, content="other bytes, same labels: the same dated tag\n")
     try:
         with pytest.raises(ImmutableTagTaken):
             run(docker_client, row, registry, "taken")
