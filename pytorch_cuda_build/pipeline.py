@@ -318,7 +318,7 @@ def _stream_lines(chunks, sink: Callable[[str], None], stop: threading.Event) ->
 
 
 def publish_rows(c, images: list[Image], reg: registry.Registry, push: bool, ca_path: str | None, retries: int,
-                 log, results: Callable[[Image], Path], compression: str = "gzip") -> list[publish.Move]:
+                 log: Callable[[str], None], results: Callable[[Image], Path], compression: str = "gzip") -> list[publish.Move]:
     """Publish tested rows; with push, record where each went in build-results/<image>/published.json."""
     backoff = float(os.environ.get("PYTORCH_CUDA_RETRY_BACKOFF", "2"))
     moves = publish.publish(c, images, reg, push=push, ca_bundle=ca_path, attempts=retries, backoff=backoff, log=log,
@@ -358,7 +358,7 @@ def after_push(moves: list[publish.Move], reg: registry.Registry, ca_path: str |
     return lines
 
 
-def test_image(root: Path, image: Image, ref: str, require_gpu: bool, log, matrix_path: Path | None = None) -> tuple[str, str]:
+def test_image(root: Path, image: Image, ref: str, require_gpu: bool, log: Callable[[str], None], matrix_path: Path | None = None) -> tuple[str, str]:
     """`build.py test`: the smoke and structure tests against any local image of the row,
     the pass recorded; its image ID and the mode it passed in (cpu or gpu)."""
     c = docker_env.ensure_engine(log)

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import docker
 import docker.errors
@@ -111,7 +112,7 @@ def _short(e: BaseException) -> str:
     return text[:200]
 
 
-def ensure_engine(log=print) -> docker.DockerClient:
+def ensure_engine(log: Callable[[str], None] = print) -> docker.DockerClient:
     """Run the project's engine setup (installs and starts dockerd as root on Debian), then connect."""
     try:
         c = client()
@@ -154,7 +155,7 @@ def emulation_ready(platform: str, binfmt: Path | None = None) -> bool:
     return "enabled" in lines and "F" in flags
 
 
-def ensure_emulation(platform: str, log=print) -> None:
+def ensure_emulation(platform: str, log: Callable[[str], None] = print) -> None:
     """A build or run of another architecture's image needs QEMU registered: as root, engine.sh
     installs and registers it (Debian); anyone else gets one line saying what to install."""
     if not emulated(platform) or emulation_ready(platform):

@@ -29,6 +29,7 @@ import tarfile
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 import docker
 import docker.errors
@@ -50,7 +51,7 @@ def image_id(c: docker.DockerClient, ref: str) -> str | None:
         return None
 
 
-def ensure(c: docker.DockerClient, image: Image, log_dir: Path, log=print, *, docker_cli: str,
+def ensure(c: docker.DockerClient, image: Image, log_dir: Path, log: Callable[[str], None] = print, *, docker_cli: str,
            root: Path | None = None, rebuild: bool = False) -> str:
     """The base image's ID, building the rootfs first if this machine lacks it (or, rebuild,
     anew in any case); docker_cli (the user's --docker) loads it. With the project's root, a
@@ -78,7 +79,7 @@ def identity(c: docker.DockerClient, ref: str, log_dir: Path) -> dict:
     return {**made, **found} if made.get("diff_id") == found["diff_id"] else found
 
 
-def _rootfs(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, log, docker_cli: str) -> str:
+def _rootfs(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, log: Callable[[str], None], docker_cli: str) -> str:
     root = as_root()
     if not shutil.which("mmdebstrap"):
         raise EnvironmentProblem(f"building base {ref} needs mmdebstrap (Debian: apt-get install mmdebstrap; a user "
@@ -126,7 +127,7 @@ def mmdebstrap_command(image: Image, root: list[str] | None) -> list[str]:
             os_.suite, "-", os_.mirror]
 
 
-def _mmdebstrap(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, log, docker_cli: str,
+def _mmdebstrap(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, log: Callable[[str], None], docker_cli: str,
                 root: list[str] | None) -> str:
     os_ = image.os
     log_path = log_dir / "rootfs.log"

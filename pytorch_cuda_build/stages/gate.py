@@ -21,6 +21,7 @@ import uuid
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import docker
 import docker.errors
@@ -75,7 +76,7 @@ def subset(image: Image) -> bool:
     return docker_env.emulated(image.platform) and os.environ.get("PYTORCH_CUDA_EMULATED_TESTS") != "full"
 
 
-def smoke(c: docker.DockerClient, image: Image, image_id: str, results: Path, require_gpu: bool, log=print) -> dict:
+def smoke(c: docker.DockerClient, image: Image, image_id: str, results: Path, require_gpu: bool, log: Callable[[str], None] = print) -> dict:
     """Run the smoke suite in a throwaway container; return its JSON report."""
     gpu = docker_env.gpu_request(c)
     if require_gpu and not gpu:
@@ -125,7 +126,7 @@ RUN_ID = os.environ.get("PYTORCH_CUDA_RUN_ID") or uuid.uuid4().hex
 
 
 @contextlib.contextmanager
-def throwaway_container(c: docker.DockerClient, image_id: str, command: list[str], kind: str, log=print, **opts):
+def throwaway_container(c: docker.DockerClient, image_id: str, command: list[str], kind: str, log: Callable[[str], None] = print, **opts):
     """A started container that is removed on every way out: create or start failed (a
     daemon without its bridge leaves a start-failed container behind, Created), timeout,
     interrupt, daemon error. It has a unique name, so even a create whose answer was
@@ -150,7 +151,7 @@ def throwaway_container(c: docker.DockerClient, image_id: str, command: list[str
         _remove(c, name, log)
 
 
-def _remove(c: docker.DockerClient, name: str, log) -> None:
+def _remove(c: docker.DockerClient, name: str, log: Callable[[str], None]) -> None:
     try:
         c.containers.get(name).remove(force=True)
     except docker.errors.NotFound:
@@ -178,7 +179,7 @@ def gpus_used(report: dict) -> int:
     return gpus if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0 else 0
 
 
-def hand_back(c: docker.DockerClient, image_id: str, out: Path, log=print) -> None:
+def hand_back(c: docker.DockerClient, image_id: str, out: Path, log: Callable[[str], None] = print) -> None:
     """What a container wrote into out, given to the user running us. The smoke suite writes as
     the image's default user (uid 1000): a caller that is not root (a CI runner's user) could
     neither read all of it nor remove it. A root container chowns it; root needs nothing."""
@@ -310,7 +311,7 @@ def gate_structure(rc: int, junit: Path, log_path: Path) -> None:
 
 
 def run(c: docker.DockerClient, root: Path, image: Image, image_id: str, results: Path,
-        require_gpu: bool = False, log=print, matrix_path: Path | None = None) -> dict:
+        require_gpu: bool = False, log: Callable[[str], None] = print, matrix_path: Path | None = None) -> dict:
     """Smoke suite, then structure checks; matrix_path defaults to root/matrix.yaml."""
     results.mkdir(parents=True, exist_ok=True)
     report = smoke(c, image, image_id, results, require_gpu, log)

@@ -15,7 +15,7 @@ from ..matrix import Image, Matrix
 from . import gate, lock, render, security, tag
 
 
-def relock(root: Path, m: Matrix, images: list[Image], upgrade: bool, ca: Callable[[], str | None], log) -> list[str] | None:
+def relock(root: Path, m: Matrix, images: list[Image], upgrade: bool, ca: Callable[[], str | None], log: Callable[[str], None]) -> list[str] | None:
     """Re-resolve the stale rows (every row with upgrade) and render them; the pins that moved,
     one line each, or None when every lock was current. Without upgrade, a row whose
     linux/amd64 lock is current keeps it, and only its other platforms are resolved."""
@@ -54,7 +54,7 @@ def check_security(root: Path, images: list[Image], snapshot: Path | None, ca: C
     return lines + [summary], bool(lines)
 
 
-def rerender(root: Path, m: Matrix, log) -> None:
+def rerender(root: Path, m: Matrix, log: Callable[[str], None]) -> None:
     with files.writer_lock(root, paths.STATE_DIR):
         render.write(root, m, list(m.images), log=log)
 

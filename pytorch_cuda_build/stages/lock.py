@@ -29,6 +29,7 @@ import json
 import re
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Callable
 
 from ..errors import LockError, ResolveError
 from ..files import sha256_text, write_atomic
@@ -255,7 +256,7 @@ def render_platform(image: Image, platform: str, lock_text: str, toolkit: tuple[
                      "files_sha256": sha256_text(req, tk_text), "wheels": wheels or {}}}
 
 
-def write(root: Path, matrix: Matrix, images: list[Image], ca_bundle: str | None, log=print,
+def write(root: Path, matrix: Matrix, images: list[Image], ca_bundle: str | None, log: Callable[[str], None] = print,
           exclude_newer: str | None = None, keep_current: bool = False) -> None:
     """Resolve each distinct lock once per platform and write it for every image that shares it.
 

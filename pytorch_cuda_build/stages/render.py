@@ -9,6 +9,7 @@ import json
 import re
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import jinja2
 
@@ -248,7 +249,7 @@ def orphans(root: Path, matrix: Matrix) -> list[Path]:
     return sorted(p for p in d.iterdir() if p.is_dir() and p.name not in names) if d.exists() else []
 
 
-def write(root: Path, matrix: Matrix, images: list[Image], log=print) -> None:
+def write(root: Path, matrix: Matrix, images: list[Image], log: Callable[[str], None] = print) -> None:
     outputs = [(image, render_image(root, image)) for image in images]
     items = [(lock.image_dir(root, image) / n, text) for image, files in outputs for n, text in files.items()]
     whole = len(images) == len(matrix.images)

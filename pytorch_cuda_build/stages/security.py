@@ -27,7 +27,7 @@ import datetime as dt
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 import requests
 import tenacity
@@ -279,7 +279,7 @@ def report_for_image(root: Path, image: Image, installed_debian: dict[str, str],
                         {**sources.described(), "at": when}, unchecked)
 
 
-def record(root: Path, image: Image, installed_debian: dict[str, str], ca_bundle: str | None, log) -> dict:
+def record(root: Path, image: Image, installed_debian: dict[str, str], ca_bundle: str | None, log: Callable[[str], None]) -> dict:
     """The build's report step: report_for_image online. Without PyPI or Debian the image is
     still the tested image: the report says nothing could be checked, and why, and the build goes on."""
     try:

@@ -212,7 +212,7 @@ def svg_bars(title: str, unit: str, bars: list[tuple[str, float]]) -> str:
 
 
 def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_runs: int, only: set[str],
-         out_dir: Path, log, yes: bool = False, pull_rows: int | None = None) -> dict:
+         out_dir: Path, log: Callable[[str], None], yes: bool = False, pull_rows: int | None = None) -> dict:
     """Every figure of the benchmark issue for one row, measured in one run on this machine.
 
     yes: the user allowed emptying the daemon's whole build cache (cold, matrix). pull_rows: --pull-rows."""
@@ -364,7 +364,7 @@ def _platform_figures(results: Path) -> dict | None:
             "smoke_s": smoke.get("seconds"), "smoke_checks": smoke.get("summary")}
 
 
-def platforms(c, image: Image, root: Path, bc, out_dir: Path, log) -> dict:
+def platforms(c, image: Image, root: Path, bc, out_dir: Path, log: Callable[[str], None]) -> dict:
     """The row's linux/arm64 image (emulated here) beside its linux/amd64 one: their builds'
     step times, read from each platform's last build that built (build-results/<row>/[linux-arm64/]),
     their gates' smoke runs, and the arm64 image's size against its floor, measured now.
@@ -428,7 +428,7 @@ def platforms_markdown(r: dict) -> str:
 
 
 def _cold(c, image: Image, root: Path, bc, ca: str | None, cold_runs: int, buildpy: list[str], row: list[str],
-          log, chosen: dict) -> tuple[dict, dict]:
+          log: Callable[[str], None], chosen: dict) -> tuple[dict, dict]:
     """Cold builds from an empty build cache: this tool (through build.py, no tests), the naive
     Dockerfile, and the naive Dockerfile that prebuilds the same ops with DS_BUILD_*."""
     r: dict = {}
@@ -481,7 +481,7 @@ def _empty_build_cache(bc) -> None:
     _run([bc.argv[0], "builder", "prune", "--all", "--force"], env={**os.environ, **bc.env})
 
 
-def _matrix(c, m, image: Image, root: Path, bc, buildpy: list[str], r: dict, log) -> dict:
+def _matrix(c, m, image: Image, root: Path, bc, buildpy: list[str], r: dict, log: Callable[[str], None]) -> dict:
     """`--all --jobs N` over the rows of this torch minor, from an empty build cache: wall
     time against the one-row cold build, how busy the machine was, and how many rows ran
     the locked-wheels step themselves (BuildKit should run a step shared by rows once)."""
@@ -657,7 +657,7 @@ def parse_only(text: str | None) -> set[str]:
 
 
 def run(c, m, image: Image, root: Path, only: set[str], runs: int, cold_runs: int, every: bool, yes: bool,
-        docker: str | None, ca: Callable[[], str | None], log, pull_rows: int | None = None) -> str:
+        docker: str | None, ca: Callable[[], str | None], log: Callable[[str], None], pull_rows: int | None = None) -> str:
     """`build.py bench`: the banner alone, or (every: --full) each measure of `only`; the report as markdown."""
 
     if every and only == {"arm64"}:  # the platforms' own builds: nothing else is built or run

@@ -30,6 +30,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from ..engine.docker_env import CONTAINER_DNS_ENV, NETWORK_ENV
 from ..errors import EnvironmentProblem
@@ -102,7 +103,7 @@ class Unpacked:
                                 os.environ.get("PATH", "/usr/bin:/bin")])
 
 
-def unpack(ca_bundle: str | None, log=print) -> Unpacked:
+def unpack(ca_bundle: str | None, log: Callable[[str], None] = print) -> Unpacked:
     """The packages at trixie's current versions, unpacked once per set of versions."""
     debs = resolve_debian.debian_toolkit(MIRROR, SUITE, ("main",), PACKAGES, ca_bundle)
     versions = {d.package: d.version for d in debs}
@@ -220,7 +221,7 @@ def _answers(u: Unpacked, store: Store) -> bool:
     return proc.returncode == 0 and bool(proc.stdout.strip())
 
 
-def up(store_name: str | Store, ca_bundle: str | None, log=print) -> dict[str, str]:
+def up(store_name: str | Store, ca_bundle: str | None, log: Callable[[str], None] = print) -> dict[str, str]:
     """Bring the store's daemon up (or find it up); its environment."""
     store = STORES[store_name] if isinstance(store_name, str) else store_name  # the CLI refused any other name
     if os.geteuid() != 0:

@@ -31,6 +31,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from ..errors import BundleTooLarge, CommandFailed, EnvironmentProblem, ResolveError, UsageError
 from ..matrix import Image
@@ -239,7 +240,7 @@ def bundle_manifest(path: Path, carried: list[str]) -> dict:
 
 
 def write(root: Path, image: Image, dest: Path, python: str, ca: str | None, limit_mib: int = LIMIT_MIB,
-          log=print) -> dict:
+          log: Callable[[str], None] = print) -> dict:
     """Stage the bundle beside dest, measure it, then rename it into place; return bundle.json."""
     check_target(dest)
     if not re.fullmatch(r"3\.\d+", python):

@@ -22,6 +22,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
@@ -141,7 +142,7 @@ class Registry:
 # ---- building both layouts ----------------------------------------------------------------
 
 
-def layout_copy(root: Path, dest: Path, layout: str, docker: dict, log) -> Path:
+def layout_copy(root: Path, dest: Path, layout: str, docker: dict, log: Callable[[str], None]) -> Path:
     """The project copied to dest with matrix.yaml's `layers:` set to the layout, re-rendered."""
     copy = files.copy_project(root, dest)
     if layout == "one layer":
@@ -155,7 +156,7 @@ def layout_copy(root: Path, dest: Path, layout: str, docker: dict, log) -> Path:
     return copy
 
 
-def _buildpy(copy: Path, args: list[str], docker: dict, log) -> float:
+def _buildpy(copy: Path, args: list[str], docker: dict, log: Callable[[str], None]) -> float:
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, str(copy / "build.py"), *args], cwd=copy, env={**os.environ, **docker},
                           capture_output=True, text=True)
@@ -193,7 +194,7 @@ def refresh_lock(copy: Path, image: Image, index: wheel_files.Index) -> str:
     return str(version)
 
 
-def build_and_push(c, copy: Path, image: Image, reg: Registry, repo: str, tag_: str, docker: dict, docker_cli: str, log) -> float:
+def build_and_push(c, copy: Path, image: Image, reg: Registry, repo: str, tag_: str, docker: dict, docker_cli: str, log: Callable[[str], None]) -> float:
     """The row built in the copy (no tests: only its layers are measured), pushed; the build's seconds."""
     log(f"bench pull: building {image.name} ({repo}:{tag_})")
     seconds = _buildpy(copy, ["--torch", image.torch, "--cuda", image.cuda, "--no-test", "--quiet"], docker, log)
@@ -258,7 +259,7 @@ def _wipe(store: engine_current.Store) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def timed_pull(ref: str, ca: str | None, log) -> float:
+def timed_pull(ref: str, ca: str | None, log: Callable[[str], None]) -> float:
     """Seconds for `docker pull ref` into an empty current engine (containerd store, started for
     this pull and emptied after it)."""
     store = engine_current.PROBE
@@ -278,7 +279,7 @@ def timed_pull(ref: str, ca: str | None, log) -> float:
 # ---- the measure ------------------------------------------------------------------------------
 
 
-def measure(c, m: Matrix, root: Path, bc, ca: str | None, log, work: Path | None = None, first: int | None = None) -> dict:
+def measure(c, m: Matrix, root: Path, bc, ca: str | None, log: Callable[[str], None], work: Path | None = None, first: int | None = None) -> dict:
     """Both layouts built, pushed and read back; the figures and the pull times. first: --pull-rows."""
     if getattr(bc, "export", "load") != "oci":
         # Without rewrite-timestamp a layer's tar keeps the build's time on the directories of its

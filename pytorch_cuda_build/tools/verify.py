@@ -17,6 +17,7 @@ import subprocess
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import docker.errors
 
@@ -206,7 +207,7 @@ def _copy_out(c, ref: str, path: str, dest: Path) -> bool:
         container.remove(force=True)
 
 
-def run(root: Path, image, results: Path, docker: str | None, ca: str | None, log,
+def run(root: Path, image, results: Path, docker: str | None, ca: str | None, log: Callable[[str], None],
         compile_ops: bool = False) -> tuple[Comparison, str]:
     """Build the row twice without the layer cache (same base, same wheelhouse), compare,
     write verdict.txt beside the two build logs, and remove both builds; the comparison and
@@ -269,7 +270,7 @@ def _room_for_two(docker_root: str, image_size: int) -> bool:
     return build.free_bytes(docker_root)[0] >= 2 * image_size + SECOND_BUILD_MARGIN
 
 
-def _keep(c, refs: tuple[str, ...], paths: list[str], dest: Path, log) -> str:
+def _keep(c, refs: tuple[str, ...], paths: list[str], dest: Path, log: Callable[[str], None]) -> str:
     """Copy the differing files out of both builds where both are still there; what was done, for the verdict."""
     try:
         for ref in refs:

@@ -25,6 +25,7 @@ import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from .. import files
 from ..engine import docker_env
@@ -214,7 +215,7 @@ def compare(api: RegistryAPI, name: str, published: Published, local: Local, doc
     return Verdict(False, [*lines, "verdict: DIFFERENT: " + ("the files above differ" if differing else "the config differs, the layers are the same")])
 
 
-def base_for(c, api: RegistryAPI, image, published: Published, results: Path, docker_cli: str, root: Path, log) -> str:
+def base_for(c, api: RegistryAPI, image, published: Published, results: Path, docker_cli: str, root: Path, log: Callable[[str], None]) -> str:
     """The base the image names, here: this machine's (built from the recipe if absent), else the
     registry's copy publish pushed; NotRebuilt where neither is that base."""
     want = published.labels.get(publish.BASE_LABEL, "")
@@ -245,7 +246,7 @@ def base_for(c, api: RegistryAPI, image, published: Published, results: Path, do
     return got
 
 
-def rebuild(c, bc, api: RegistryAPI, image, published: Published, root: Path, results: Path, ca: str | None, log) -> str:
+def rebuild(c, bc, api: RegistryAPI, image, published: Published, root: Path, results: Path, ca: str | None, log: Callable[[str], None]) -> str:
     """The row rebuilt without cache, ops compiled, on the image's base; its local reference."""
     try:
         base_id = base_for(c, api, image, published, results, bc.argv[0], root, log)
@@ -262,7 +263,7 @@ def rebuild(c, bc, api: RegistryAPI, image, published: Published, root: Path, re
 
 
 def run(root: Path, matrix, ref: ImageRef, platform: str, against: str | None, docker: str | None, ca: str | None,
-        log, check_inputs, results_of) -> Verdict:
+        log: Callable[[str], None], check_inputs, results_of) -> Verdict:
     """The whole check: read the published image, take its row from this checkout (its inputs
     checked by check_inputs), rebuild it (or take `against`), compare, and write the lines to
     results_of(image)/verify-image/verdict.txt."""
