@@ -14,7 +14,7 @@ import requests
 from . import ca, console, files, jobs, matrix, pipeline, scheduler
 from .arguments import COMMANDS, parser
 from .engine import docker_env
-from .errors import PipelineError, UsageError
+from .errors import PipelineError, UsageError, UsageErrors
 from .stages import base, build, inputs, lock, publish, render, sbom, sign, tag, zstd
 from .tools import bench, engine_current, gpubundle, propose, pullcost, selftest, verify, verify_image
 from .validate import validate
@@ -267,6 +267,13 @@ def _terminated(signum, frame):
     raise KeyboardInterrupt
 
 
+HANDLERS = {"build": cmd_build, "list": cmd_list, "matrix": cmd_matrix, "lock": cmd_lock, "render": cmd_render, "test": cmd_test,
+            "publish": cmd_publish, "prune": cmd_prune, "selftest": cmd_selftest, "bench": cmd_bench, "sbom": cmd_sbom,
+            "verify": cmd_verify, "base": cmd_base, "signing-key": cmd_signing_key, "engine": cmd_engine,
+            "gpu-bundle": cmd_gpu_bundle, "job": cmd_job}
+assert set(HANDLERS) == set(COMMANDS), "each command of arguments.py has its handler here"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     signal.signal(signal.SIGTERM, _terminated)  # CI cancels with SIGTERM: clean up as for Ctrl-C
@@ -283,10 +290,10 @@ def main(argv: list[str] | None = None) -> int:
         args.matrix = args.matrix or ROOT / "matrix.yaml"
         command = args.command
         m = matrix.load(args.matrix)
-        return globals()[f"cmd_{args.command.replace('-', '_')}"](m, args)  # gpu-bundle: cmd_gpu_bundle
+        return HANDLERS[args.command](m, args)
     except PipelineError as e:
-        for line in e.lines():
-            print(f"error: {line}" if line == e.lines()[0] else line, file=sys.stderr)
+        for n, line in enumerate(e.lines()):  # each of several usage problems is an error line of its own
+            print(f"error: {line}" if n == 0 or isinstance(e, UsageErrors) else line, file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         if command == "publish" or getattr(args, "push", False):

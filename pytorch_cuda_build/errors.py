@@ -23,6 +23,17 @@ class UsageError(PipelineError):
     exit_code = 2
 
 
+class UsageErrors(UsageError):
+    """Every problem of one command line, so a user fixes them in one pass (validate.py)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__(problems[0])
+        self.problems = problems
+
+    def lines(self) -> list[str]:
+        return self.problems
+
+
 @dataclass
 class Problem:
     """One thing wrong in a matrix file, with where it is."""

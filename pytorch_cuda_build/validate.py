@@ -2,23 +2,25 @@
 
 Every argument is checked here, once, before Docker, the network, a lock or the disk is
 touched: a value of the wrong form, a file that is missing or of the wrong kind, and a flag
-that does nothing beside another (or contradicts it). Each problem is a UsageError: one
-line naming the argument (both, for a combination), exit 2. Nothing here writes, starts a
-process or opens a connection; files are only opened for reading.
+that does nothing beside another (or contradicts it). Every problem is reported at once, as
+the matrix loader does: one line each naming the argument (both, for a combination), exit 2.
+A check that reads an argument already found wrong is skipped, so one mistake gives one line.
+Nothing here writes, starts a process or opens a connection; files are only opened for reading.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import shutil
 import ssl
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from . import jobs
 from .engine import docker_env
-from .errors import UsageError
+from .errors import UsageError, UsageErrors
 from .jobs import kubernetes, mounts
 from .stages import publish, sign
 from .tools import bench, gpubundle
@@ -109,43 +111,77 @@ def given(args: argparse.Namespace, dest: str) -> bool:
     return value is not None and value is not False and value != []
 
 
+class Checks:
+    """Runs the checks, keeping every problem. Each check names the arguments it reads; one that
+    reads an argument a problem was already found in is skipped (its line would say it again)."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+        self.failed: set[str] = set()
+
+    def ok(self, *dests: str) -> bool:
+        return not self.failed.intersection(dests)
+
+    def fail(self, dests: tuple[str, ...] | str, message: str) -> None:
+        dests = (dests,) if isinstance(dests, str) else dests
+        if self.ok(*dests):
+            self.problems.append(message)
+        self.failed.update(dests)
+
+    def run(self, dests: tuple[str, ...] | str, check: Callable[[], object]) -> None:
+        """check() where none of dests has failed; a UsageError it raises is kept as a problem."""
+        dests = (dests,) if isinstance(dests, str) else dests
+        if not self.ok(*dests):
+            return
+        try:
+            check()
+        except UsageErrors as e:
+            self.problems += e.problems
+            self.failed.update(dests)
+        except UsageError as e:
+            self.fail(dests, str(e))
+
+
 def validate(args: argparse.Namespace) -> argparse.Namespace:
-    """args checked (the first problem raised as a UsageError) and completed: defaults filled in."""
-    _values(args)
-    _files(args)
-    _combinations(args)
+    """args checked (every problem raised at once, as UsageErrors) and completed: defaults filled in."""
+    c = Checks()
+    _values(args, c)
+    _files(args, c)
+    _combinations(args, c)
+    if c.problems:
+        raise UsageErrors(c.problems)
     for dest, value in DEFAULTS.items():
         if hasattr(args, dest) and getattr(args, dest) is None:
             setattr(args, dest, value)
     return args
 
 
-def _values(args: argparse.Namespace) -> None:
+def _values(args: argparse.Namespace, c: Checks) -> None:
     """Each value of the right form (argparse's types and choices already checked numbers and names)."""
     for dest, pattern, like in (("torch", TORCH, "a torch version like 2.7 or 2.7.1"), ("cuda", CUDA, "a CUDA version like 12.1")):
         value = getattr(args, dest, None)
         if value is not None and not re.fullmatch(pattern, value):
-            raise UsageError(f"{flag(dest)} takes {like}, not {value!r}")
+            c.fail(dest, f"{flag(dest)} takes {like}, not {value!r}")
     if getattr(args, "limit_mib", 1) < 1:
-        raise UsageError(f"--limit-mib must be at least 1, not {args.limit_mib}")
+        c.fail("limit_mib", f"--limit-mib must be at least 1, not {args.limit_mib}")
     if getattr(args, "python", None) is not None and not re.fullmatch(PYTHON, args.python):
-        raise UsageError(f"--python {args.python!r}: expected MAJOR.MINOR, e.g. 3.12")
+        c.fail("python", f"--python {args.python!r}: expected MAJOR.MINOR, e.g. 3.12")
     image = getattr(args, "image", None)  # test's --image, sbom's IMAGE (job's: _job_values; verify's: by digest)
     if image is not None and args.command == "verify":
-        jobs.parse_image(image)
+        c.run("image", lambda: jobs.parse_image(image))
     elif image is not None and args.command != "job" and not re.fullmatch(r"\S+", image):
-        raise UsageError(f"{'--image' if args.command == 'test' else 'IMAGE'} takes an image reference or ID, not {image!r}")
+        c.fail("image", f"{'--image' if args.command == 'test' else 'IMAGE'} takes an image reference or ID, not {image!r}")
     for vid in getattr(args, "allow_vulnerable", []):
         if not re.fullmatch(r"[A-Za-z0-9][\w.:-]*", vid):
-            raise UsageError(f"--allow-vulnerable takes an advisory ID (e.g. GHSA-xxxx-xxxx-xxxx, PYSEC-2024-1), not {vid!r}")
+            c.fail("allow_vulnerable", f"--allow-vulnerable takes an advisory ID (e.g. GHSA-xxxx-xxxx-xxxx, PYSEC-2024-1), not {vid!r}")
     for dest in ("cache_from", "cache_to"):
         for spec in getattr(args, dest, []):
             if not re.fullmatch(CACHE_SPEC, spec):
-                raise UsageError(f"{flag(dest)} {spec!r} is not buildx's type=...,key=value form (e.g. type=registry,ref=HOST/NS/cache:{{image}})")
+                c.fail(dest, f"{flag(dest)} {spec!r} is not buildx's type=...,key=value form (e.g. type=registry,ref=HOST/NS/cache:{{image}})")
     if args.command == "bench" and args.only is not None:
-        bench.parse_only(args.only)
+        c.run("only", lambda: bench.parse_only(args.only))
     if args.command == "job":
-        _job_values(args)
+        _job_values(args, c)
 
 
 # The forms of job's values. A path in the sbatch script is written in double quotes, so that
@@ -157,39 +193,39 @@ SHARED_PATH = r"(/|\$SLURM_SUBMIT_DIR/|\$\{SLURM_SUBMIT_DIR\}/)[^\s\"'`\\$]*"
 SCRIPT = r"[\w./+@%:,=-]+"
 
 
-def _job_values(args: argparse.Namespace) -> None:
+def _job_values(args: argparse.Namespace, c: Checks) -> None:
     if args.image is not None:
-        jobs.parse_image(args.image)
+        c.run("image", lambda: jobs.parse_image(args.image))
     if args.name is not None and not (jobs.NAME.fullmatch(args.name) and len(args.name) <= jobs.NAME_MAX):
-        raise UsageError(f"--name takes a lowercase DNS label (a-z, 0-9, -) of at most {jobs.NAME_MAX} characters, not {args.name!r}")
+        c.fail("name", f"--name takes a lowercase DNS label (a-z, 0-9, -) of at most {jobs.NAME_MAX} characters, not {args.name!r}")
     if args.namespace is not None and not (jobs.NAME.fullmatch(args.namespace) and len(args.namespace) <= 63):
-        raise UsageError(f"--namespace takes a Kubernetes namespace (a lowercase DNS label), not {args.namespace!r}")
+        c.fail("namespace", f"--namespace takes a Kubernetes namespace (a lowercase DNS label), not {args.namespace!r}")
     if args.cluster_runtime is not None and not re.fullmatch(DNS_SUBDOMAIN, args.cluster_runtime):
-        raise UsageError(f"--cluster-runtime takes a ClusterTrainingRuntime's name (a lowercase DNS name), not {args.cluster_runtime!r}")
-    jobs.shm_mib(args.shm_size)
+        c.fail("cluster_runtime", f"--cluster-runtime takes a ClusterTrainingRuntime's name (a lowercase DNS name), not {args.cluster_runtime!r}")
+    c.run("shm_size", lambda: jobs.shm_mib(args.shm_size))
     if args.socket_ifname is not None and not re.fullmatch(IFNAME, args.socket_ifname):
-        raise UsageError(f"--socket-ifname takes NCCL_SOCKET_IFNAME's form (eth0, ^docker,lo, =ib0), not {args.socket_ifname!r}")
+        c.fail("socket_ifname", f"--socket-ifname takes NCCL_SOCKET_IFNAME's form (eth0, ^docker,lo, =ib0), not {args.socket_ifname!r}")
     for spec in args.rdma:
         if not re.fullmatch(RDMA, spec):
-            raise UsageError(f"--rdma takes RESOURCE=COUNT, a device resource and a count of at least 1 (e.g. rdma/ib=1), not {spec!r}")
+            c.fail("rdma", f"--rdma takes RESOURCE=COUNT, a device resource and a count of at least 1 (e.g. rdma/ib=1), not {spec!r}")
     for dest, suffix in (("bundle", ""), ("sif", ".sif")):
         value = getattr(args, dest)
         if value is not None and not (re.fullmatch(SHARED_PATH, value) and value.endswith(suffix)):
-            raise UsageError(f"{flag(dest)} takes an absolute path{' to a ' + suffix + ' file' if suffix else ''} that every node "
-                             f"sees (or one under $SLURM_SUBMIT_DIR/), without quotes, blanks or other $, not {value!r}")
+            c.fail(dest, f"{flag(dest)} takes an absolute path{' to a ' + suffix + ' file' if suffix else ''} that every node "
+                         f"sees (or one under $SLURM_SUBMIT_DIR/), without quotes, blanks or other $, not {value!r}")
     if args.memory_per_node is not None:
-        kubernetes.memory_mib(args.memory_per_node)
+        c.run("memory_per_node", lambda: kubernetes.memory_mib(args.memory_per_node))
     if args.deadline is not None:
-        kubernetes.deadline_seconds(args.deadline)
+        c.run("deadline", lambda: kubernetes.deadline_seconds(args.deadline))
     for name in args.image_pull_secret:
         if not re.fullmatch(DNS_SUBDOMAIN, name):
-            raise UsageError(f"--image-pull-secret takes a Secret's name (a lowercase DNS name: a-z, 0-9, - and .), not {name!r}")
-    mounts.parse_all(args.mount)
+            c.fail("image_pull_secret", f"--image-pull-secret takes a Secret's name (a lowercase DNS name: a-z, 0-9, - and .), not {name!r}")
+    c.run("mount", lambda: mounts.parse_all(args.mount))
     if args.workdir is not None and not (re.fullmatch(SHARED_PATH, args.workdir) and ":" not in args.workdir
                                          and os.path.normpath(args.workdir) == args.workdir):
-        raise UsageError(f"--workdir takes an absolute directory in the container (or one under $SLURM_SUBMIT_DIR/), in normal form, "
-                         f"without quotes, blanks, : or other $, not {args.workdir!r}")
-    _job_script(args.script)
+        c.fail("workdir", f"--workdir takes an absolute directory in the container (or one under $SLURM_SUBMIT_DIR/), in normal form, "
+                          f"without quotes, blanks, : or other $, not {args.workdir!r}")
+    c.run("script", lambda: _job_script(args.script))
 
 
 def _job_script(command: list[str]) -> None:
@@ -202,22 +238,23 @@ def _job_script(command: list[str]) -> None:
         raise UsageError(f"SCRIPT takes a script path (or -m MODULE) of letters, digits and ./+@%:,=-, not {script!r}")
 
 
-def _files(args: argparse.Namespace) -> None:
+def _files(args: argparse.Namespace, c: Checks) -> None:
     """Files read exist, are readable and of the right kind; files written have a directory to go to."""
     if args.matrix is not None:
-        _readable(args.matrix, "matrix file", "--matrix")
+        c.run("matrix", lambda: _readable(args.matrix, "matrix file", "--matrix"))
     if getattr(args, "ca_bundle", None):
-        check_ca_bundle(args.ca_bundle)
+        c.run("ca_bundle", lambda: check_ca_bundle(args.ca_bundle))
     if getattr(args, "docker", None) and not shutil.which(args.docker):
-        raise UsageError(f"--docker {args.docker!r} is neither a program on PATH nor an executable file")
+        c.fail("docker", f"--docker {args.docker!r} is neither a program on PATH nor an executable file")
     snapshot = getattr(args, "security_snapshot", None)
     if snapshot is not None and not snapshot.is_dir():
-        raise UsageError(f"--security-snapshot {snapshot} is not a folder")
+        c.fail("security_snapshot", f"--security-snapshot {snapshot} is not a folder")
     for dest in ("output", "result_json"):
-        if getattr(args, dest, None) is not None:
-            _writable_file(flag(dest), getattr(args, dest), dir_ok=args.command == "job")
+        path = getattr(args, dest, None)
+        if path is not None:
+            c.run(dest, functools.partial(_writable_file, flag(dest), path, dir_ok=args.command == "job"))
     if args.command == "gpu-bundle":
-        gpubundle.check_target(args.dir)
+        c.run("dir", lambda: gpubundle.check_target(args.dir))
 
 
 def _readable(path: Path, what: str, name: str) -> None:
@@ -256,82 +293,87 @@ def _writable_file(name: str, path: Path, dir_ok: bool = False) -> None:
         raise UsageError(f"{name} {path}: {parent} is not writable")
 
 
-def _combinations(args: argparse.Namespace) -> None:
+def _combinations(args: argparse.Namespace, c: Checks) -> None:
     """Flags that do nothing without another, or contradict another; then each command's own rules."""
     command = args.command
     if command in NO_MATRIX and args.matrix is not None:
-        raise UsageError(f"--matrix does nothing for `{command}`, which reads no matrix")
+        c.fail("matrix", f"--matrix does nothing for `{command}`, which reads no matrix")
     for cmd, dest, needed, why in NEEDS:
         if cmd == command and given(args, dest) and not given(args, needed):
-            raise UsageError(f"{flag(dest)} needs {flag(needed)}: {why}")
+            c.fail((dest, needed), f"{flag(dest)} needs {flag(needed)}: {why}")
     for cmd, one, other, why in CLASHES:
         if cmd == command and given(args, one) and given(args, other):
-            raise UsageError(f"{flag(one)} and {flag(other)} do not go together: {why}")
+            c.fail((one, other), f"{flag(one)} and {flag(other)} do not go together: {why}")
     if command == "publish" or (command == "build" and args.push):
-        publish.registry(args.registry, args.retries or DEFAULTS["retries"])  # its form only: no network
+        # Its form only: no network. For build it is --push's registry: not asked for where --push was refused.
+        c.run(("registry", "retries", "push"), lambda: publish.registry(args.registry, args.retries or DEFAULTS["retries"]))
     if command == "publish" and args.platform not in (None, "all", docker_env.host_platform()):
-        raise UsageError(f"publish --platform takes all (an index of every platform of the row) or this host's "
-                         f"{docker_env.host_platform()}, not {args.platform}")
+        c.fail("platform", f"publish --platform takes all (an index of every platform of the row) or this host's "
+                           f"{docker_env.host_platform()}, not {args.platform}")
     if command == "verify":
-        _verify_combinations(args)
+        _verify_combinations(args, c)
     if command == "publish" and args.sign_key is not None and args.push:
         if args.signatures is not None and args.signatures.exists() and not args.signatures.is_dir():
-            raise UsageError(f"--signatures {args.signatures} is not a directory")
-        sign.check_key(args.sign_key)  # the passphrase opens it, before anything is pushed
+            c.fail("signatures", f"--signatures {args.signatures} is not a directory")
+        # The passphrase opens the key, before anything is pushed; not tried for a run already refused.
+        c.run(("sign_key", "signatures"), lambda: sign.check_key(args.sign_key))
     if command == "signing-key":
         if args.folder.exists() and not args.folder.is_dir():
-            raise UsageError(f"FOLDER {args.folder} is not a directory")
-        sign.passphrase()
+            c.fail("folder", f"FOLDER {args.folder} is not a directory")
+        c.run("passphrase", sign.passphrase)
     if command == "test" and args.image and args.platform == "all":
-        raise UsageError("--image names one image: give its one --platform, not all")
+        c.fail(("image", "platform"), "--image names one image: give its one --platform, not all")
     if command == "publish" and args.all == bool(args.torch):
-        raise UsageError("pick the rows: --torch X [--cuda Y] for one, or --all")
+        c.fail(("all", "torch"), "pick the rows: --torch X [--cuda Y] for one, or --all")
     if command == "bench" and args.full:
-        bench.check_consent(bench.parse_only(args.only), args.yes)
-        if args.pull_rows is not None and "pull" not in bench.parse_only(args.only):
-            raise UsageError("--pull-rows picks the rows of the pull measure, and --only leaves it out")
+        c.run(("only", "yes"), lambda: bench.check_consent(bench.parse_only(args.only), args.yes))
+        if c.ok("only") and args.pull_rows is not None and "pull" not in bench.parse_only(args.only):
+            c.fail(("pull_rows", "only"), "--pull-rows picks the rows of the pull measure, and --only leaves it out")
     if command == "job":
-        _job_combinations(args)
+        _job_combinations(args, c)
 
 
-def _verify_combinations(args: argparse.Namespace) -> None:
+def _verify_combinations(args: argparse.Namespace, c: Checks) -> None:
     """verify picks its row with --torch, or takes it from --image's labels: one or the other."""
     if args.image is None:
         if not args.torch:
-            raise UsageError("verify needs the row: --torch X [--cuda Y], or a published image: --image REPO@sha256:...")
+            c.fail("torch", "verify needs the row: --torch X [--cuda Y], or a published image: --image REPO@sha256:...")
         if args.against is not None:
-            raise UsageError("--against needs --image: it is what the published image is compared with")
+            c.fail("against", "--against needs --image: it is what the published image is compared with")
         return
     for dest in ("torch", "cuda", "compile_ops"):
         if given(args, dest):
             why = "the rebuild always compiles the ops" if dest == "compile_ops" else "the image's labels name its row"
-            raise UsageError(f"--image and {flag(dest)} do not go together: {why}")
+            c.fail(("image", dest), f"--image and {flag(dest)} do not go together: {why}")
     if args.flavor != "runtime":
-        raise UsageError("--image and --flavor do not go together: the image's labels name its row")
+        c.fail(("image", "flavor"), "--image and --flavor do not go together: the image's labels name its row")
     if args.platform == "all":
-        raise UsageError("--image names one image: give its one --platform (of an index), not all")
+        c.fail(("image", "platform"), "--image names one image: give its one --platform (of an index), not all")
     if args.against is not None and not re.fullmatch(r"\S+", args.against):
-        raise UsageError(f"--against takes a local image reference or ID, not {args.against!r}")
+        c.fail("against", f"--against takes a local image reference or ID, not {args.against!r}")
 
 
-def _job_combinations(args: argparse.Namespace) -> None:
+def _job_combinations(args: argparse.Namespace, c: Checks) -> None:
     if args.scheduler == "kubernetes" and args.kind is None:
-        raise UsageError("--scheduler kubernetes needs --kind: one of trainjob, pytorchjob, jobset, indexed-job")
+        c.fail(("scheduler", "kind"), "--scheduler kubernetes needs --kind: one of trainjob, pytorchjob, jobset, indexed-job")
     for cmd, dest, other, values, why in ONLY_WITH:
         value = getattr(args, other) or (JOB_DEFAULTS[other](args) if other in JOB_DEFAULTS else None)
         if cmd == args.command and given(args, dest) and value not in values:
-            raise UsageError(f"{flag(dest)} needs {flag(other)} {' or '.join(values)}: {why}")
-    if args.memory_per_node is not None and kubernetes.memory_mib(args.memory_per_node) <= jobs.shm_mib(args.shm_size):
-        raise UsageError(f"--memory-per-node {args.memory_per_node} must be larger than --shm-size {args.shm_size}: a memory-backed "
-                         "/dev/shm counts against the pod's memory, which must also hold the processes' working memory")
+            c.fail((dest, other), f"{flag(dest)} needs {flag(other)} {' or '.join(values)}: {why}")
+    if args.memory_per_node is not None and c.ok("memory_per_node", "shm_size") \
+            and kubernetes.memory_mib(args.memory_per_node) <= jobs.shm_mib(args.shm_size):
+        c.fail(("memory_per_node", "shm_size"), f"--memory-per-node {args.memory_per_node} must be larger than --shm-size "
+               f"{args.shm_size}: a memory-backed /dev/shm counts against the pod's memory, which must also hold the "
+               "processes' working memory")
     if args.qos == "guaranteed" and not (args.cpus_per_node and args.memory_per_node):
-        raise UsageError("--qos guaranteed needs --cpus-per-node and --memory-per-node: Guaranteed sets the limits equal to "
-                         "the requests, and the job guesses neither")
+        c.fail("qos", "--qos guaranteed needs --cpus-per-node and --memory-per-node: Guaranteed sets the limits equal to "
+                      "the requests, and the job guesses neither")
     if args.scheduler == "slurm":
-        claim = next((text for text in args.mount if mounts.parse(text).pvc), None)
-        if claim is not None:
-            raise UsageError(f"--mount {claim!r} needs --scheduler kubernetes: pvc:CLAIM is a Kubernetes PersistentVolumeClaim; "
-                             "under Slurm SOURCE is an absolute path on a filesystem every node mounts")
-    elif args.workdir is not None and "$" in args.workdir:
-        raise UsageError(f"--workdir {args.workdir!r} needs --scheduler slurm: $SLURM_SUBMIT_DIR is Slurm's; "
-                         "under Kubernetes it is an absolute directory in the container")
+        if c.ok("mount"):
+            claim = next((text for text in args.mount if mounts.parse(text).pvc), None)
+            if claim is not None:
+                c.fail(("mount", "scheduler"), f"--mount {claim!r} needs --scheduler kubernetes: pvc:CLAIM is a Kubernetes "
+                       "PersistentVolumeClaim; under Slurm SOURCE is an absolute path on a filesystem every node mounts")
+    elif args.workdir is not None and "$" in args.workdir and c.ok("workdir"):
+        c.fail(("workdir", "scheduler"), f"--workdir {args.workdir!r} needs --scheduler slurm: $SLURM_SUBMIT_DIR is Slurm's; "
+                                         "under Kubernetes it is an absolute directory in the container")

@@ -124,8 +124,7 @@ VALUE_CASES = {
                                 (["publish", "--torch", "2.7", *REG, "--sign-key", "/nonexistent/key"], "--sign-key /nonexistent/key: no gnupg/")],
     ("publish", "--signatures"): [(["publish", "--torch", "2.7", *REG, "--sign-key", "{dir}", "--signatures", "{notpem}"],
                                    "--signatures {notpem} is not a directory")],
-    ("signing-key", "folder"): [(["signing-key", "{notpem}"], "FOLDER {notpem} is not a directory"),
-                                (["signing-key", "{dir}/k"], "set PYTORCH_CUDA_SIGN_PASSPHRASE")],
+    ("signing-key", "folder"): [(["signing-key", "{dir}/k"], "set PYTORCH_CUDA_SIGN_PASSPHRASE")],  # a file: below
     ("verify", "--image"): [(["verify", "--image", "127.0.0.1:5000/ml/pytorch-cuda:v2.7"], "--image takes an image pinned by digest"),
                             (["verify", "--image", "pytorch-cuda@sha256:abc"], "--image takes an image pinned by digest")],
     ("verify", "--against"): [(["verify", "--image", f"127.0.0.1:5000/ml/pytorch-cuda@sha256:{'a' * 64}", "--against", ""],
@@ -220,7 +219,7 @@ COMBINATION_CASES = [
     (["lock", "--check", "--upgrade"], "--check and --upgrade do not go together"),
     (["build", "--torch", "2.7", "--ca-bundle", "/nonexistent/ca.pem", "--dry-run"], "cannot read CA bundle /nonexistent/ca.pem"),
     (["build", "--torch", "2.7", "--ca-bundle", "{notpem}", "--dry-run"], "--ca-bundle {notpem} holds no PEM certificate"),
-    (["build", "--torch", "2.7", "--push", "--registry", "R", "--allow-vulnerable", ""], "--allow-vulnerable takes an advisory ID"),
+    (["build", "--torch", "2.7", *REG, "--allow-vulnerable", ""], "--allow-vulnerable takes an advisory ID"),
     (["build", "--torch", "2.7", "--push", "--registry", "R"], "malformed registry address 'R'"),
     (["build", "--torch", "2.7", "--push"], "no registry"),
     (["publish", "--torch", "2.7"], "no registry"),
@@ -297,6 +296,24 @@ def test_a_flag_that_does_nothing_or_contradicts_is_one_line_naming_both(untouch
     proc = run_cli(ROOT, *_filled(argv, paths), env=NO_DOCKER)
     one_error_line(proc, 2, says.format(**paths))
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["build", "--torch", "2.7", "--push", "--registry", "R", "--allow-vulnerable", ""],
+     ["--allow-vulnerable takes an advisory ID", "malformed registry address 'R'"]),
+    (["build", "--torch", "two", "--cuda", "x"], ["--torch takes a torch version", "--cuda takes a CUDA version"]),
+    (["signing-key", "{notpem}"], ["FOLDER {notpem} is not a directory", "set PYTORCH_CUDA_SIGN_PASSPHRASE"]),
+    ([*JOB, "--scheduler", "kubernetes", "--kind", "jobset", "--name", "Bad_Name", "--shm-size", "lots", "--memory-per-node", "8Gi",
+      "--", "t.py"],
+     ["--name takes a lowercase DNS label", "--shm-size"]),  # the memory-vs-shm check reads --shm-size: skipped
+    (["build", "--torch", "2.7", "--dry-run", "--push"], ["--dry-run and --push do not go together"]),  # no "no registry" after it
+])
+def test_every_problem_is_reported_at_once_and_a_check_on_a_refused_argument_is_skipped(untouched, paths, argv, says):
+    proc = run_cli(ROOT, *_filled(argv, paths), env=NO_DOCKER)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and proc.stdout == "" and len(lines) == len(says), proc.stderr
+    for line, want in zip(lines, says):
+        assert line.startswith("error: ") and want.format(**paths) in line, proc.stderr
 
 
 def _value_options() -> set[tuple[str, str]]:
