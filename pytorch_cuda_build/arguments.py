@@ -7,12 +7,12 @@ import os
 import re
 from pathlib import Path
 
-from . import matrix
 from .errors import UsageError
 from .jobs import kubernetes, slurm
+from .stages import matrix
 from .tools import bench, engine_current
 
-COMPRESSIONS = ("gzip", "zstd")  # publish's layer compression (stages/zstd.py)
+COMPRESSIONS = ("gzip", "zstd")  # publish's layer compression (registry/zstd.py)
 COMMANDS = ("build", "list", "matrix", "lock", "render", "test", "publish", "prune", "selftest", "bench", "sbom", "verify", "base", "signing-key", "engine", "gpu-bundle", "job")
 
 

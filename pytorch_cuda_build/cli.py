@@ -11,11 +11,13 @@ from pathlib import Path
 import docker.errors
 import requests
 
-from . import ca, console, files, jobs, matrix, pipeline, scheduler
+from . import ca, console, files, inputs, jobs, pipeline, scheduler
 from .arguments import COMMANDS, parser
 from .engine import docker_env
 from .errors import PipelineError, UsageError, UsageErrors
-from .stages import base, build, inputs, lock, publish, render, sbom, sign, tag, zstd
+from .jobs import renderers
+from .registry import sign, zstd
+from .stages import base, build, lock, matrix, publish, publish_index, render, sbom, tag
 from .tools import bench, engine_current, gpubundle, propose, pullcost, selftest, verify, verify_image
 from .validate import validate
 
@@ -112,7 +114,7 @@ def cmd_publish(m: matrix.Matrix, args) -> int:
     common = {"push": args.push, "ca_bundle": ca.ca_bundle(args.ca_bundle), "attempts": args.retries, "backoff": backoff, "log": log}
     if args.merge:
         for row in several:
-            print("\n".join(publish.merge_index(ROOT, row, reg, **common)))
+            print("\n".join(publish_index.merge_index(ROOT, row, reg, **common)))
         return 0
     c = docker_env.ensure_engine(log)
     if args.compression == "zstd":  # before the registry is contacted, or a row screened
@@ -121,8 +123,8 @@ def cmd_publish(m: matrix.Matrix, args) -> int:
     for row in several:
         parts = [row.on(p) for p in row.platforms] if args.platform == "all" else pipeline.platforms(row, None)
         publish.screen(c, parts, lambda i: pipeline.results_dir(ROOT, i), set(args.allow_vulnerable))
-        lines = (publish.publish_index(c, row, reg, **common) if args.platform == "all"
-                 else publish.publish_part(c, parts[0], reg, **common))
+        lines = (publish_index.publish_index(c, row, reg, **common) if args.platform == "all"
+                 else publish_index.publish_part(c, parts[0], reg, **common))
         print("\n".join(lines))
     if not images:
         return 0
@@ -250,7 +252,7 @@ def cmd_job(m: matrix.Matrix, args) -> int:
     image = m.select(args.torch, args.cuda, args.flavor)
     ref = jobs.parse_image(args.image) if args.image else jobs.published(pipeline.results_dir(ROOT, image), image.name)
     job = jobs.from_args(args, image.name, ref)
-    text, path = jobs.render(job), jobs.target(job, args.output)
+    text, path = renderers.render(job), jobs.target(job, args.output)
     if path is None:
         sys.stdout.write(text)
         return 0

@@ -21,10 +21,13 @@ from typing import Callable
 from filelock import FileLock, Timeout
 
 from . import files, paths
+from .buildkit import provenance
 from .engine import docker_env
 from .errors import BuildError, PipelineError, UsageError
-from .matrix import Image, Matrix
-from .stages import attach, base, build, gate, lock, provenance, publish, registry, render, sbom, security, sign, tag
+from .registry import attach, sign
+from .registry import client as registry
+from .stages import base, build, gate, lock, publish, publish_index, render, sbom, security, tag
+from .stages.matrix import Image, Matrix
 
 results_dir = paths.results_dir
 
@@ -45,7 +48,7 @@ class Options:
     retries: int = 4
     matrix_path: Path | None = None  # the gate checks the row against the matrix the user gave
     allow_vulnerable: tuple[str, ...] = ()  # critical advisories the user lets publish past
-    compression: str = "gzip"  # the pushed layers' (publish; zstd: stages/zstd.py)
+    compression: str = "gzip"  # the pushed layers' (publish; zstd: registry/zstd.py)
     # BuildKit cache imports and exports (buildx syntax; {image} is the row's name), for CI
     # runners that start cold: type=registry,ref=HOST/NS/pytorch-cuda-cache:{image}
     cache_from: tuple[str, ...] = ()
@@ -130,7 +133,7 @@ def build_platforms(root: Path, images: list[Image], opts: Options, console) -> 
         _Row(root, image, opts, console, result).promote(c, publish=False)
     if opts.registry:  # one index of every platform, not one push each
         backoff = float(os.environ.get("PYTORCH_CUDA_RETRY_BACKOFF", "2"))
-        for line in publish.publish_index(c, images[0].on("linux/amd64"), opts.registry, push=True, ca_bundle=opts.ca_path,
+        for line in publish_index.publish_index(c, images[0].on("linux/amd64"), opts.registry, push=True, ca_bundle=opts.ca_path,
                                           attempts=opts.retries, backoff=backoff, log=console.log, compression=opts.compression):
             console.log(line)
     return proven

@@ -21,8 +21,9 @@ from typing import Any, Callable
 from . import jobs
 from .engine import docker_env
 from .errors import UsageError, UsageErrors
-from .jobs import kubernetes, mounts
-from .stages import publish, sign
+from .jobs import mounts
+from .registry import sign
+from .stages import publish
 from .tools import bench, gpubundle
 
 # Given as None by the parser, so that a flag given where it does nothing can be told from
@@ -214,9 +215,9 @@ def _job_values(args: argparse.Namespace, c: Checks) -> None:
             c.fail(dest, f"{flag(dest)} takes an absolute path{' to a ' + suffix + ' file' if suffix else ''} that every node "
                          f"sees (or one under $SLURM_SUBMIT_DIR/), without quotes, blanks or other $, not {value!r}")
     if args.memory_per_node is not None:
-        c.run("memory_per_node", lambda: kubernetes.memory_mib(args.memory_per_node))
+        c.run("memory_per_node", lambda: jobs.memory_mib(args.memory_per_node))
     if args.deadline is not None:
-        c.run("deadline", lambda: kubernetes.deadline_seconds(args.deadline))
+        c.run("deadline", lambda: jobs.deadline_seconds(args.deadline))
     for name in args.image_pull_secret:
         if not re.fullmatch(DNS_SUBDOMAIN, name):
             c.fail("image_pull_secret", f"--image-pull-secret takes a Secret's name (a lowercase DNS name: a-z, 0-9, - and .), not {name!r}")
@@ -361,7 +362,7 @@ def _job_combinations(args: argparse.Namespace, c: Checks) -> None:
         if cmd == args.command and given(args, dest) and value not in values:
             c.fail((dest, other), f"{flag(dest)} needs {flag(other)} {' or '.join(values)}: {why}")
     if args.memory_per_node is not None and c.ok("memory_per_node", "shm_size") \
-            and kubernetes.memory_mib(args.memory_per_node) <= jobs.shm_mib(args.shm_size):
+            and jobs.memory_mib(args.memory_per_node) <= jobs.shm_mib(args.shm_size):
         c.fail(("memory_per_node", "shm_size"), f"--memory-per-node {args.memory_per_node} must be larger than --shm-size "
                f"{args.shm_size}: a memory-backed /dev/shm counts against the pod's memory, which must also hold the "
                "processes' working memory")

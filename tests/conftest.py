@@ -96,7 +96,7 @@ def default_build(docker_client, tmp_path_factory):
 
     The process (stdout, stderr) and `results`: a copy of build-results/<row> taken right after
     this build, because every later build.py run of the row writes that folder again."""
-    from pytorch_cuda_build import matrix
+    from pytorch_cuda_build.stages import matrix
 
     from helpers import run_build_py, shown
 

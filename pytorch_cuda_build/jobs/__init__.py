@@ -34,6 +34,7 @@ REFERENCE = re.compile(rf"(?P<repo>[a-z0-9][a-z0-9._/:-]*?)(?::(?P<tag>\w[\w.-]{
 NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # a DNS-1123 label: Kubernetes object and pod host names
 NAME_MAX = 40  # so that pod names such as NAME-node-0-0-xxxxx stay within 63 characters
 SIZE = re.compile(r"(?P<n>[1-9]\d*)(?P<unit>Mi|Gi|M|G)")
+DURATION = re.compile(r"(?=\d)(?:(?P<d>\d+)d)?(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+)s)?|(?P<bare>\d+)")
 
 
 @dataclass(frozen=True)
@@ -143,11 +144,6 @@ class Job:
                 f"Image: {self.row}, pinned by digest: {self.image}"]
 
 
-def render(job: Job) -> str:
-    from . import kubernetes, slurm  # here: both import Job from this module
-    return slurm.render(job) if job.scheduler == "slurm" else kubernetes.render(job)
-
-
 def suffix(job: Job) -> str:
     return ".sbatch" if job.scheduler == "slurm" else ".yaml"
 
@@ -165,7 +161,6 @@ def default_name(torch: str) -> str:
 
 def from_args(args, row: str, image: ImageRef) -> Job:
     """The Job that validated arguments describe; its argv is their canonical form, for the header."""
-    from . import kubernetes  # here: it imports Job from this module
     slurm = args.scheduler == "slurm"
     name = args.name or default_name(args.torch)
     argv = ["job", "--torch", args.torch, *(["--cuda", args.cuda] if args.cuda else []),
@@ -192,6 +187,24 @@ def from_args(args, row: str, image: ImageRef) -> Job:
                bundle=args.bundle, sif=args.sif, kind=args.kind,
                rdma=tuple((r.split("=")[0], int(r.split("=")[1])) for r in args.rdma),
                namespace=args.namespace, cluster_runtime=args.cluster_runtime, mounts=mounts, workdir=args.workdir,
-               cpus=args.cpus_per_node, memory_mib=kubernetes.memory_mib(args.memory_per_node) if args.memory_per_node else None,
+               cpus=args.cpus_per_node, memory_mib=memory_mib(args.memory_per_node) if args.memory_per_node else None,
                qos=args.qos or "burstable", pull_secrets=tuple(args.image_pull_secret),
-               deadline_s=kubernetes.deadline_seconds(args.deadline) if args.deadline else None)
+               deadline_s=deadline_seconds(args.deadline) if args.deadline else None)
+
+
+def memory_mib(text: str) -> int:
+    """--memory-per-node, 64Gi or 512Mi (G and M read as Gi and Mi, as --shm-size), in MiB."""
+    m = SIZE.fullmatch(text)
+    if not m:
+        raise UsageError(f"--memory-per-node takes a size like 64Gi or 512Mi, not {text!r}")
+    return int(m["n"]) * (1024 if m["unit"].startswith("G") else 1)
+
+
+def deadline_seconds(text: str) -> int:
+    """--deadline, 24h, 90m, 1h30m, 2d or seconds, in seconds (at least 1)."""
+    m = DURATION.fullmatch(text)
+    seconds = 0 if not m else int(m["bare"]) if m["bare"] else \
+        sum(int(m[unit] or 0) * factor for unit, factor in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)))
+    if seconds < 1:
+        raise UsageError(f"--deadline takes a duration of at least 1s like 24h, 90m, 1h30m, 2d or seconds (3600), not {text!r}")
+    return seconds

@@ -53,8 +53,7 @@ import textwrap
 
 import yaml
 
-from ..errors import UsageError
-from . import LAUNCH, SIZE, Job, quantity
+from . import LAUNCH, Job, quantity
 
 KINDS = ("trainjob", "pytorchjob", "jobset", "indexed-job")
 TRAINER = "trainer.kubeflow.org/v1alpha1"
@@ -65,7 +64,6 @@ RJOB = "node"  # Trainer's replicated job and container name, reused for JobSet
 PORT = 29500  # torchrun's default, and Trainer's PET_MASTER_PORT
 QOS = ("burstable", "guaranteed")
 # 24h, 90m, 1h30m, 2d, 45s, or a number of seconds
-DURATION = re.compile(r"(?=\d)(?:(?P<d>\d+)d)?(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+)s)?|(?P<bare>\d+)")
 
 
 # What YAML 1.2's core schema (Kubernetes' sigs.k8s.io/yaml) reads as a number, boolean or null
@@ -88,24 +86,6 @@ _Dumper.add_representer(str, _Dumper.represent_str)
 
 def dump(doc: dict) -> str:
     return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
-
-
-def memory_mib(text: str) -> int:
-    """--memory-per-node, 64Gi or 512Mi (G and M read as Gi and Mi, as --shm-size), in MiB."""
-    m = SIZE.fullmatch(text)
-    if not m:
-        raise UsageError(f"--memory-per-node takes a size like 64Gi or 512Mi, not {text!r}")
-    return int(m["n"]) * (1024 if m["unit"].startswith("G") else 1)
-
-
-def deadline_seconds(text: str) -> int:
-    """--deadline, 24h, 90m, 1h30m, 2d or seconds, in seconds (at least 1)."""
-    m = DURATION.fullmatch(text)
-    seconds = 0 if not m else int(m["bare"]) if m["bare"] else \
-        sum(int(m[unit] or 0) * factor for unit, factor in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)))
-    if seconds < 1:
-        raise UsageError(f"--deadline takes a duration of at least 1s like 24h, 90m, 1h30m, 2d or seconds (3600), not {text!r}")
-    return seconds
 
 
 def render(job: Job) -> str:

@@ -37,9 +37,9 @@ from filelock import FileLock
 
 from .. import paths
 from ..errors import BuildError, EnvironmentProblem, UsageError
-from ..matrix import REPRODUCIBLE_EPOCH, Image
 from ..progress import log_tail
 from . import render
+from .matrix import REPRODUCIBLE_EPOCH, Image
 
 RECORD = "base.json"  # images/<image>/base.json: the identity recorded for a commit
 

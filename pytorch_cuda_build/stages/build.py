@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from .. import progress
+from ..buildkit import opsseed, provenance
 from ..engine import docker_env
 from ..engine.docker_env import BuildClient
 from ..errors import BuildError, EnvironmentProblem, UsageError
-from ..matrix import Image
-from . import lock, opsseed, provenance, render
+from . import lock, render
+from .matrix import Image
 
 RUNTIME_PACKAGE = "pytorch_cuda_runtime"
 CONTEXT_FILES = ("requirements.lock", "deepspeed.lock", "toolkit.lock", "manifest.json")

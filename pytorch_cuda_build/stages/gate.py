@@ -29,7 +29,7 @@ import requests
 
 from ..engine import docker_env
 from ..errors import EnvironmentProblem, TestFailure
-from ..matrix import Image
+from .matrix import Image
 
 SMOKE_TIMEOUT_S = int(os.environ.get("PYTORCH_CUDA_SMOKE_TIMEOUT", "2400"))
 # An image of another architecture runs under QEMU, about 12x slower (docs/arm64.md). Its gate is

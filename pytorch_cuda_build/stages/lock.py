@@ -33,8 +33,10 @@ from typing import Callable
 
 from ..errors import LockError, ResolveError
 from ..files import sha256_text, write_atomic
-from ..matrix import OS_PLATFORMS, Image, Matrix
-from . import resolve_debian, resolve_pypi, wheel_files
+from ..resolve import debian as resolve_debian
+from ..resolve import pypi as resolve_pypi
+from ..resolve import wheel_files
+from .matrix import OS_PLATFORMS, Image, Matrix
 
 LOCK_SCHEMA = 3  # 3: lock.json records each pin's wheel file (`wheels`)
 LOCK_FILES = ("requirements.lock", "deepspeed.lock", "toolkit.lock")

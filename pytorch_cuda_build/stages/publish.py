@@ -26,7 +26,6 @@ engine holds it: its manifest digest is what a rebuild elsewhere must pull.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import re
 import tempfile
@@ -43,11 +42,11 @@ import tenacity
 from ..engine import docker_env
 from ..errors import EnvironmentProblem, ImmutableTagTaken, PublishError, TagTaken, UsageError
 from ..files import write_atomic
-from ..matrix import Image
-from . import index, lock, render, sbom, security, zstd
+from ..registry import zstd
+from ..registry.client import Registry, RegistryAPI, Remote, Transient, credentials
+from . import lock, render, sbom, security
 from . import tag as tags
-from .build import source
-from .registry import Registry, RegistryAPI, Remote, Transient, credentials
+from .matrix import Image
 from .render import LOCK_LABEL
 
 _PUSHED_DIGEST = re.compile(r"\bdigest: (sha256:[0-9a-f]{64})\b")
@@ -215,7 +214,7 @@ def plan(c: docker.DockerClient, api: RegistryAPI, images: list[Image], retry: C
     moves += [Move(i, ids[i.name], t, False, by_manifest=by_manifest, compression=compression) for i in images for t in i.tags]
     for mv in moves:
         mv.before = retry(lambda: mv.read(api), f"reading {mv.target(api.reg)}")
-    _learn_configs(c, moves, retry)
+    learn_configs(c, moves, retry)
     taken = [TagTaken(mv.target(api.reg), mv.before.digest, mv.before.config, mv.image_id)
              for mv in moves if mv.immutable and mv.before is not None and not mv.in_place]
     if taken:
@@ -224,7 +223,7 @@ def plan(c: docker.DockerClient, api: RegistryAPI, images: list[Image], retry: C
     return moves
 
 
-def _learn_configs(c: docker.DockerClient, moves: list[Move], retry: Callable) -> None:
+def learn_configs(c: docker.DockerClient, moves: list[Move], retry: Callable) -> None:
     """The config digest of each image whose immutable tag holds a manifest other than the
     engine's: that image in the other compression, or another image. Read from the engine only
     then (zstd.config_digest streams part of the image's export)."""
@@ -363,144 +362,6 @@ def retrying(attempts: int, backoff: float, log: Callable[[str], None]) -> Calla
     return retry
 
 
-def _parts(c: docker.DockerClient, images: list[index.PlatformImage], compression: str = "gzip") -> tuple[str, list[Move]]:
-    """The dated tag the platform images share (commit day and lock), and a move of each to its
-    part tag `<dated>-<arch>`, immutable like the dated tag."""
-    dated = {dated_tag(p.image, c.images.get(p.image_id).labels, tags.own_ref(p.image)) for p in images}
-    if len(dated) != 1:
-        row = images[0].image
-        raise UsageError(f"{row.name}'s platform images come from other commits or locks ({', '.join(sorted(dated))}); "
-                         f"build them together: python build.py --torch {row.torch} --cuda {row.cuda} --platform all")
-    day = dated.pop()
-    by_manifest = docker_env.image_store(c) == "containerd"
-    return day, [Move(p.image, p.image_id, f"{day}-{p.image.arch}", True, by_manifest=by_manifest, compression=compression)
-                 for p in images]
-
-
-def _push_parts(c: docker.DockerClient, api: RegistryAPI, parts: list[Move], creds: dict | None, push: bool,
-                retry: Callable, log: Callable[[str], None]) -> list[tuple[str, str, str]]:
-    """Each platform's image to its part tag (read first: one holding another image is refused,
-    nothing pushed), then read back; a table row each."""
-    reg = api.reg
-    try:
-        for mv in parts:
-            mv.before = retry(lambda: mv.read(api), f"reading {mv.target(reg)}")
-        _learn_configs(c, parts, retry)
-    except Transient as e:
-        raise EnvironmentProblem(f"{e}; nothing pushed") from None
-    taken = [TagTaken(mv.target(reg), mv.before.digest, mv.before.config, mv.image_id) for mv in parts if mv.before and not mv.in_place]
-    if taken:
-        raise ImmutableTagTaken(taken)
-    if push:
-        try:
-            execute(c, api, parts, creds, retry, log)
-        except (Transient, PublishError) as e:
-            raise PublishError(f"publish stopped at {e}; no index was pushed, and no tag of the row moved") from None
-    now = (lambda mv: mv.after) if push else (lambda mv: mv.before)
-    return [(mv.target(reg), now(mv).digest if now(mv) else "absent", _action(mv, push)) for mv in parts]
-
-
-def publish_part(c: docker.DockerClient, image: Image, reg: Registry, *, push: bool, ca_bundle: str | None, attempts: int,
-                 backoff: float, log: Callable[[str], None], compression: str = "gzip") -> list[str]:
-    """This host's platform of a row built on several: its image to `<dated>-<arch>` only. The
-    row's tags are left to the index (publish --merge, once every platform's part is there)."""
-    creds = credentials(reg)
-    api = RegistryAPI(reg, creds, ca_bundle)
-    retry = retrying(attempts, backoff, log)
-    _, parts = _parts(c, [index.PlatformImage(image, tested_id(c, image))], compression)
-    rows = _push_parts(c, api, parts, creds, push, retry, log)
-    return _index_table(rows, push) + [f"{image.name} is built for {', '.join(image.platforms)}: its tags name an index of "
-                                       "every platform's part (publish --merge, or --platform all on a machine with every one)"]
-
-
-def publish_index(c: docker.DockerClient, row: Image, reg: Registry, *, push: bool, ca_bundle: str | None, attempts: int,
-                  backoff: float, log: Callable[[str], None], compression: str = "gzip") -> list[str]:
-    """Every platform of the row, built and tested here, as its parts and then one index under
-    its dated and moving tags (index.py); the table's lines. With zstd, each part is its
-    platform image's zstd form; the index names the parts as the registry holds them."""
-    creds = credentials(reg)
-    api = RegistryAPI(reg, creds, ca_bundle)
-    retry = retrying(attempts, backoff, log)
-    dated, parts = _parts(c, index.tested(c, row), compression)
-    try:
-        retry(lambda: api.ping(row), "contacting the registry")
-    except Transient as e:
-        raise EnvironmentProblem(f"{e}; nothing pushed") from None
-    rows = _push_parts(c, api, parts, creds, push, retry, log)
-    if not push:
-        return _index_table(rows + [(f"{reg}/{row.repository}:{t}", "", "would push") for t in [dated, *row.tags]], push)
-    return _push_index(api, row, dated, [(mv.image.platform, mv.tag) for mv in parts], rows, retry, log)
-
-
-def merge_index(root: Path, row: Image, reg: Registry, *, push: bool, ca_bundle: str | None, attempts: int,
-                backoff: float, log: Callable[[str], None]) -> list[str]:
-    """CI's merge job: the index of the parts each platform's build published for this commit
-    (their dated tag is the checkout's: its commit day and the row's lock). A part that is
-    missing stops it before anything is pushed: only rows whose every platform passed merge."""
-    api = RegistryAPI(reg, credentials(reg), ca_bundle)
-    retry = retrying(attempts, backoff, log)
-    src = source(root)
-    labels = {CREATED_LABEL: src.created, LOCK_LABEL: lock_files_sha256(root, row)}
-    dated = dated_tag(row, labels, f"the checkout ({src.revision[:12]})")
-    parts = [(p, f"{dated}-{p.split('/')[1]}") for p in row.platforms]
-    try:
-        found = {t: retry(lambda: api.raw(row.repository, t), f"reading {reg}/{row.repository}:{t}") for _, t in parts}
-    except Transient as e:
-        raise EnvironmentProblem(f"{e}; nothing pushed") from None
-    missing = [f"{reg}/{row.repository}:{t}" for t, raw in found.items() if raw is None]
-    if missing:
-        raise PublishError(f"{row.name}: no part {', '.join(missing)} in the registry (its platform's build failed or did not "
-                           "publish); nothing pushed, no tag moved")
-    rows = [(f"{reg}/{row.repository}:{t}", "sha256:" + hashlib.sha256(found[t]).hexdigest(), "part, in place") for _, t in parts]
-    if not push:
-        return _index_table(rows + [(f"{reg}/{row.repository}:{t}", "", "would push") for t in [dated, *row.tags]], push)
-    return _push_index(api, row, dated, parts, rows, retry, log)
-
-
-def _push_index(api: RegistryAPI, row: Image, dated: str, parts: list[tuple[str, str]], rows: list[tuple[str, str, str]],
-                retry: Callable, log: Callable[[str], None]) -> list[str]:
-    """The index of the parts (platform, part tag) to the dated tag, read back, then to each moving
-    tag; a dated tag that holds another index is refused before the index is pushed anywhere."""
-    reg = api.reg
-    targets = [dated, *row.tags]
-    try:
-        manifests = [(platform, retry(lambda: api.raw(row.repository, t), f"reading {reg}/{row.repository}:{t}")) for platform, t in parts]
-        before = {t: retry(lambda: api.raw(row.repository, t), f"reading {reg}/{row.repository}:{t}") for t in targets}
-    except Transient as e:
-        raise EnvironmentProblem(f"{e}; no index pushed, no tag of the row moved") from None
-    document = index.list_document(manifests)
-    digest = index.digest_of(document)
-    if before[dated] is not None and index.digest_of(before[dated]) != digest:
-        raise ImmutableTagTaken([TagTaken(f"{reg}/{row.repository}:{dated}", index.digest_of(before[dated]), None, digest)])
-    configs = {platform: json.loads(raw)["config"]["digest"] for platform, raw in manifests}
-    with tempfile.TemporaryDirectory(prefix="pytorch-cuda-index-") as tmp:
-        layout = Path(tmp) / "layout"
-        index.write_layout(layout, document)
-        for t in targets:
-            target = f"{reg}/{row.repository}:{t}"
-            if before[t] is not None and index.digest_of(before[t]) == digest:
-                rows.append((target, digest, "already there"))
-                continue
-            log(f"pushing {target} (an index of {', '.join(configs)})")
-            try:
-                retry(lambda: api.push_index(layout, index.INDEX_REF, row.repository, t), f"pushing {target}")
-                got = retry(lambda: index.check_index(api, row.repository, t, configs), f"reading back {target}")
-            except (Transient, PublishError) as e:
-                raise PublishError(f"publish of {row.name} stopped at {target}: {e}; the tags before it hold the index, "
-                                   "the ones after it are as they were") from None
-            if got != digest:
-                raise PublishError(f"read-back of {target} is {got}, not the index pushed ({digest})")
-            rows.append((target, digest, "pushed, verified"))
-    return _index_table(rows, True) + [f"pull by digest (every platform): {reg.repository(row)}@{digest}"]
-
-
-def _index_table(rows: list[tuple[str, str, str]], push: bool) -> list[str]:
-    rows = [("TAG", "DIGEST", "ACTION"), *rows]
-    widths = [max(len(r[k]) for r in rows) for k in range(3)]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
-    return lines if push else lines + ["dry run: nothing pushed; add --push to publish"]
-
-
 def publish(c: docker.DockerClient, images: list[Image], reg: Registry, *, push: bool, ca_bundle: str | None,
             attempts: int, backoff: float, log: Callable[[str], None], compression: str = "gzip") -> list[Move]:
     creds = credentials(reg)
@@ -536,7 +397,7 @@ def table(moves: list[Move], reg: Registry, push: bool) -> list[str]:
     rows = [("TAG", "NOW", "ACTION")]
     for mv in moves:
         now = mv.after if push else mv.before
-        rows.append((mv.target(reg), now.digest if now else "absent", _action(mv, push)))
+        rows.append((mv.target(reg), now.digest if now else "absent", action(mv, push)))
     widths = [max(len(r[k]) for r in rows) for k in range(3)]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
     if not push:
@@ -550,7 +411,7 @@ def table(moves: list[Move], reg: Registry, push: bool) -> list[str]:
 ZSTD_NOTE = "zstd layers: Docker >= 23 and containerd >= 1.5 pull them, Docker 20.10 cannot"
 
 
-def _action(mv: Move, push: bool) -> str:
+def action(mv: Move, push: bool) -> str:
     """What happened to the tag (or would), with its layers' compression where it is zstd or the run asked for zstd."""
     now = mv.after if push else mv.before
     if mv.in_place:

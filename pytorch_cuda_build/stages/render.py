@@ -13,10 +13,11 @@ from typing import Callable
 
 import jinja2
 
+from ..buildkit import layers
 from ..errors import LockError, RenderError
 from ..files import sha256_text, write_all_atomic
-from ..matrix import REPRODUCIBLE_EPOCH, Image, Matrix, minor_of, snapshot_time
-from . import layers, lock, security
+from . import lock, security
+from .matrix import REPRODUCIBLE_EPOCH, Image, Matrix, minor_of, snapshot_time
 
 LABEL_PREFIX = "io.pytorch-cuda"
 LOCK_LABEL = f"{LABEL_PREFIX}.lock-sha256"  # the hash of the row's lock files

@@ -36,8 +36,10 @@ from debian.debian_support import Version
 from .. import paths
 from ..errors import AdvisoryLookupError, ResolveError, UsageError, VulnerableImage
 from ..files import write_atomic
-from ..matrix import AptSource, Image
-from . import lock, resolve_debian, resolve_pypi
+from ..resolve import debian as resolve_debian
+from ..resolve import pypi as resolve_pypi
+from . import lock
+from .matrix import AptSource, Image
 
 PYPI = "https://pypi.org/pypi"
 # Plain HTTP, as apt uses it: the signed InRelease vouches for the index, not the transport.

@@ -20,8 +20,8 @@ from filelock import FileLock
 
 from .. import paths
 from ..files import write_atomic
-from ..matrix import Image
 from .gate import gpus_used
+from .matrix import Image
 
 TESTED = paths.STATE_DIR / "tested.json"
 MODES = ("cpu", "gpu")

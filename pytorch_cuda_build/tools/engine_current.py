@@ -34,7 +34,7 @@ from typing import Callable
 
 from ..engine.docker_env import CONTAINER_DNS_ENV, NETWORK_ENV
 from ..errors import EnvironmentProblem
-from ..stages import resolve_debian
+from ..resolve import debian as resolve_debian
 
 MIRROR = "http://deb.debian.org/debian"
 SUITE = "trixie"

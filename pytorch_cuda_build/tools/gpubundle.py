@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import BundleTooLarge, CommandFailed, EnvironmentProblem, ResolveError, UsageError
-from ..matrix import Image
 from ..stages import lock
+from ..stages.matrix import Image
 
 LIMIT_MIB = 64
 # What the bundle must not carry: the machine's own torch, Triton and CUDA libraries are

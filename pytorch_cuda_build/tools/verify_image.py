@@ -31,8 +31,8 @@ from .. import files
 from ..engine import docker_env
 from ..errors import PipelineError, UsageError
 from ..jobs import ImageRef
+from ..registry.client import Registry, RegistryAPI, credentials
 from ..stages import base, build, publish, render
-from ..stages.registry import Registry, RegistryAPI, credentials
 from . import verify
 
 REVISION_LABEL = "org.opencontainers.image.revision"

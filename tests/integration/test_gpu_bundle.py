@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from pytorch_cuda_build import matrix
+from pytorch_cuda_build.stages import matrix
 
 from helpers import ROOT, run_build_py, run_image, shown
 

@@ -11,8 +11,7 @@ import os
 
 import pytest
 
-from pytorch_cuda_build import matrix
-from pytorch_cuda_build.stages import lock
+from pytorch_cuda_build.stages import lock, matrix
 
 from helpers import ROOT, run_build_py, run_image, shown
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from pytorch_cuda_build import matrix
 from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import ImmutableTagTaken, UsageError
-from pytorch_cuda_build.stages import index, publish, tag
-from pytorch_cuda_build.stages.registry import Registry
+from pytorch_cuda_build.registry import index
+from pytorch_cuda_build.registry.client import Registry
+from pytorch_cuda_build.stages import matrix, publish, publish_index, tag
 
 from helpers import ROOT, shown
 from registry import LocalRegistry
@@ -59,7 +59,7 @@ def images(docker_client, row, tmp_path_factory):
 
 
 def run(docker_client, row, reg: LocalRegistry, namespace: str, push: bool = True) -> list[str]:
-    return publish.publish_index(docker_client, row, Registry.parse(reg.address(namespace)), push=push, ca_bundle=None,
+    return publish_index.publish_index(docker_client, row, Registry.parse(reg.address(namespace)), push=push, ca_bundle=None,
                                  attempts=2, backoff=0.1, log=lambda _: None)
 
 

@@ -12,9 +12,10 @@ import uuid
 
 import pytest
 
-from pytorch_cuda_build import matrix
+from pytorch_cuda_build.buildkit import provenance
 from pytorch_cuda_build.engine import docker_env
-from pytorch_cuda_build.stages import attach, provenance, publish, sbom, security
+from pytorch_cuda_build.registry import attach
+from pytorch_cuda_build.stages import matrix, publish, sbom, security
 
 from helpers import build_small_oci, current_engine, project_copy, run_build_py, shown
 

@@ -17,10 +17,9 @@ import sys
 import docker.errors
 import pytest
 
-from pytorch_cuda_build import matrix
-from pytorch_cuda_build.stages import attach
+from pytorch_cuda_build.registry import attach
+from pytorch_cuda_build.stages import matrix, tag
 from pytorch_cuda_build.stages import publish as publishing
-from pytorch_cuda_build.stages import tag
 
 from helpers import ROOT, image_exists, run_build_py, shown
 from registry import LocalRegistry

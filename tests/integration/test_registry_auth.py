@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from pytorch_cuda_build import matrix
 from pytorch_cuda_build.errors import UsageError
-from pytorch_cuda_build.stages import attach, registry
+from pytorch_cuda_build.registry import attach
+from pytorch_cuda_build.registry import client as registry
+from pytorch_cuda_build.stages import matrix
 
 from helpers import ROOT
 from registry import LocalRegistry, TokenIssuer, push_small_image, require_binary
@@ -76,7 +77,7 @@ def test_a_token_service_that_is_down_is_a_transient_error(tmp_path):
 
 
 def test_the_sbom_attaches_through_the_token_flow_and_its_fallback_index_keeps_artifact_type(token_registry, tmp_path):
-    """publish --push attaches the row's SBOM (stages/attach.py): the artifact through skopeo, the
+    """publish --push attaches the row's SBOM (registry/attach.py): the artifact through skopeo, the
     referrers fallback index through the distribution API's PUT, each with a token for the
     repository (push and pull)."""
     reg, issuer, (digest, _) = token_registry

@@ -1,4 +1,4 @@
-"""The SBOM attached as an OCI artifact (stages/attach.py) against a registry on 127.0.0.1
+"""The SBOM attached as an OCI artifact (registry/attach.py) against a registry on 127.0.0.1
 (Debian's docker-registry 2.8: no referrers API), on a small image: the artifact names the image
 as its subject and holds the SBOM's bytes, the referrers fallback tag lists it beside what other
 tools put there, and a second attach replaces ours instead of adding one. The default row's
@@ -13,8 +13,8 @@ import uuid
 
 import pytest
 
-from pytorch_cuda_build.stages import attach
-from pytorch_cuda_build.stages.registry import Registry, RegistryAPI
+from pytorch_cuda_build.registry import attach
+from pytorch_cuda_build.registry.client import Registry, RegistryAPI
 
 from registry import LocalRegistry, push_small, require_binary, small_image
 

@@ -1,5 +1,5 @@
 """Signed images against a registry on 127.0.0.1, on small images: a key made by `build.py
-signing-key`, an image signed as publish signs it (stages/sign.py: skopeo --sign-by into a
+signing-key`, an image signed as publish signs it (registry/sign.py: skopeo --sign-by into a
 lookaside directory), and the documented containers policy and registries.d (sign.policy,
 sign.registries_d, as docs/security.md gives them) read by skopeo: the signed image passes,
 and an unsigned one, another image put under the signed tag, and the signed image copied to
@@ -15,8 +15,8 @@ import uuid
 
 import pytest
 
-from pytorch_cuda_build.stages import sign
-from pytorch_cuda_build.stages.registry import Registry, RegistryAPI
+from pytorch_cuda_build.registry import sign
+from pytorch_cuda_build.registry.client import Registry, RegistryAPI
 
 from helpers import ROOT, run_build_py
 from registry import LocalRegistry, push_small, require_binary, small_image

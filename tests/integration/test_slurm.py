@@ -34,8 +34,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, require, run_cli, shown
 from pytorch_cuda_build.jobs import slurm as slurm_job
+
+from helpers import ROOT, require, run_cli, shown
 from slurm import SlurmCluster, missing_tools
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

@@ -7,8 +7,7 @@ from __future__ import annotations
 import docker.errors
 import pytest
 
-from pytorch_cuda_build import matrix
-from pytorch_cuda_build.stages import gate
+from pytorch_cuda_build.stages import gate, matrix
 
 from helpers import ROOT, missing
 

@@ -24,8 +24,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from helpers import (default_image, free_port, jupyter, logs, one_error_line, owned_by_image_user, run_once, serving, shown, ssh,
-                     ssh_keypair, wait_until)
+from helpers import default_image, free_port, jupyter, logs, one_error_line, owned_by_image_user, run_once, serving, shown, ssh, ssh_keypair, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

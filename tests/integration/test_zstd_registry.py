@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from pytorch_cuda_build import matrix
 from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import PublishError
-from pytorch_cuda_build.stages import publish, tag, zstd
-from pytorch_cuda_build.stages.registry import ZSTD_LAYER, Registry, RegistryAPI
+from pytorch_cuda_build.registry import zstd
+from pytorch_cuda_build.registry.client import ZSTD_LAYER, Registry, RegistryAPI
+from pytorch_cuda_build.stages import matrix, publish, publish_index, tag
 
 from helpers import CURRENT_ENGINE_ENV, ROOT, build_small_oci, current_engine, one_error_line, require, shown
 from registry import LocalRegistry
@@ -180,7 +180,7 @@ def test_an_index_of_zstd_parts_names_each_platforms_tested_config(engine, matri
             made.append(ref)
             tag.record_pass(image, image_id, {}, "test-code")
             configs[platform] = config_in_export(tmp_path / ref.replace(":", "-") / "image.oci.tar", image_id)
-        lines = publish.publish_index(c, row, Registry.parse(registry.address("index")), push=True, ca_bundle=None, attempts=2,
+        lines = publish_index.publish_index(c, row, Registry.parse(registry.address("index")), push=True, ca_bundle=None, attempts=2,
                                       backoff=0.1, log=lambda _: None, compression="zstd")
         assert [ln.split("  ")[-1] for ln in lines[1:3]] == ["pushed, verified (zstd)"] * 2, lines
         _, index = registry.manifest(f"index/{row.repository}", row.tags[0])

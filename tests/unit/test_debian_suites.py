@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pytorch_cuda_build.errors import ResolveError
-from pytorch_cuda_build.stages import resolve_debian
+from pytorch_cuda_build.resolve import debian as resolve_debian
 
 MAIN = {
     "libc6": {"Version": "2.36-9+deb12u10", "Priority": "required"},

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pytorch_cuda_build import matrix
 from pytorch_cuda_build.errors import BundleTooLarge
-from pytorch_cuda_build.stages import lock
+from pytorch_cuda_build.stages import lock, matrix
 from pytorch_cuda_build.tools import gpubundle
 
 from helpers import ROOT, missing, one_error_line, run_cli

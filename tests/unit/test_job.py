@@ -901,19 +901,19 @@ def test_the_schemas_refuse_what_the_kinds_do_not_have():
 
 @pytest.mark.parametrize("text, mib", [("64Gi", 65536), ("64G", 65536), ("1536Mi", 1536), ("512M", 512)])
 def test_a_memory_size_is_read_in_mib(text, mib):
-    assert kubernetes.memory_mib(text) == mib
+    assert jobs.memory_mib(text) == mib
 
 
 @pytest.mark.parametrize("text, seconds", [("24h", 86400), ("90m", 5400), ("1h30m", 5400), ("2d", 172800), ("45s", 45),
                                            ("3600", 3600), ("1d2h3m4s", 93784)])
 def test_a_deadline_is_read_in_seconds(text, seconds):
-    assert kubernetes.deadline_seconds(text) == seconds
+    assert jobs.deadline_seconds(text) == seconds
 
 
 @pytest.mark.parametrize("text", ["", "0", "0h", "1.5h", "24H", "1 h", "30m1h", "h", "-1", "1w"])
 def test_a_bad_deadline_is_one_line(text):
     with pytest.raises(UsageError, match=r"--deadline takes a duration of at least 1s") as e:
-        kubernetes.deadline_seconds(text)
+        jobs.deadline_seconds(text)
     assert "\n" not in str(e.value)
 
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pytorch_cuda_build import matrix, paths
+from pytorch_cuda_build import paths
+from pytorch_cuda_build.buildkit import opsseed
 from pytorch_cuda_build.errors import BuildError
-from pytorch_cuda_build.stages import build, opsseed
+from pytorch_cuda_build.stages import build, matrix
 
 ROOT = Path(__file__).resolve().parents[2]
 M = matrix.load(ROOT / "matrix.yaml")

@@ -12,11 +12,13 @@ from helpers import ROOT
 PACKAGE = "pytorch_cuda_build"
 # Lowest first. A module may import its own layer and the layers below it, never above.
 LAYERS = [
-    ("shared", {"errors", "files", "paths", "matrix", "progress", "console", "ca"}),
+    ("shared", {"errors", "files", "paths", "progress", "console", "ca"}),
+    ("matrix", {"stages.matrix"}),  # stage 1, which everything reads
     ("engine", {"engine"}),
+    ("helpers", {"resolve", "buildkit", "registry"}),  # the stages' helpers
     ("stages", {"stages"}),
     ("jobs", {"jobs"}),
-    ("row", {"pipeline"}),
+    ("row", {"pipeline", "inputs"}),
     ("tools", {"tools", "scheduler", "checks"}),
     ("cli", {"arguments", "validate", "cli", "__init__"}),
 ]
@@ -95,8 +97,10 @@ def test_no_import_inside_a_function_without_its_reason_beside_it():
 
 
 def layer(module: str) -> int:
-    first = module.split(".")[1] if "." in module else "__init__"
-    return next(i for i, (_, members) in enumerate(LAYERS) if first in members)
+    """The layer of the longest member naming the module (stages.matrix before stages)."""
+    inner = module.split(".", 1)[1] if "." in module else "__init__"
+    keys = [".".join(inner.split(".")[:n]) for n in range(inner.count(".") + 1, 0, -1)]
+    return next(i for key in keys for i, (_, members) in enumerate(LAYERS) if key in members)
 
 
 def test_every_module_has_a_layer(graph):
@@ -108,3 +112,22 @@ def test_each_layer_imports_only_its_own_and_those_below(graph):
     upward = [f"{m} ({LAYERS[layer(m)][0]}) imports {t} ({LAYERS[layer(t)][0]})"
               for m, targets in graph.items() for t in sorted(targets) if layer(t) > layer(m)]
     assert not upward, "\n".join(upward)
+
+
+def test_the_stages_folder_holds_the_stages_in_the_diagrams_order_and_nothing_else():
+    from pytorch_cuda_build.stages import STAGES  # the package under test, read for its list
+
+    numbers = [n for n, _, _ in STAGES]
+    assert numbers == sorted(numbers) and numbers[0] == 1, STAGES
+    on_disk = {p.stem for p in (ROOT / PACKAGE / "stages").glob("*.py")} - {"__init__"}
+    assert on_disk == {name for _, name, _ in STAGES}, "stages/ holds exactly the stages STAGES lists; helpers go beside it"
+    assert not [p for p in (ROOT / PACKAGE / "stages").iterdir() if p.is_dir() and p.name != "__pycache__"]
+
+
+def test_the_architecture_page_numbers_the_stages_as_the_package_does():
+    from pytorch_cuda_build.stages import STAGES  # the package under test, read for its list
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    for number, name, _ in STAGES:
+        assert f"| `stages/{name}.py` | stage {number}:" in text, f"docs/architecture.md's module map: stages/{name}.py as stage {number}"
+

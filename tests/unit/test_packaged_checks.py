@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 import pytorch_cuda_build
-from pytorch_cuda_build import matrix
 from pytorch_cuda_build.errors import TestFailure as GateFailure  # not Test*: pytest would try to collect it
-from pytorch_cuda_build.stages import gate
+from pytorch_cuda_build.stages import gate, matrix
 
 from helpers import ROOT
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from pytorch_cuda_build.buildkit import provenance
 from pytorch_cuda_build.errors import BuildError
-from pytorch_cuda_build.stages import attach, provenance
+from pytorch_cuda_build.registry import attach
 
 INDEX = "application/vnd.oci.image.index.v1+json"
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"

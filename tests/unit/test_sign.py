@@ -1,4 +1,4 @@
-"""The signing key and what users are given to verify with (stages/sign.py), with the real gpg
+"""The signing key and what users are given to verify with (registry/sign.py), with the real gpg
 and no registry: a key only its passphrase opens (and a wrong one fails even right after a right
 one, when gpg's agent remembers), one clear line for a folder without a key, and the policy and
 registries.d that docs/security.md shows. Signing and verifying against a registry:
@@ -12,7 +12,7 @@ import stat
 import pytest
 
 from pytorch_cuda_build.errors import UsageError
-from pytorch_cuda_build.stages import sign
+from pytorch_cuda_build.registry import sign
 
 pytestmark = pytest.mark.skipif(shutil.which("gpg") is None, reason="gpg missing (Debian: gnupg)")
 

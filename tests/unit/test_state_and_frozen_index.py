@@ -10,7 +10,8 @@ import pytest
 
 from pytorch_cuda_build import paths
 from pytorch_cuda_build.errors import ResolveError
-from pytorch_cuda_build.stages import resolve_pypi, tag
+from pytorch_cuda_build.resolve import pypi as resolve_pypi
+from pytorch_cuda_build.stages import tag
 
 from helpers import ROOT, run_build_py
 

@@ -7,7 +7,7 @@ import lzma
 import pytest
 
 from pytorch_cuda_build.errors import ResolveError
-from pytorch_cuda_build.stages import resolve_debian
+from pytorch_cuda_build.resolve import debian as resolve_debian
 
 INDEX = b"Package: nvidia-cuda-toolkit\nVersion: 12.4.131~12.4.1-2\nFilename: pool/n/t.deb\nSHA256: ab\nSize: 3\n\n"
 
@@ -41,9 +41,8 @@ def test_a_missing_package_is_named(monkeypatch):
 def test_a_toolkit_version_the_suite_no_longer_has_stops_the_lock(monkeypatch):
     from pathlib import Path
 
-    from pytorch_cuda_build import matrix
     from pytorch_cuda_build.errors import LockError
-    from pytorch_cuda_build.stages import lock
+    from pytorch_cuda_build.stages import lock, matrix
 
     image = matrix.load(Path(__file__).resolve().parents[2] / "matrix.yaml").select("2.7", "12.1")
     newer = resolve_debian.Deb("nvidia-cuda-toolkit", "12.4.131~12.4.1-3", "pool/n/t.deb", "ab", 3)

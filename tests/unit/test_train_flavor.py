@@ -9,13 +9,15 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from test_matrix import VALID, load, problems
 
-from pytorch_cuda_build import matrix, paths
+from pytorch_cuda_build import paths
+from pytorch_cuda_build.buildkit import layers, opsseed
 from pytorch_cuda_build.errors import BuildError, LockError
-from pytorch_cuda_build.stages import layers, lock, opsseed, render, resolve_pypi, security
+from pytorch_cuda_build.resolve import pypi as resolve_pypi
+from pytorch_cuda_build.stages import lock, matrix, render, security
 
 from helpers import ROOT, project_copy
-from test_matrix import VALID, load, problems
 
 M = matrix.load(ROOT / "matrix.yaml")
 TRAIN = M.select("2.11", "13.0", "train")

@@ -19,7 +19,7 @@ import requests
 from pytorch_cuda_build import arguments, files, pipeline
 from pytorch_cuda_build import validate as stage
 from pytorch_cuda_build.engine import docker_env
-from pytorch_cuda_build.stages import registry
+from pytorch_cuda_build.registry import client as registry
 
 from helpers import ROOT, one_error_line, run_cli
 

@@ -11,49 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
-import docker
-import docker.errors
-
-from ..errors import PublishError, UsageError
-from ..matrix import Image
-from . import tag as tags
-from .registry import RegistryAPI
+from ..errors import PublishError
+from .client import RegistryAPI
 
 INDEX = "application/vnd.oci.image.index.v1+json"
 DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 REF_NAME = "org.opencontainers.image.ref.name"
 INDEX_REF = "index"  # the layout's name for the index it pushes
-
-
-@dataclass(frozen=True)
-class PlatformImage:
-    image: Image  # the row on one platform (Image.on)
-    image_id: str
-
-
-def tested(c: docker.DockerClient, row: Image) -> list[PlatformImage]:
-    """Each platform's image of the row (tag.own_ref), refusing a platform never built, one whose tag now names another
-    architecture, and one never tested."""
-    out = []
-    for platform in row.platforms:
-        image = row.on(platform)
-        ref = tags.own_ref(image)
-        build_cmd = f"python build.py --torch {row.torch} --cuda {row.cuda} --platform all"
-        try:
-            img = c.images.get(ref)
-        except docker.errors.ImageNotFound:
-            raise UsageError(f"{row.name} has no {platform} image here (no {ref}); build and test every platform first: {build_cmd}") from None
-        arch = img.attrs.get("Architecture")
-        if arch != image.arch:
-            raise UsageError(f"{ref} is a {arch} image, not {platform} (a build for one platform moved the row's tags); {build_cmd}")
-        assert img.id is not None  # docker-py types Model.id optional; an image the engine lists has one
-        if tags.passed(img.id) is None:
-            raise UsageError(f"{ref} ({img.id[:19]}) never passed its tests here; nothing pushed ({build_cmd})")
-        out.append(PlatformImage(image, img.id))
-    return out
 
 
 def list_document(manifests: list[tuple[str, bytes]]) -> bytes:

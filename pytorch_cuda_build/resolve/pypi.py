@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ..errors import EnvironmentProblem, ResolveError
-from ..matrix import OS_PLATFORMS, Image
+from ..stages.matrix import OS_PLATFORMS, Image
 
 # Wheels are manylinux_2_28 at most for the torch versions we ship; bookworm has glibc 2.36.
 # matrix.OS_PLATFORMS gives each OS platform's tag; this is linux/amd64's, every row's first.

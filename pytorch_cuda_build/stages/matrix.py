@@ -18,7 +18,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import MatrixError, Problem, UsageError
+from ..errors import MatrixError, Problem, UsageError
 
 # SOURCE_DATE_EPOCH for BuildKit: 2026-01-01T00:00:00Z, one fixed time for every build, never the
 # commit's. rewrite-timestamp clamps only the file times later than it, and a cached layer keeps
@@ -186,7 +186,7 @@ class Platform(_Strict):
 
 
 class Layers(_Strict):
-    """How the locked wheels are laid out in image layers (stages/layers.py). A wheel whose download
+    """How the locked wheels are laid out in image layers (buildkit/layers.py). A wheel whose download
     is at least own_layer_min_mb MB gets a layer of its own, so that rows and refreshes that
     install the same file share that layer's blob; at most max_own_layers of them (the largest),
     far below Docker's limit of 127 layers. null: every wheel in one layer."""

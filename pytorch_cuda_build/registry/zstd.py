@@ -34,7 +34,7 @@ import requests
 
 from ..engine import docker_env
 from ..errors import EnvironmentProblem, PublishError
-from .registry import ZSTD_LAYER, Transient
+from .client import ZSTD_LAYER, Transient
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"

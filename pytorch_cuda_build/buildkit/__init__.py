@@ -1,0 +1,1 @@
+"""The build stage's helpers: the wheels' layer layout, the ops seed, BuildKit's provenance."""

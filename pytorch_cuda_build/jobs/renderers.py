@@ -1,0 +1,8 @@
+"""A Job as its scheduler's text: the sbatch script (slurm.py) or the manifests (kubernetes.py)."""
+from __future__ import annotations
+
+from . import Job, kubernetes, slurm
+
+
+def render(job: Job) -> str:
+    return slurm.render(job) if job.scheduler == "slurm" else kubernetes.render(job)

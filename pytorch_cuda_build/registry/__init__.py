@@ -1,0 +1,1 @@
+"""The publish stage's helpers: the registry client, image indexes, zstd, attached artifacts, signatures."""
