@@ -110,7 +110,7 @@ def cmd_publish(m: matrix.Matrix, args) -> int:
     if args.sign_key and several:  # before anything is pushed
         raise UsageError(f"--sign-key signs single-platform rows' images; {several[0].name} is an index of "
                          f"{', '.join(several[0].platforms)}, which publish does not sign yet")
-    backoff = float(os.environ.get("PYTORCH_CUDA_RETRY_BACKOFF", "2"))
+    backoff = publish.retry_backoff()
     common = {"push": args.push, "ca_bundle": ca.ca_bundle(args.ca_bundle), "attempts": args.retries, "backoff": backoff, "log": log}
     if args.merge:
         for row in several:

@@ -16,3 +16,5 @@ def results_dir(root: Path, image) -> Path:
     for that platform's build (every stage that writes there reads it from here)."""
     row = root / "build-results" / image.name
     return row if image.platform == "linux/amd64" else row / image.platform.replace("/", "-")
+
+RUNTIME_PACKAGE = "pytorch_cuda_runtime"  # the code baked into images, copied into build contexts and bundles

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -132,7 +131,7 @@ def build_platforms(root: Path, images: list[Image], opts: Options, console) -> 
     for image, result in reversed(list(zip(images, proven))):
         _Row(root, image, opts, console, result).promote(c, publish=False)
     if opts.registry:  # one index of every platform, not one push each
-        backoff = float(os.environ.get("PYTORCH_CUDA_RETRY_BACKOFF", "2"))
+        backoff = publish.retry_backoff()
         for line in publish_index.publish_index(c, images[0].on("linux/amd64"), opts.registry, push=True, ca_bundle=opts.ca_path,
                                           attempts=opts.retries, backoff=backoff, log=console.log, compression=opts.compression):
             console.log(line)
@@ -323,7 +322,7 @@ def _stream_lines(chunks, sink: Callable[[str], None], stop: threading.Event) ->
 def publish_rows(c, images: list[Image], reg: registry.Registry, push: bool, ca_path: str | None, retries: int,
                  log: Callable[[str], None], results: Callable[[Image], Path], compression: str = "gzip") -> list[publish.Move]:
     """Publish tested rows; with push, record where each went in build-results/<image>/published.json."""
-    backoff = float(os.environ.get("PYTORCH_CUDA_RETRY_BACKOFF", "2"))
+    backoff = publish.retry_backoff()
     moves = publish.publish(c, images, reg, push=push, ca_bundle=ca_path, attempts=retries, backoff=backoff, log=log,
                             compression=compression)
     if push:

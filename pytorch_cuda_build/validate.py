@@ -308,6 +308,7 @@ def _combinations(args: argparse.Namespace, c: Checks) -> None:
     if command == "publish" or (command == "build" and args.push):
         # Its form only: no network. For build it is --push's registry: not asked for where --push was refused.
         c.run(("registry", "retries", "push"), lambda: publish.registry(args.registry, args.retries or DEFAULTS["retries"]))
+        c.run(("push",), publish.retry_backoff)
     if command == "publish" and args.platform not in (None, "all", docker_env.host_platform()):
         c.fail("platform", f"publish --platform takes all (an index of every platform of the row) or this host's "
                            f"{docker_env.host_platform()}, not {args.platform}")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..errors import EnvironmentProblem, ResolveError
 from ..stages.matrix import OS_PLATFORMS, Image
+from .wheel_files import PIN
 
 # Wheels are manylinux_2_28 at most for the torch versions we ship; bookworm has glibc 2.36.
 # matrix.OS_PLATFORMS gives each OS platform's tag; this is linux/amd64's, every row's first.
@@ -31,7 +32,6 @@ _CUDNN = re.compile(r"^nvidia-cudnn-cu\d+$")
 _NCCL = re.compile(r"^nvidia-nccl-cu\d+$")
 # The packages whose versions must agree exactly between torch and the toolkit.
 _COMPILER_CORE = {"nvidia-cuda-runtime", "nvidia-cuda-nvcc", "nvidia-nvvm", "nvidia-cuda-crt", "cuda-toolkit"}
-_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
 
 # PYTORCH_CUDA_EXCLUDE_NEWER (an ISO 8601 date or UTC date-time, e.g. 2026-11-22T21:30:00Z)
 # freezes resolution in time: uv ignores every file uploaded to the index after it
@@ -141,7 +141,7 @@ def pins(lock_text: str) -> dict[str, str]:
     """name -> version of every `name==version` line of a requirements lock."""
     out = {}
     for line in lock_text.splitlines():
-        m = _PIN.match(line.strip())
+        m = PIN.match(line.strip())
         if m:
             out[m.group(1).lower().replace("_", "-")] = m.group(2)
     return out
@@ -183,7 +183,7 @@ def pypi_toolkit(image: Image, wheel_lock: str, ca_bundle: str | None, exclude_n
     blocks = re.split(r"\n(?=\S)", out.strip())
     keep, notes = [], []
     for block in blocks:
-        m = _PIN.match(block)
+        m = PIN.match(block)
         if not m:
             continue
         name, ver = m.group(1).lower().replace("_", "-"), m.group(2)

@@ -23,7 +23,7 @@ from ..errors import ResolveError
 from ..stages.matrix import OS_PLATFORMS
 
 _BLOCK = re.compile(r"\n(?=\S)")
-_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
+PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
 _HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 LOOKUPS_AT_ONCE = 8
@@ -45,7 +45,7 @@ def pinned_hashes(lock_text: str) -> dict[str, tuple[str, set[str]]]:
     """name -> (version, the sha256 hashes the lock allows) for each `name==version` block."""
     out = {}
     for block in _BLOCK.split(lock_text.strip()):
-        m = _PIN.match(block)
+        m = PIN.match(block)
         if m:
             out[str(canonicalize_name(m.group(1)))] = (m.group(2), set(_HASH.findall(block)))
     return out

@@ -23,10 +23,10 @@ from ..buildkit import opsseed, provenance
 from ..engine import docker_env
 from ..engine.docker_env import BuildClient
 from ..errors import BuildError, EnvironmentProblem, UsageError
+from ..paths import RUNTIME_PACKAGE
 from . import lock, render
 from .matrix import Image
 
-RUNTIME_PACKAGE = "pytorch_cuda_runtime"
 CONTEXT_FILES = ("requirements.lock", "deepspeed.lock", "toolkit.lock", "manifest.json")
 PLATFORM_FILES = ("requirements.lock", "toolkit.lock", *lock.EXTRAS_FILES)  # a platform's own, from images/<image>/linux-arm64/
 # A cold build of one row needs the torch layer twice over (layer + extraction) and

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 import tempfile
 from dataclasses import dataclass
@@ -347,6 +348,21 @@ def _push(c: docker.DockerClient, api: RegistryAPI, mv: Move, creds: dict | None
             retry(lambda: api.push_layout(layout.path, zstd.REF_NAME, mv.name, mv.tag), f"pushing {target}")
         return layout.digest
     return retry(lambda: push_one(c, mv, api.reg, creds), f"pushing {target}")
+
+
+BACKOFF_ENV = "PYTORCH_CUDA_RETRY_BACKOFF"  # seconds before the first retry of a registry call (the tests shorten it)
+
+
+def retry_backoff() -> float:
+    """The first retry's wait: $PYTORCH_CUDA_RETRY_BACKOFF seconds (default 2), doubling after."""
+    text = os.environ.get(BACKOFF_ENV, "2")
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (0 <= value <= 600):
+        raise UsageError(f"${BACKOFF_ENV} takes seconds from 0 to 600 (the first retry's wait), not {text!r}")
+    return value
 
 
 def retrying(attempts: int, backoff: float, log: Callable[[str], None]) -> Callable:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import BundleTooLarge, CommandFailed, EnvironmentProblem, ResolveError, UsageError
+from ..paths import RUNTIME_PACKAGE
 from ..stages import lock
 from ..stages.matrix import Image
 
@@ -47,7 +48,6 @@ EXCLUDED = re.compile(r"(torch|triton|cuda-.*|nvidia-(?!ml-py$).*)")
 # cuda-built wheel adds (nvidia-ml-py), and the smoke suite's zero_to_fp32 (huggingface_hub)
 # and manifest.py (packaging).
 ROOTS = ("deepspeed", "setuptools", "nvidia-ml-py", "huggingface-hub", "packaging")
-RUNTIME_PACKAGE = "pytorch_cuda_runtime"
 # A train row's extras whose checks the bundle carries: small wheels that install on the machine's
 # torch and Python as they are. The others' GPU checks run in the image on a Docker GPU host.
 CARRIED_EXTRAS = ("liger-kernel", "torchao")

@@ -316,6 +316,13 @@ def test_every_problem_is_reported_at_once_and_a_check_on_a_refused_argument_is_
         assert line.startswith("error: ") and want.format(**paths) in line, proc.stderr
 
 
+@pytest.mark.parametrize("value", ["soon", "-1", "9999"])
+def test_a_bad_retry_backoff_is_one_line_before_anything_is_touched(untouched, value):
+    proc = run_cli(ROOT, "publish", "--torch", "2.7", "--registry", "127.0.0.1:5000/ml",
+                   env={**NO_DOCKER, "PYTORCH_CUDA_RETRY_BACKOFF": value})
+    one_error_line(proc, 2, f"$PYTORCH_CUDA_RETRY_BACKOFF takes seconds from 0 to 600 (the first retry's wait), not {value!r}")
+
+
 def _value_options() -> set[tuple[str, str]]:
     """(command, option) for every argument of build.py that takes a value, read from the parser."""
     def taking(p: argparse.ArgumentParser, command: str):
