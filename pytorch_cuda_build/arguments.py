@@ -190,7 +190,7 @@ def parser() -> argparse.ArgumentParser:
     bn = sub.add_parser("bench", help="measure (never assert): --full for size, build times and banner, else the banner only")
     _selection(bn)
     bn.add_argument("--runs", type=positive_int, default=10, help="repetitions of the quick measurements (default 10)")
-    bn.add_argument("--full", action="store_true", help="every benchmark; report in bench/ (~15 min; empties the build cache for the cold builds)")
+    bn.add_argument("--full", action="store_true", help="every benchmark; report in bench/ (hours on 2 cores: cold builds, two naive images, the matrix and pull measures; --only picks some; empties the build cache for the cold builds)")
     bn.add_argument("--cold-runs", type=positive_int, help="with --full: cold builds of each kind (default 1)")
     bn.add_argument("--only", help="with --full: comma list of " + ",".join(bench.MEASURES) + " (default: every one)")
     bn.add_argument("--pull-rows", type=positive_int, metavar="N",

@@ -10,7 +10,7 @@ from pytorch_cuda_build import cli
 from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import CommandFailed, UsageError
 from pytorch_cuda_build.stages import tag
-from pytorch_cuda_build.tools import bench
+from pytorch_cuda_build.tools import bench, bench_report
 
 from helpers import ROOT
 
@@ -41,16 +41,16 @@ def test_steps_reads_stage_time_and_cache_hits():
 def test_report_marks_each_target_met_or_not():
     r = {"image": "x", "date": "d", "cpus": 2,
          "size": {"image": 104e8, "floor": 100e8, "base_os_python": 2e8, "locked_env": 98e8, "ratio_to_floor": 1.04, "naive": 130e8},
-         "rebuild_nochange_s": bench.stats([1.0, 1.2, 0.9]),
+         "rebuild_nochange_s": bench_report.stats([1.0, 1.2, 0.9]),
          "second_row": {"image": "y", "seconds": 5.0, "unique_bytes": 1e6, "unique_fraction": 0.0002, "size": 58e8, "fraction_of_cold_build": 0.01}}
-    md = bench.report_markdown(r)
+    md = bench_report.report_markdown(r)
     assert "| 1.040x | <= 1.03x | no |" in md
     assert "| 1.00 s | <= 3 s | yes |" in md
     assert "(0.020%) | <= 1% | yes |" in md
 
 
 def test_svg_has_one_bar_per_series():
-    svg = bench.svg_bars("t", "GB", [("a", 1.0), ("b", 2.0), ("c", 0.5)])
+    svg = bench_report.svg_bars("t", "GB", [("a", 1.0), ("b", 2.0), ("c", 0.5)])
     assert svg.startswith("<svg") and svg.count("<rect") == 3 and "2.00 GB" in svg
 
 
@@ -58,30 +58,30 @@ def test_matrix_row_is_met_only_when_one_row_ran_the_shared_step():
     base = {"image": "x", "date": "d", "cpus": 2}
     once = {"rows": ["a", "b"], "jobs": 2, "seconds": 300.0, "cpu_busy": 0.93, "locked_wheels_step_s": {"a": [65.0], "b": []}}
     twice = {**once, "locked_wheels_step_s": {"a": [65.0], "b": [64.0]}}
-    assert "| 1 of 2 | 1 | yes |" in bench.report_markdown({**base, "matrix": once})
-    assert "| 2 of 2 | 1 | no |" in bench.report_markdown({**base, "matrix": twice})
-    assert "| 93% | busy |" in bench.report_markdown({**base, "matrix": once})
+    assert "| 1 of 2 | 1 | yes |" in bench_report.report_markdown({**base, "matrix": once})
+    assert "| 2 of 2 | 1 | no |" in bench_report.report_markdown({**base, "matrix": twice})
+    assert "| 93% | busy |" in bench_report.report_markdown({**base, "matrix": once})
 
 
 def test_a_partial_run_keeps_the_other_figures_and_says_when(tmp_path):
     path = tmp_path / "report.json"
-    first = {"image": "x", "date": "monday", "cpus": 2, "runs": 5, "rebuild_nochange_s": bench.stats([1.0])}
+    first = {"image": "x", "date": "monday", "cpus": 2, "runs": 5, "rebuild_nochange_s": bench_report.stats([1.0])}
     path.write_text(bench.json.dumps(first))
-    later = {"image": "x", "date": "tuesday", "cpus": 2, "runs": 5, "rebuild_nochange_s": bench.stats([2.0]),
+    later = {"image": "x", "date": "tuesday", "cpus": 2, "runs": 5, "rebuild_nochange_s": bench_report.stats([2.0]),
              "matrix": {"rows": ["a"], "jobs": 1, "seconds": 1.0, "cpu_busy": 0.5, "locked_wheels_step_s": {"a": [1.0]}}}
-    merged = bench.merge_previous(path, later, {"rebuild", "matrix"})
+    merged = bench_report.merge_previous(path, later, {"rebuild", "matrix"}, complete=False)
     assert merged["rebuild_nochange_s"]["median"] == 2.0 and "matrix" in merged
     assert merged["date"] == "monday" and merged["updated"] == [{"date": "tuesday", "measures": ["matrix", "rebuild"]}]
-    assert "Re-measured tuesday: matrix, rebuild" in bench.report_markdown(merged)
+    assert "Re-measured tuesday: matrix, rebuild" in bench_report.report_markdown(merged)
     # the cold measure's naive image sizes join the size measure's, never replace them
     path.write_text(bench.json.dumps({**first, "size": {"image": 6, "floor": 5}}))
-    merged = bench.merge_previous(path, {**later, "size": {"naive": 3}}, {"cold"})
+    merged = bench_report.merge_previous(path, {**later, "size": {"naive": 3}}, {"cold"}, complete=False)
     assert merged["size"] == {"image": 6, "floor": 5, "naive": 3}
     # a full run, or another image's report, starts afresh
-    assert bench.merge_previous(path, later, set(bench.MEASURES)) is later
-    assert bench.merge_previous(path, {**later, "image": "y"}, {"matrix"})["date"] == "tuesday"
+    assert bench_report.merge_previous(path, later, set(bench.MEASURES), complete=True) is later
+    assert bench_report.merge_previous(path, {**later, "image": "y"}, {"matrix"}, complete=False)["date"] == "tuesday"
     # the pull measure builds its own rows: it joins the report, whichever --torch it ran with
-    merged = bench.merge_previous(path, {"image": "y", "date": "wednesday", "cpus": 2, "pull": {"rows": ["a", "b"]}}, {"pull"})
+    merged = bench_report.merge_previous(path, {"image": "y", "date": "wednesday", "cpus": 2, "pull": {"rows": ["a", "b"]}}, {"pull"}, complete=False)
     assert merged["image"] == "x" and merged["pull"] == {"rows": ["a", "b"]} and merged["rebuild_nochange_s"]["median"] == 1.0
     assert merged["updated"][-1] == {"date": "wednesday", "measures": ["pull"]}
 
@@ -113,7 +113,7 @@ def test_report_compares_against_the_naive_ops_build_and_the_ops_cache():
                   "naive_s": [100.0], "naive_ops_s": [1400.0], "ratio_to_naive": 15.0, "ratio_to_naive_without_ops": 8.0,
                   "ratio_to_naive_ops": 1500 / 1400},
          "opscache": {"seconds": 600.0, "ops_step_s": 20.0, "cpu_ops_s": 390.0, "served_from_cache": True, "cold_ops_step_s": 700.0}}
-    md = bench.report_markdown(r)
+    md = bench_report.report_markdown(r)
     assert "(1500 s / 1400 s) | 1.07x | <= 1.1x | yes |" in md
     assert "| 20 s / 600 s | ops from the cache | yes |" in md
     assert "| cold build, naive with DS_BUILD_* ops | 1400.00 |" in md
@@ -216,7 +216,7 @@ def test_arm64_report_puts_the_platforms_side_by_side_and_says_what_was_not_meas
                          "python_env_s": 396.3, "ops_s": 2400.0, "cpu_ops_s": 600.0, "apt_s": 166.0, "smoke_s": 500.0,
                          "smoke_checks": {"PASS": 9, "FAIL": 0, "SKIPPED": 1}},
          "size": {"image": 10.3e9, "base_os_python": 0.4e9, "locked_env": 9.8e9, "floor": 10.2e9, "ratio_to_floor": 10.3 / 10.2}}
-    text = bench.platforms_markdown(r)
+    text = bench_report.platforms_markdown(r)
     assert "| build: the steps that ran (steps from the cache not counted) | not measured | 3600 s |" in text
     assert "|   of which the DeepSpeed op compile (nvcc) | not measured | 2400 s |" in text
     assert "= **1.010x** (target <= 1.03x)" in text and "- linux/amd64: no build that built here" in text
