@@ -69,21 +69,15 @@ def cmd_build(m: matrix.Matrix, args) -> int:
     if args.dry_run:
         print("\n".join(inputs.plan(ROOT, image) for image in on))
         return 0
-    if args.cache_from or args.cache_to:  # before an hour of building, like a bad registry address
-        build.check_cache_options(docker_env.build_client(args.docker), tuple(args.cache_from), tuple(args.cache_to))
-    if reg and args.compression == "zstd":  # likewise: the engine must have the containerd store
-        zstd.check_engine(docker_env.ensure_engine(log))
     opts = pipeline.Options(docker=args.docker, matrix_path=args.matrix, ca_path=ca.ca_bundle(args.ca_bundle), no_test=args.no_test, retest=args.retest,
                             no_cache=args.no_cache, require_gpu=args.require_gpu, registry=reg, retries=args.retries,
                             allow_vulnerable=tuple(args.allow_vulnerable), cache_from=tuple(args.cache_from), cache_to=tuple(args.cache_to),
                             compression=args.compression)
+    pipeline.preflight(opts, log)  # before an hour of building, like a bad registry address
     with console.make(args.verbose, args.quiet) as con:  # a bad CA failed above, not after waiting for the row lock
-        if args.all:
-            results = scheduler.build_many(ROOT, m, args.matrix, images, opts, args.jobs, con, ["--quiet"] * args.quiet + ["--verbose"] * args.verbose)
-        else:
-            results = ([pipeline.recorded(args.result_json, on[0], lambda: pipeline.build_row(ROOT, on[0], opts, con))]
-                       if len(on) == 1 else pipeline.build_platforms(ROOT, on, opts, con))
-        con.summary(results, ROOT / "build-results" if args.all else pipeline.results_dir(ROOT, on[0] if len(on) == 1 else images[0]))
+        child_args = ["--quiet"] * args.quiet + ["--verbose"] * args.verbose
+        results = scheduler.build(ROOT, m, images, on, opts, con, every=args.all, jobs=args.jobs, child_flags=child_args,
+                                  result_json=args.result_json)
     if reg and not args.all:
         print("\n".join(publish.table(results[0].moves, reg, True)))
     if failed := scheduler.failures(results):

@@ -23,7 +23,7 @@ from . import files, paths
 from .buildkit import provenance
 from .engine import docker_env
 from .errors import BuildError, PipelineError, UsageError
-from .registry import attach, sign
+from .registry import attach, sign, zstd
 from .registry import client as registry
 from .stages import base, build, gate, lock, publish, publish_index, render, sbom, security, tag
 from .stages.matrix import Image, Matrix
@@ -98,6 +98,15 @@ class RowResult:
     def from_json(cls, text: str) -> RowResult:
         d = json.loads(text)
         return cls(**{k: d[k] for k in ("image", "ok", "exit_code", "seconds", "tags", "size_bytes", "image_id", "base_id", "error") if k in d})
+
+
+def preflight(opts: Options, log: Callable[[str], None]) -> None:
+    """What the engine must offer for these options, checked before an hour of building: buildx
+    for a cache import or export, and the containerd store for zstd layers."""
+    if opts.cache_from or opts.cache_to:
+        build.check_cache_options(docker_env.build_client(opts.docker), opts.cache_from, opts.cache_to)
+    if opts.registry and opts.compression == "zstd":
+        zstd.check_engine(docker_env.ensure_engine(log))
 
 
 def check_inputs(root: Path, m: Matrix, images: list[Image]) -> None:

@@ -17,7 +17,7 @@ from typing import Callable
 
 from .engine import docker_env
 from .errors import PipelineError, UsageError
-from .pipeline import Options, RowResult, check_inputs, results_dir
+from .pipeline import Options, RowResult, build_platforms, build_row, check_inputs, recorded, results_dir
 from .stages.matrix import Image, Matrix
 
 # ---- many rows -----------------------------------------------------------------
@@ -133,3 +133,18 @@ def build_many(root: Path, m: Matrix, matrix_path: Path, images: list[Image], op
     docker_env.ensure_engine(console.log)
     worker = RowProcesses(root, matrix_path, opts.argv() + child_flags)
     return schedule(images, worker, jobs, console, worker.log_path, worker.stop)
+
+
+def build(root: Path, m: Matrix, images: list[Image], on: list[Image], opts: Options, console, *, every: bool, jobs: int,
+          child_flags: list[str], result_json: Path | None) -> list[RowResult]:
+    """`build`: every row of images as child processes (--all), or one row, on each of its
+    platforms `on` (one: recorded to result_json for a parent scheduler)."""
+    if every:
+        assert opts.matrix_path is not None  # the CLI always names the matrix file the children read
+        results = build_many(root, m, opts.matrix_path, images, opts, jobs, console, child_flags)
+    elif len(on) == 1:
+        results = [recorded(result_json, on[0], lambda: build_row(root, on[0], opts, console))]
+    else:
+        results = build_platforms(root, on, opts, console)
+    console.summary(results, root / "build-results" if every else results_dir(root, on[0] if len(on) == 1 else images[0]))
+    return results
