@@ -258,6 +258,10 @@ class _Row:
         log_path = self.results / "build.log"
         self.console.log(f"building {self.image.name} for {self.image.platform}{' (emulated)' if docker_env.emulated(self.image.platform) else ''} "
                          f"with {bc.description} (log: {log_path})")
+        if docker_env.emulated(self.image.platform) and self.image.extras_built:
+            # Measured: its compiles alone ran past two hours under QEMU on 2 cores (docs/train.md).
+            self.console.log("note: this flavor compiles Transformer Engine and the DeepSpeed ops under QEMU: more than three hours "
+                             "on 2 cores; the GitHub workflow builds it on a native arm64 runner (docs/train.md)")
         with self.stage("build"):
             try:
                 return build.run(bc, self.root, self.image, log_path, self.opts.ca_path, self.opts.no_cache,
