@@ -392,6 +392,23 @@ def current_engine(store: str = "containerd"):
             assert down.returncode == 0, down.stderr
 
 
+@contextlib.contextmanager
+def containerd_client():
+    """(an SDK client of Docker 26 with the containerd store, the environment that points at it),
+    that environment set in os.environ meanwhile, as after `eval "$(python3 build.py engine)"`."""
+    from pytorch_cuda_build.engine import docker_env  # the host package, imported where a docker test needs it
+
+    with current_engine() as env, pytest.MonkeyPatch.context() as mp:
+        for key, value in env.items():
+            mp.setenv(key, value)
+        c = docker_env.client()
+        assert docker_env.image_store(c) == "containerd"
+        try:
+            yield c, env
+        finally:
+            c.close()
+
+
 def base_in_current_engine(current: dict[str, str], docker_client, row, tmp: Path) -> str:
     """The row's base rootfs in the current engine's store: built by mmdebstrap and loaded into 20.10
     if need be, then carried over with docker save | docker load. Its reference."""

@@ -13,11 +13,10 @@ import uuid
 import pytest
 
 from pytorch_cuda_build.buildkit import provenance
-from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.registry import attach
 from pytorch_cuda_build.stages import matrix, publish, sbom, security
 
-from helpers import build_small_oci, current_engine, project_copy, run_build_py, shown
+from helpers import build_small_oci, containerd_client, project_copy, run_build_py, shown
 
 pytestmark = [pytest.mark.docker]
 
@@ -27,13 +26,8 @@ CREATED = "2026-11-27T10:00:00Z"
 
 @pytest.fixture(scope="module")
 def engine():
-    with current_engine() as env, pytest.MonkeyPatch.context() as mp:
-        for key, value in env.items():
-            mp.setenv(key, value)
-        c = docker_env.client()
-        assert docker_env.image_store(c) == "containerd"
-        yield c, env
-        c.close()
+    with containerd_client() as engine:
+        yield engine
 
 
 def blob(reg, repo: str, digest: str) -> bytes:

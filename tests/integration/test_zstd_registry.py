@@ -22,7 +22,7 @@ from pytorch_cuda_build.registry import zstd
 from pytorch_cuda_build.registry.client import ZSTD_LAYER, Registry, RegistryAPI
 from pytorch_cuda_build.stages import matrix, publish, publish_index, tag
 
-from helpers import CURRENT_ENGINE_ENV, ROOT, build_small_oci, current_engine, one_error_line, require, shown
+from helpers import CURRENT_ENGINE_ENV, ROOT, build_small_oci, containerd_client, one_error_line, require, shown
 from registry import LocalRegistry
 
 pytestmark = [pytest.mark.docker]
@@ -48,13 +48,8 @@ def row(matrix_path) -> matrix.Image:
 def engine(docker_client):
     """An SDK client of Docker 26 with the containerd store, and the environment that points at it."""
     require(shutil.which("zstd"), "no zstd program (Debian: apt-get install zstd); publish --compression zstd uses it")
-    with current_engine() as env, pytest.MonkeyPatch.context() as mp:
-        for key, value in env.items():
-            mp.setenv(key, value)
-        c = docker_env.client()
-        assert docker_env.image_store(c) == "containerd"
-        yield c, env
-        c.close()
+    with containerd_client() as engine:
+        yield engine
 
 
 def build_small(tmp: Path, name: str, dockerfile: str, platform: str = "linux/amd64") -> str:
