@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,13 +31,16 @@ def start(tmp_path: Path, body: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(script)], env=env, cwd=tmp_path)
 
 
-def wait_for(path: Path, text: str, seconds: float = 240) -> str:  # a loaded host (an emulated build beside it) is slow to start Python
+def started_pid(path: Path, seconds: float = 240) -> int:
+    """The pid the sleeper printed in its log: its own line, `started <pid>`, not the command
+    line the log opens with, which holds the word too."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if path.exists() and text in path.read_text():
-            return path.read_text()
+        found = re.search(r"^started (\d+)$", path.read_text(), re.M) if path.exists() else None
+        if found:
+            return int(found.group(1))
         time.sleep(0.1)
-    raise AssertionError(f"{path} never said {text!r}")
+    raise AssertionError(f"{path} never said it started")
 
 
 def gone(pid: int) -> bool:
@@ -61,7 +65,7 @@ def test_a_smoke_suite_stopped_by_sigterm_reports_what_finished(tmp_path):
         cli.run_suite = run_suite
         sys.exit(cli.main(["--report", {str(report)!r}, "--manifest", "absent.json"]))
     """)
-    pid = int(wait_for(tmp_path / "out" / "logs" / "sleeper.log", "started").split()[-1])
+    pid = started_pid(tmp_path / "out" / "logs" / "sleeper.log")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=240) == 128 + signal.SIGTERM
     results = {r["check"]: r for r in json.loads(report.read_text())["results"]}
@@ -91,7 +95,7 @@ def test_gpucheck_stopped_by_sigterm_stops_its_child_gently_and_reports(tmp_path
         gpucheck.banner.query_gpus = lambda: None
         sys.exit(gpucheck.main(["--bundle", {str(bundle)!r}, "--report", {str(tmp_path / "r")!r}]))
     """)
-    wait_for(tmp_path / "r" / "logs" / "sleeper.log", "started")
+    started_pid(tmp_path / "r" / "logs" / "sleeper.log")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=90) == 128 + signal.SIGTERM
     assert marker.exists()  # SIGTERM first: a smoke suite gets to write its own report
