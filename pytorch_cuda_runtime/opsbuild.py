@@ -185,6 +185,8 @@ def main(argv=None):
     p.add_argument("--cache", type=Path, help="keep built wheels here, keyed by every input of the compile")
     p.add_argument("--seed", type=Path, help="read-only wheels built before, keyed the same way (the host's "
                    "copy: a --no-cache build gets an empty cache mount)")
+    p.add_argument("--epoch", type=int, help="rewrite the wheel's archive with every entry at this time "
+                   "(the image's SOURCE_DATE_EPOCH), so two compiles give one wheel; see canonical_wheel")
     p.add_argument("--arch-list", help="TORCH_CUDA_ARCH_LIST to compile for, e.g. 9.0: a check of one machine "
                    "(gpucheck.py) pays one arch; default: every arch of torch's that this nvcc compiles")
     a = p.parse_args(argv)
@@ -211,12 +213,41 @@ def main(argv=None):
     wheels = sorted(a.dist.glob("deepspeed-*.whl"))
     if len(wheels) != 1:
         fail(f"expected one DeepSpeed wheel in {a.dist}, found {len(wheels)}")
+    if a.epoch is not None:
+        canonical_wheel(wheels[0], a.epoch)  # a cached wheel too: one made before this step was added
     check_wheel(wheels[0], ops, a.cpu_arch)  # a cached wheel is proved again, like a new one
     if cached and not cached.exists():
         tmp = cached.with_name(cached.name + ".part")
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(a.dist, tmp)
         tmp.rename(cached)
+
+
+def canonical_wheel(wheel, epoch):
+    """Rewrite the wheel's zip archive so it depends on its files' contents alone.
+
+    bdist_wheel stamps each entry with its file's mtime, the compile's wall clock for the ops,
+    so two compiles with byte-identical files gave two archives. pip writes the archive's
+    sha256 into the installed dist-info (direct_url.json, and RECORD with it), so the image's
+    digest changed with every compile. Entry order, names and contents are kept (RECORD holds
+    the files' hashes, not the archive's, and stays valid); times become `epoch`, modes 0644 or
+    0755, and every entry is deflated at one level, so the bytes are the same on any machine
+    with this Python. An already canonical wheel is left untouched.
+    """
+    stamp = time.gmtime(max(epoch, 315532800))[:6]  # zip cannot hold a time before 1980
+    tmp = wheel.with_name(wheel.name + ".part")
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(tmp, "w") as out:
+        for info in src.infolist():
+            entry = zipfile.ZipInfo(info.filename, date_time=stamp)
+            entry.create_system = 3  # unix: the mode below is read by pip
+            mode = 0o755 if info.external_attr >> 16 & 0o111 else 0o644
+            entry.external_attr = (0o040000 | mode if info.is_dir() else 0o100000 | mode) << 16
+            entry.compress_type = zipfile.ZIP_DEFLATED
+            out.writestr(entry, src.read(info), compresslevel=6)
+    if tmp.read_bytes() == wheel.read_bytes():
+        tmp.unlink()
+    else:
+        tmp.replace(wheel)
 
 
 def cache_key(sdist, ops, cpu_arch):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -185,3 +186,63 @@ def test_the_arm64_baseline_takes_deepspeeds_neon_path_and_sve_is_caught(tmp_pat
     assert re.search(pattern, "  4005d4:\t04a00000 \tadd\tz0.s, z0.s, z0.s")
     assert re.search(pattern, "  4005d8:\t2598e3e0 \tptrue\tp0.s\n  4005dc:\ta540a000 \tld1w\t{z0.s}, p0/z, [x0]")
     assert not re.search(pattern, "  4005d4:\t4e20d400 \tfadd\tv0.4s, v0.4s, v0.4s\n  4005d8:\tfd400000 \tldr\td0, [x0]")
+
+
+# ---- the wheel's archive: one set of files gives one archive ---------------------------------
+
+def wheel_of(path: Path, times: tuple, mode: int, order: list[str]) -> Path:
+    """A wheel as bdist_wheel writes one: each entry stamped with its file's mtime."""
+    files = {"deepspeed/ops/adam/fused_adam_op.so": b"\x7fELF op", "deepspeed/__init__.py": b"x = 1\n",
+             "deepspeed-0.17.6.dist-info/RECORD": b"deepspeed/__init__.py,sha256=abc,6\n"}
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for name in order:
+            info = zipfile.ZipInfo(name, date_time=times)
+            info.external_attr = (0o100000 | (mode if name.endswith(".so") else 0o644)) << 16
+            z.writestr(info, files[name], compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
+    return path
+
+
+ORDER = ["deepspeed/__init__.py", "deepspeed/ops/adam/fused_adam_op.so", "deepspeed-0.17.6.dist-info/RECORD"]
+
+
+def test_two_compiles_with_the_same_files_give_one_wheel(tmp_path):
+    """The Docker 26 `verify --compile-ops` of 2026-11-28 differed only in pip's record of the
+    wheel archive's hash: bdist_wheel had stamped each entry with its compile's time."""
+    a = wheel_of(tmp_path / "a.whl", (2026, 11, 28, 0, 31, 2), 0o755, ORDER)
+    b = wheel_of(tmp_path / "b.whl", (2026, 11, 28, 0, 52, 40), 0o775, ORDER)
+    assert a.read_bytes() != b.read_bytes()
+    for w in (a, b):
+        opsbuild.canonical_wheel(w, 1767225600)
+    assert a.read_bytes() == b.read_bytes()
+    with zipfile.ZipFile(a) as z:
+        assert [i.filename for i in z.infolist()] == ORDER, "pip wants RECORD where bdist_wheel put it"
+        assert {i.date_time for i in z.infolist()} == {(2026, 1, 1, 0, 0, 0)}
+        assert z.getinfo("deepspeed/ops/adam/fused_adam_op.so").external_attr >> 16 == 0o100755
+        assert z.getinfo("deepspeed/__init__.py").external_attr >> 16 == 0o100644
+        assert z.read("deepspeed/ops/adam/fused_adam_op.so") == b"\x7fELF op"
+        assert z.testzip() is None
+
+
+def test_a_canonical_wheel_is_left_alone_and_other_contents_stay_other(tmp_path):
+    a = wheel_of(tmp_path / "a.whl", (2026, 11, 28, 0, 31, 2), 0o755, ORDER)
+    opsbuild.canonical_wheel(a, 1767225600)
+    before = a.stat().st_mtime_ns, a.read_bytes()
+    opsbuild.canonical_wheel(a, 1767225600)
+    assert (a.stat().st_mtime_ns, a.read_bytes()) == before
+    assert not list(tmp_path.glob("*.part"))
+    # A real difference in the files must still give another archive.
+    c = wheel_of(tmp_path / "c.whl", (2026, 11, 28, 0, 31, 2), 0o755, ORDER[::-1])
+    opsbuild.canonical_wheel(c, 1767225600)
+    assert c.read_bytes() != a.read_bytes()
+
+
+def test_with_epoch_a_wheel_from_the_seed_is_made_canonical_too(tmp_path, no_compile):
+    """The host's seed and the ops cache hold wheels made before the rewrite: taking one must
+    give the archive a fresh compile gives, or two machines' images differ."""
+    seeded = wheel_of(tmp_path / "w.whl", (2026, 11, 20, 9, 0, 0), 0o755, ORDER).read_bytes()
+    entry(tmp_path / "seed", "k" * 64, seeded)
+    dist = main(tmp_path, "--seed", str(tmp_path / "seed"), "--epoch", "1767225600")
+    fresh = wheel_of(tmp_path / "fresh.whl", (2026, 11, 28, 1, 0, 0), 0o755, ORDER)
+    opsbuild.canonical_wheel(fresh, 1767225600)
+    assert (dist / "deepspeed-0.17.6-cp311-cp311-linux_x86_64.whl").read_bytes() == fresh.read_bytes()
+    assert (tmp_path / "cache" / ("k" * 64) / "deepspeed-0.17.6-cp311-cp311-linux_x86_64.whl").read_bytes() == fresh.read_bytes()
