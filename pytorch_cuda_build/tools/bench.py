@@ -289,7 +289,7 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
         (out_dir / "sizes.svg").write_text(report.svg_bars(f"Image size, {image.name}", "GB", [
             ("floor (base + locked env)", s["floor"] / 1e9), ("this tool", s["image"] / 1e9), ("naive Dockerfile", s["naive"] / 1e9)]
             + ([("naive, DS_BUILD_* ops", s["naive_ops"] / 1e9)] if "naive_ops" in s else [])))
-    if "cold" in r:
+    if "cold" in r and r["cold"].get("naive_s"):
         cd = r["cold"]
         (out_dir / "cold-build.svg").write_text(report.svg_bars(f"Cold build, {image.name} (median)", "min", [
             ("this tool", statistics.median(cd["ours_s"]) / 60),
@@ -378,12 +378,16 @@ def _exists(c, ref: str) -> bool:
 def _cold(c, image: Image, root: Path, bc, ca: str | None, cold_runs: int, buildpy: list[str], row: list[str],
           log: Callable[[str], None], chosen: dict) -> tuple[dict, dict]:
     """Cold builds from an empty build cache: this tool (through build.py, no tests), the naive
-    Dockerfile, and the naive Dockerfile that prebuilds the same ops with DS_BUILD_*."""
-    r: dict = {}
-    r["cold"] = {"ours_s": [], "ours_ops_s": [], "ours_cpu_ops_s": [], "ours_python_env_s": [], "naive_s": [],
-                 "naive_ops_s": []}
+    Dockerfile, and the naive Dockerfile that prebuilds the same ops with DS_BUILD_*.
+
+    The naive Dockerfiles are the runtime image's baselines (one pip install of torch and
+    DeepSpeed); another flavor's cold build is measured alone, with its extras' compile."""
+    r: dict = {"size": {}}
+    r["cold"] = {"ours_s": [], "ours_ops_s": [], "ours_cpu_ops_s": [], "ours_python_env_s": [], "ours_te_s": [],
+                 "naive_s": [], "naive_ops_s": []}
+    naive = image.flavor == "runtime"
     naive_ref = f"pytorch-cuda-bench-naive:{image.name}"
-    naive_ops = naive_ops_dockerfile(image, render.base_ref(image), root / "images" / image.name)
+    naive_ops = naive and naive_ops_dockerfile(image, render.base_ref(image), root / "images" / image.name)
     for k in range(cold_runs):
         # Truly cold: no layer cache and no wheelhouse (a cache mount --no-cache would keep).
         _empty_build_cache(bc)
@@ -393,21 +397,26 @@ def _cold(c, image: Image, root: Path, bc, ca: str | None, cold_runs: int, build
         r["cold"]["ours_ops_s"].append(sum(s["seconds"] for s in st if s["stage"] == "ops-builder"))
         r["cold"]["ours_python_env_s"].append(sum(s["seconds"] for s in st if s["stage"] == "python-env"))
         r["cold"]["ours_cpu_ops_s"].append(sum(s["seconds"] for s in st if "env -u TORCH_EXTENSIONS_DIR" in s["cmd"]))
+        r["cold"]["ours_te_s"].append(sum(s["seconds"] for s in st if s["stage"] == "te-builder"))
+        if not naive:
+            continue
         log(f"bench: naive cold build {k + 1}/{cold_runs}")
-        naive = NAIVE.format(base=render.base_ref(image), torch=image.torch, deepspeed=image.deepspeed)
-        r["cold"]["naive_s"].append(_naive_build(bc, ca, naive, naive_ref))
+        dockerfile = NAIVE.format(base=render.base_ref(image), torch=image.torch, deepspeed=image.deepspeed)
+        r["cold"]["naive_s"].append(_naive_build(bc, ca, dockerfile, naive_ref))
         if naive_ops:
             # --no-cache, and no cache mounts: cold without emptying the cache, so this tool's
             # layers stay for the tested build that follows.
             log(f"bench: naive cold build with DS_BUILD_* ops {k + 1}/{cold_runs}")
             r["cold"]["naive_ops_s"].append(_naive_build(bc, ca, naive_ops, naive_ref + "-ops"))
-    r["size"] = {"naive": image_size(c, naive_ref)}
+    c.images.remove(build.candidate_ref(image), noprune=False)
+    cold = r["cold"]
+    if not naive:
+        return cold, r["size"]
+    r["size"]["naive"] = image_size(c, naive_ref)
     c.images.remove(naive_ref)
     if naive_ops:
         r["size"]["naive_ops"] = image_size(c, naive_ref + "-ops")
         c.images.remove(naive_ref + "-ops")
-    c.images.remove(build.candidate_ref(image), noprune=False)
-    cold = r["cold"]
     cold["ratio_to_naive"] = statistics.median(cold["ours_s"]) / statistics.median(cold["naive_s"])
     cold["ratio_to_naive_without_ops"] = (statistics.median(cold["ours_s"]) - statistics.median(cold["ours_ops_s"])) / statistics.median(cold["naive_s"])
     if cold["naive_ops_s"]:

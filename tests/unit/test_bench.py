@@ -232,3 +232,17 @@ def test_a_rebuild_keeps_the_last_build_that_built_beside_it(tmp_path):
     log.write_text(CACHED_LOG)  # every step from the cache: .previous keeps the build that built
     assert build._stream(["sh", "-c", "echo the third"], {"PATH": "/usr/bin:/bin"}, log, False) == 0
     assert (tmp_path / "build.previous.log").read_text() == LOG
+
+
+def test_a_train_flavors_cold_build_is_reported_alone_with_its_compiles():
+    """The naive Dockerfiles are the runtime's baselines: a train image's cold build has none,
+    and its report gives the time and the stages that compile, not a ratio to nothing."""
+    r = {"image": "2.11.0-cuda13.0-train", "date": "2026-11-28 03:00 UTC", "cpus": 2, "runs": 1, "cold_runs": 1,
+         "cold": {"ours_s": [2400.0], "ours_ops_s": [1500.0], "ours_te_s": [1300.0], "ours_python_env_s": [300.0],
+                  "ours_cpu_ops_s": [150.0], "naive_s": [], "naive_ops_s": []}}
+    md = bench_report.report_markdown(r)
+    assert "| cold build, this tool: empty build cache and wheelhouse, ops compiled (DeepSpeed ops stage 1500 s, " \
+           "Transformer Engine stage 1300 s, locked wheels 300 s, partly side by side) | 2400 s (40 min) |" in md
+    assert "naive" not in md.split("| series (s)")[0].replace("(naive builds none)", "")
+    assert "|   of which Transformer Engine's extension | 1300.00 |" in md
+    assert "cold-build.svg" not in md
