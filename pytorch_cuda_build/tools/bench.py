@@ -202,8 +202,9 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
         save()
     else:
         r["cold"] = report.previous(out_dir / "report.json", image, "cold")  # ratios to the last measured cold build
-    if only - set(OWN_BUILDS):
+    if only - set(OWN_BUILDS) - {"cold"}:
         # After the cold builds, which leave the layer cache warm: only the tests run here then.
+        # The measures below read the tested image; the cold builds alone need no tests.
         log("bench: making sure the row is built and tested")
         timed(buildpy + row + ["--quiet"], env=chosen)
     if "rebuild" in only:
