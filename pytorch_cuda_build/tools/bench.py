@@ -497,7 +497,8 @@ def run(c, m, image: Image, root: Path, only: set[str], runs: int, cold_runs: in
     if every and only == {"arm64"}:  # the platforms' own builds: nothing else is built or run
         return report.platforms_markdown(platforms(c, image, root, docker_env.build_client(docker), root / "bench", log))
     ref = image.refs()[0]
-    if not (every and only <= set(OWN_BUILDS)) and tag.current(c, image)[ref] is None:
+    # The cold builds make their own image; the other measures read the built and tested one.
+    if not (every and only <= {*OWN_BUILDS, "cold"}) and tag.current(c, image)[ref] is None:
         raise UsageError(f"no image {ref}; build it first")
     if not every:
         return report.markdown(banner(image, ref, runs, root / "build-results" / "bench", docker_cli=docker_env.docker_cli(docker)))
