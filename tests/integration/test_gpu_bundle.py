@@ -21,7 +21,7 @@ from helpers import ROOT, run_build_py, run_image, shown
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.network,
               # The bundle's run compiles the ops again (for one arch) and runs the CPU checks: about 6 min
-              # on 2 cores beyond the devel build, which test_gpu_ready does anyway. The bundle's making
+              # on 2 cores beyond the devel build (test_gpu_ready's, also on request). The bundle's making
               # and its files are in the unit tier (tests/unit/test_gpubundle.py).
               pytest.mark.skipif(os.environ.get("PYTORCH_CUDA_TEST_GPU_BUNDLE") != "1",
                                  reason="about 6 min on 2 cores: on request, PYTORCH_CUDA_TEST_GPU_BUNDLE=1")]
