@@ -30,7 +30,8 @@ from pathlib import Path
 PLAIN, RAWJSON = "plain", "rawjson"
 
 _VERTEX = re.compile(r"^#(\d+) \[([^\]]+)\] (.*)$")
-_POSITION = re.compile(r"^(?:(\S+) )?(\d+)/(\d+)$")  # "ops-builder 3/5", or "3/5" in an unnamed stage
+# "ops-builder 3/5", or "3/5" in an unnamed stage; BuildKit pads k to M's width ("train  2/15").
+_POSITION = re.compile(r"^(?:(\S+) +| *)(\d+)/(\d+)$")
 _DONE = re.compile(r"^#(\d+) DONE (\d+(?:\.\d+)?)s$")
 _CACHED = re.compile(r"^#(\d+) CACHED$")
 _ERROR = re.compile(r"^#(\d+) (?:ERROR:? ?(.*)|CANCELED)$")

@@ -139,6 +139,12 @@ def naive_ops_dockerfile(image: Image, base: str, lock_dir: Path) -> str | None:
                             ds_build=ds_build)
 
 
+def cpu_ops_step(s: dict) -> bool:
+    """The step that compiles the CPU accelerator's ops: the one that binds ninjalogs.py first
+    (steps() keeps 120 characters of a command, too few to reach cpuops.py or its env line)."""
+    return s["cmd"].startswith("RUN --mount=type=bind,source=pytorch_cuda_runtime/ninjalogs.py")
+
+
 def steps(build_log: str) -> list[dict]:
     """Every Dockerfile step of a saved BuildKit log: stage, command, seconds, cached."""
     return progress.steps(build_log)
@@ -242,7 +248,7 @@ def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_run
         text = progress.readable((root / "build-results" / image.name / "build.log").read_text())
         st = steps(text)
         r["opscache"] = {"seconds": t, "ops_step_s": sum(s["seconds"] for s in st if s["stage"] == "ops-builder"),
-                         "cpu_ops_s": sum(s["seconds"] for s in st if "env -u TORCH_EXTENSIONS_DIR" in s["cmd"]),
+                         "cpu_ops_s": sum(s["seconds"] for s in st if cpu_ops_step(s)),
                          "served_from_cache": "nothing compiled" in text}
         if r.get("cold"):
             r["opscache"]["cold_ops_step_s"] = statistics.median(r["cold"]["ours_ops_s"])
@@ -332,7 +338,7 @@ def _platform_figures(results: Path) -> dict | None:
             # The saved command is cut at 120 characters. The op compile is the ops-builder step with two
             # cache mounts (the wheelhouse and the ops cache); the CPU ops' step binds ninjalogs.py first.
             "ops_s": ran(lambda s: s["stage"] == "ops-builder" and s["cmd"].count("--mount=type=cache") == 2),
-            "cpu_ops_s": ran(lambda s: s["cmd"].startswith("RUN --mount=type=bind,source=pytorch_cuda_runtime/ninjalogs.py")),
+            "cpu_ops_s": ran(cpu_ops_step),
             "apt_s": ran(lambda s: s["stage"] == "base" and s["cmd"].startswith("RUN")),
             "smoke_s": smoke.get("seconds"), "smoke_checks": smoke.get("summary")}
 
@@ -397,7 +403,7 @@ def _cold(c, image: Image, root: Path, bc, ca: str | None, cold_runs: int, build
         st = steps((root / "build-results" / image.name / "build.log").read_text())
         r["cold"]["ours_ops_s"].append(sum(s["seconds"] for s in st if s["stage"] == "ops-builder"))
         r["cold"]["ours_python_env_s"].append(sum(s["seconds"] for s in st if s["stage"] == "python-env"))
-        r["cold"]["ours_cpu_ops_s"].append(sum(s["seconds"] for s in st if "env -u TORCH_EXTENSIONS_DIR" in s["cmd"]))
+        r["cold"]["ours_cpu_ops_s"].append(sum(s["seconds"] for s in st if cpu_ops_step(s)))
         r["cold"]["ours_te_s"].append(sum(s["seconds"] for s in st if s["stage"] == "te-builder"))
         if not naive:
             continue

@@ -246,3 +246,17 @@ def test_a_train_flavors_cold_build_is_reported_alone_with_its_compiles():
     assert "naive" not in md.split("| series (s)")[0].replace("(naive builds none)", "")
     assert "|   of which Transformer Engine's extension | 1300.00 |" in md
     assert "cold-build.svg" not in md
+
+
+def test_the_cpu_ops_step_is_found_in_every_flavors_dockerfile():
+    """The cold figures name the CPU accelerator's ops step by its command as BuildKit logs it
+    (cut to 120 characters): read from the rendered Dockerfiles, so a template change that moves
+    it is caught here, not by a report that says 0 s."""
+    for name in ("2.7.1-cuda12.1-runtime", "2.11.0-cuda13.0-train"):
+        text = (ROOT / "images" / name / "Dockerfile").read_text()
+        runs = [" ".join(line.strip() for line in block.splitlines()).replace("\\ ", "")
+                for block in text.split("\nRUN ")[1:]]
+        ops = [r for r in runs if "cpuops.py" in r]
+        assert len(ops) == 1, name
+        log = f"#43 [x  2/15] RUN {ops[0]}\n#43 DONE 230.7s\n"
+        assert [s["seconds"] for s in bench.steps(log) if bench.cpu_ops_step(s)] == [230.7], name

@@ -232,3 +232,12 @@ def test_a_rawjson_step_that_never_ended_reads_not_finished_never_done_0s(tmp_pa
     log = tmp_path / "build.log"
     log.write_text(text)
     assert progress.log_tail(log).splitlines()[-1] == f"#{ran[7:19]} NOT FINISHED after 12.3s"  # what a user sees after Ctrl-C
+
+
+def test_a_stage_of_ten_steps_or_more_keeps_its_padded_steps():
+    """BuildKit pads k to M's width: `[train  2/15]`. Read as no position, the bench dropped the
+    train stage's first nine steps (the CPU ops' 230 s among them) from a cold build's figures."""
+    log = ("#43 [train  2/15] RUN env -u TORCH_EXTENSIONS_DIR python /tmp/cpuops.py\n#43 DONE 230.7s\n\n"
+           "#44 [ 3/12] RUN true\n#44 DONE 1.0s\n\n#45 [train 10/15] RUN pip check\n#45 DONE 2.0s\n")
+    assert [(s["stage"], s["seconds"]) for s in bench.steps(log)] == [("train", 230.7), ("train", 2.0)]
+    assert progress.Step("44", " 3/12", "RUN true").position == ("", 3, 12)
