@@ -336,7 +336,7 @@ def _platform_figures(results: Path) -> dict | None:
             "build_s": sum(s["seconds"] for s in built),
             "python_env_s": ran(lambda s: s["stage"] == "python-env"),
             # The saved command is cut at 120 characters. The op compile is the ops-builder step with two
-            # cache mounts (the wheelhouse and the ops cache); the CPU ops' step binds ninjalogs.py first.
+            # cache mounts (the wheelhouse and the ops cache); cpu_ops_step says how the CPU ops' is found.
             "ops_s": ran(lambda s: s["stage"] == "ops-builder" and s["cmd"].count("--mount=type=cache") == 2),
             "cpu_ops_s": ran(cpu_ops_step),
             "apt_s": ran(lambda s: s["stage"] == "base" and s["cmd"].startswith("RUN")),
