@@ -111,7 +111,7 @@ def default_build(docker_client, tmp_path_factory):
 @pytest.fixture(scope="session")
 def default_oci_layout(default_build):
     """The default row's image as an OCI layout (skopeo copy from the daemon, about 3 min), made
-    once per session for the tests that move it to another runtime (Slurm's bundle, Podman).
+    once per session for the tests that move it to another runtime (Podman: on request).
     Under /var/tmp and readable by all: Podman's rootless user reads it, and pytest's own
     temporary root is private to root. Yields (layout, tag)."""
     from helpers import require, shown
@@ -127,6 +127,28 @@ def default_oci_layout(default_build):
         yield d / "layout", "v2.7"
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def session_registry(tmp_path_factory):
+    """A registry on 127.0.0.1 (Debian's docker-registry) for the whole session: the default row's
+    one push goes here (default_published). Modules that stop or restart it start it again."""
+    from registry import LocalRegistry, require_binary
+    require_binary()
+    reg = LocalRegistry(tmp_path_factory.mktemp("session-registry")).start()
+    yield reg
+    reg.stop()
+
+
+@pytest.fixture(scope="session")
+def default_published(default_build, docker_client, session_registry, tmp_path_factory):
+    """The session's build of the default row, published and signed to session_registry's "ml"
+    namespace through a registry stop (published.through_a_stop): the one push of the 6.5 GB
+    image a session makes for the tests that read a published image."""
+    from published import DEFAULT, through_a_stop
+
+    image_id = docker_client.images.get(DEFAULT.refs()[0]).id
+    return through_a_stop(session_registry, docker_client, image_id, tmp_path_factory.mktemp("signing"))
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,8 @@
 """Publishing the tested (2.7, 12.1) image to a real registry on 127.0.0.1.
 
-The registry is Debian's docker-registry, started here; the tests stop it mid-push,
-put it in read-only mode and put it behind htpasswd, and check that no moving tag (the
-row's name, the aliases) moves before the dated immutable tag is verified in place, and
+The registry is Debian's docker-registry, the session's (conftest.session_registry); the tests
+stop it mid-push, put it in read-only mode and put it behind htpasswd, and check that no moving
+tag (the row's name, the aliases) moves before the dated immutable tag is verified in place, and
 that a retry completes the job. That a dated tag never moves: test_immutable_tag.py.
 """
 from __future__ import annotations
@@ -18,17 +18,19 @@ import docker.errors
 import pytest
 
 from pytorch_cuda_build.registry import attach
-from pytorch_cuda_build.stages import matrix, tag
+from pytorch_cuda_build.stages import gate, tag
 from pytorch_cuda_build.stages import publish as publishing
 
 from helpers import ROOT, image_exists, run_build_py, shown
+from published import DEFAULT, RESULTS, publish, remote_state
 from registry import LocalRegistry
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-DEFAULT = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
-RESULTS = ROOT / "build-results" / DEFAULT.name
-FAST = {"PYTORCH_CUDA_RETRY_BACKOFF": "0.2"}
+
+@pytest.fixture(scope="module")
+def registry(session_registry):
+    return session_registry
 
 
 @pytest.fixture(scope="module")
@@ -38,35 +40,16 @@ def image_id(docker_client, default_build):
 
 
 @pytest.fixture(scope="module")
-def all_tags(docker_client, image_id) -> list[str]:
+def all_tags(default_published) -> list[str]:
     """Every tag a publish of the row sets: the dated immutable one first, then the moving ones."""
-    labels = docker_client.images.get(image_id).labels
-    return [publishing.dated_tag(DEFAULT, labels, DEFAULT.refs()[0]), *DEFAULT.tags]
-
-
-SIGNING = {"PYTORCH_CUDA_SIGN_PASSPHRASE": "publish test passphrase"}
+    return default_published.tags
 
 
 @pytest.fixture(scope="module")
-def signing(tmp_path_factory) -> dict:
-    """A key made as a user makes one, and the lookaside directory publish signs into."""
-    tmp = tmp_path_factory.mktemp("signing")
-    made = run_build_py(ROOT, "signing-key", str(tmp / "key"), env=SIGNING)
-    assert made.returncode == 0, shown(made)
-    return {"key": tmp / "key", "lookaside": tmp / "lookaside", "stdout": ""}
-
-
-@pytest.fixture(scope="module")
-def pushed(registry, image_id, all_tags, signing) -> dict:
-    """The row published and signed to the "ml" namespace by this fixture itself (tests that read
-    a published image ask for it; none relies on another test's push): published.json's record."""
-    proc = publish(registry.address("ml"), "--push", "--sign-key", str(signing["key"]), "--signatures", str(signing["lookaside"]),
-                   env=SIGNING)
-    assert proc.returncode == 0, shown(proc)
-    signing["stdout"] = proc.stdout
-    published = json.loads((RESULTS / "published.json").read_text())
-    assert published["image_id"] == image_id and published["tags"] == all_tags
-    return published
+def pushed(default_published) -> dict:
+    """published.json's record of the session's one publish of the row (conftest.default_published:
+    the registry stopped under its first run, a second run completing it, signed)."""
+    return default_published.record
 
 
 def test_publish_attaches_the_rows_sbom_beside_its_image(registry, pushed):
@@ -80,32 +63,18 @@ def test_publish_attaches_the_rows_sbom_beside_its_image(registry, pushed):
     assert artifact["layers"][0]["digest"] == "sha256:" + hashlib.sha256((RESULTS / "sbom.cdx.json").read_bytes()).hexdigest()
 
 
-def test_publish_signs_the_rows_image_under_its_dated_tag(registry, pushed, signing, all_tags):
+def test_publish_signs_the_rows_image_under_its_dated_tag(registry, pushed, default_published, all_tags):
     """The signature publish wrote: GPG-signed by the key, naming the pushed manifest digest and
     the dated tag as its identity (the policy's checks on small images: test_signing.py)."""
     digest = pushed["digest"]
-    path = signing["lookaside"] / "ml" / f"{DEFAULT.repository}@{digest.replace(':', '=')}" / "signature-1"
-    assert f"signed {registry.address('ml')}/{DEFAULT.repository}@{digest} as :{all_tags[0]}: {path}" in signing["stdout"]
-    home = signing["key"] / "gnupg"
+    path = default_published.lookaside / "ml" / f"{DEFAULT.repository}@{digest.replace(':', '=')}" / "signature-1"
+    assert f"signed {registry.address('ml')}/{DEFAULT.repository}@{digest} as :{all_tags[0]}: {path}" in default_published.retry.stdout
+    home = default_published.key / "gnupg"
     out = subprocess.run(["gpg", "--homedir", str(home), "--batch", "--decrypt", str(path)], capture_output=True)
     assert out.returncode == 0 and b"Good signature" in out.stderr, out.stderr
     payload = json.loads(out.stdout)
     assert payload["critical"]["image"]["docker-manifest-digest"] == digest
     assert payload["critical"]["identity"]["docker-reference"] == f"{registry.address('ml')}/{DEFAULT.repository}:{all_tags[0]}"
-
-
-def publish(address: str, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return run_build_py(ROOT, "publish", "--torch", "2.7", "--cuda", "12.1", "--registry", address, *extra,
-                        env={**FAST, **(env or {})}, timeout=1800)
-
-
-def remote_state(reg: LocalRegistry, namespace: str, tags: list[str]) -> dict[str, str | None]:
-    """tag -> config digest (the image ID it holds) in the registry, None if absent."""
-    out = {}
-    for name in tags:
-        found = reg.manifest(f"{namespace}/{DEFAULT.repository}", name)
-        out[name] = found[1]["config"]["digest"] if found else None
-    return out
 
 
 def test_dry_run_prints_the_moves_and_pushes_nothing(registry, image_id, all_tags):
@@ -118,30 +87,18 @@ def test_dry_run_prints_the_moves_and_pushes_nothing(registry, image_id, all_tag
 
 
 @pytest.mark.fault
-def test_registry_stopped_mid_push_moves_no_alias_and_a_retry_completes(registry, image_id, all_tags, docker_client):
-    proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "publish", "--torch", "2.7", "--cuda", "12.1",
-                             "--registry", registry.address("mid"), "--push", "--retries", "2"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **FAST})
-    assert registry.wait_for_log("POST /v2/mid/pytorch-cuda/blobs/uploads/", timeout=300), registry.log.read_text()[-2000:]
-    registry.stop()  # killed while layers upload
-    out, err = proc.communicate(timeout=900)
-    assert proc.returncode == 1, f"exit {proc.returncode}\n{out}\n{err}"
+def test_registry_stopped_mid_push_moves_no_alias_and_a_retry_completes(registry, image_id, all_tags, pushed, default_published):
+    stopped = default_published.stopped  # the run the registry was stopped under (published.through_a_stop)
+    err = stopped["stderr"]
+    assert stopped["returncode"] == 1, f"exit {stopped['returncode']}\n{stopped['stdout']}\n{err}"
     assert "stopped at" in err and "Tags now:" in err, err
-    assert f"{registry.address('mid')}/pytorch-cuda:v2.7: unknown (registry 127.0.0.1" in err, err
-    assert not docker_client.images.list(name=f"{registry.host}/mid/pytorch-cuda")  # no local push tag left
+    assert f"{registry.address('ml')}/pytorch-cuda:v2.7: unknown (registry 127.0.0.1" in err, err
+    assert stopped["push_tags_left"] == []  # no local push tag left
+    assert all(stopped["remote"][t] is None for t in DEFAULT.tags), stopped["remote"]  # the name and the aliases never moved
 
-    registry.start()
-    state = remote_state(registry, "mid", all_tags)
-    assert all(state[t] is None for t in DEFAULT.tags), state  # the name and the aliases never moved
-
-    again = publish(registry.address("mid"), "--push")
-    assert again.returncode == 0, shown(again)
-    assert again.stdout.count("pushed, verified") == 4, again.stdout
-    assert remote_state(registry, "mid", all_tags) == {t: image_id for t in all_tags}
-    published = json.loads((RESULTS / "published.json").read_text())
-    assert published["image_id"] == image_id and published["tags"] == all_tags
-    assert registry.manifest("mid/pytorch-cuda", published["digest"])[0] == published["digest"]
+    assert default_published.retry.stdout.count("pushed, verified") == 4, default_published.retry.stdout
+    assert remote_state(registry, "ml", all_tags) == {t: image_id for t in all_tags}
+    assert registry.manifest("ml/pytorch-cuda", pushed["digest"])[0] == pushed["digest"]
 
 
 def test_republish_is_idempotent(registry, pushed):
@@ -231,20 +188,25 @@ def test_the_base_is_published_under_the_id_the_row_names(registry, image_id, pu
     assert by_digest is not None and by_digest[0] == digest
 
 
-def test_published_image_pulled_back_by_digest_passes_its_smoke_suite(registry, image_id, pushed, docker_client):
-    """Done-when of the publish issue: delete the image here, pull it by digest, test it."""
-    published = pushed
-    by_digest = f"{published['repository']}@{published['digest']}"
+def test_published_image_pulled_back_by_digest_is_the_tested_image_and_runs(registry, image_id, pushed, docker_client):
+    """Delete the image here, pull it by digest: the image ID that comes back is the one that
+    passed the session's smoke and structure tests (the ID is the digest of the config, which
+    names every layer's content), and it starts and imports the stack. Its smoke suite again
+    would test the same bytes a second time (minutes of CI: `build.py test --image` does it by hand)."""
+    by_digest = f"{pushed['repository']}@{pushed['digest']}"
     docker_client.images.remove(image_id, force=True)
     try:
         pulled = docker_client.images.pull(by_digest)
         assert pulled.id == image_id  # the very image that passed, byte for byte
-        proc = run_build_py(ROOT, "test", "--torch", "2.7", "--cuda", "12.1", "--image", by_digest, timeout=1800)
-        assert proc.returncode == 0, shown(proc)
-        assert "passed the smoke and structure tests" in proc.stdout
+        assert tag.reusable_pass(image_id, False, gate.code_hash(ROOT)), "no pass record of this session for the pulled ID"
+        out = docker_client.containers.run(by_digest, ["python", "-c", "import torch, deepspeed; print(torch.__version__, deepspeed.__version__)"],
+                                           remove=True, environment={"PYTORCH_CUDA_NO_BANNER": "1"}).decode()
+        torch, deepspeed = out.splitlines()[-1].split()  # the last line: DeepSpeed's import logs to stdout
+        assert (torch.split("+")[0], deepspeed) == (DEFAULT.torch, DEFAULT.deepspeed), out
     finally:  # put the public tags back on the (identical) image, or rebuild if the pull failed
         if image_exists(docker_client, image_id):
             tag.promote(docker_client, DEFAULT, image_id)
+            docker_client.images.remove(by_digest, noprune=True)  # the pull's repo@digest entry; the image keeps its tags
         else:
             restored = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.1", "--quiet", timeout=3600)
             assert restored.returncode == 0, shown(restored)

@@ -12,8 +12,9 @@ Everything else is real: Slurm, munge, runc --rootless, umoci, the wrapper as in
 (/usr/local/libexec/pytorch-cuda-oci-gpus), the default row's image.
 
 The user makes the bundle as the script's header says, `bash NAME.sbatch --make-bundle`, with the
-image from PYTORCH_CUDA_IMAGE_SOURCE (the session's OCI layout of the local, unpublished image),
-with a clean environment: no checkout on PYTHONPATH, no Docker.
+image from PYTORCH_CUDA_IMAGE_SOURCE: the default row's image by digest in the session's registry
+on 127.0.0.1, where publish pushed it (conftest.default_published), with a clean environment: no
+checkout on PYTHONPATH, no Docker.
 
 The job is tests/data/k8s_replay/train.py in the submit directory: ZeRO-3 through torchrun and
 deepspeed.initialize, then FSDP2, on CPU ranks over gloo (the stand-in GPUs compute nothing), two
@@ -144,12 +145,19 @@ def as_user(user, cwd: Path, *cmd: str, env: dict[str, str] | None = None, timeo
 
 
 @pytest.fixture(scope="module")
-def bundle(default_oci_layout, submit, user) -> Path:
-    """The bundle, made by the user with the documented script and nothing else."""
-    layout, tag = default_oci_layout
+def bundle(default_published, session_registry, submit, user) -> Path:
+    """The bundle, made by the user with the documented script and nothing else, from the
+    session's registry on 127.0.0.1 by the digest publish pushed (as a site pulls its image; plain
+    HTTP, which the user's registries.conf allows for that registry alone)."""
+    conf = Path(user.pw_dir) / ".config" / "containers" / "registries.conf"
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    conf.write_text(f'[[registry]]\nlocation = "{session_registry.host}"\ninsecure = true\n')
+    for p in (conf.parent.parent, conf.parent, conf):
+        os.chown(p, user.pw_uid, user.pw_gid)
+    record = default_published.record
     t0 = time.monotonic()
     proc = as_user(user, submit, "bash", "pytorch-cuda-2-7.sbatch", "--make-bundle",
-                   env={"PYTORCH_CUDA_IMAGE_SOURCE": f"oci:{layout}:{tag}"}, timeout=1200)
+                   env={"PYTORCH_CUDA_IMAGE_SOURCE": f"docker://{record['repository']}@{record['digest']}"}, timeout=1200)
     assert proc.returncode == 0, shown(proc)
     print(f"bundle: --make-bundle as {user.pw_name} took {time.monotonic() - t0:.0f} s")
     made = Path(proc.stdout.strip().splitlines()[-1].removeprefix("bundle: "))
