@@ -20,9 +20,16 @@ Hermetic by construction, for the whole session and every build.py it starts:
                               committed locks are re-resolved.
   PYTORCH_CUDA_RUN_ID         the label value of every container the session's runs make
                               (pytorch-cuda.run=<id>), so tests count only their own.
+
+`build.py selftest` without arguments runs the integration tier as two pytest lanes at once
+(tools/selftest.py): the engine26 tests in one, the rest in the main lane. What they share is
+made safe here: the main lane says when the default build is over (the engine26 lane starts
+then), and the one test that kills the 20.10 daemon runs last and waits until the engine26 lane,
+which uses that daemon too, has ended (a lock it holds shared).
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import stat
@@ -61,6 +68,41 @@ def pytest_unconfigure(config):
 # The markers (network, docker, gpu, slow, fault) are declared in pyproject.toml.
 
 
+def pytest_collection_modifyitems(items):
+    """The tests that kill the daemon last: nothing after them meets a restarted daemon, and the
+    engine26 lane has the longest time to end first."""
+    items.sort(key=lambda item: item.get_closest_marker("daemon_kill") is not None)  # stable: the rest keep their order
+
+
+@pytest.fixture(scope="session", autouse=True)
+def daemon_shared():
+    """In the engine26 lane, the 20.10 daemon kept alive for the whole lane: a shared hold on the
+    lanes' lock, which the test that kills the daemon takes alone (daemon_alone)."""
+    from pytorch_cuda_build.tools.selftest import DAEMON_LOCK_ENV, ENGINE26, LANE_ENV
+
+    path = os.environ.get(DAEMON_LOCK_ENV)
+    if not path or os.environ.get(LANE_ENV) != ENGINE26:
+        yield
+        return
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        yield
+
+
+@pytest.fixture
+def daemon_alone():
+    """The 20.10 daemon to this test alone: it waits until no other lane holds the lanes' lock."""
+    from pytorch_cuda_build.tools.selftest import DAEMON_LOCK_ENV
+
+    path = os.environ.get(DAEMON_LOCK_ENV)
+    if not path:
+        yield
+        return
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def pytest_terminal_summary(terminalreporter):
     """How many fault-injection scenarios ran and passed (issue: faults, interruption, concurrency)."""
     counts: dict[str, int] = {}
@@ -97,10 +139,15 @@ def default_build(docker_client, tmp_path_factory):
     The process (stdout, stderr) and `results`: a copy of build-results/<row> taken right after
     this build, because every later build.py run of the row writes that folder again."""
     from pytorch_cuda_build.stages import matrix
+    from pytorch_cuda_build.tools.selftest import BUILT_ENV
 
     from helpers import run_build_py, shown
 
-    proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.1", "--quiet", "--retest", timeout=5400)
+    try:
+        proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.1", "--quiet", "--retest", timeout=5400)
+    finally:  # over, passed or not: the engine26 lane may start (selftest)
+        if os.environ.get(BUILT_ENV):
+            Path(os.environ[BUILT_ENV]).touch()
     assert proc.returncode == 0, shown(proc)
     row = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
     results = tmp_path_factory.mktemp("default-build") / row.name

@@ -372,8 +372,12 @@ def current_engine(store: str = "containerd"):
     as they do everywhere else."""
     import shlex
 
+    from pytorch_cuda_build.tools.selftest import ENGINE26, LANE_ENV
+
     if os.geteuid() != 0:  # a skip by design, not missing(): CI's hosted runners run the suite unprivileged
         pytest.skip("starting a second engine needs root (a CI runner's own engine is used there instead)")
+    if os.environ.get(LANE_ENV, ENGINE26) != ENGINE26:  # the other lane would stop it under this test, or this one under it
+        pytest.fail(f"this test starts Docker 26 and is not marked {ENGINE26}: the whole suite runs such tests in their own lane")
     proc = run_build_py(ROOT, "engine", "--store", store, timeout=900)
     assert proc.returncode == 0, proc.stderr
     started = "starting dockerd" in proc.stderr

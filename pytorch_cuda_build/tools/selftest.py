@@ -1,10 +1,13 @@
 """`build.py selftest`: set up what this project's own test suite needs, then run it."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import IO
 
 from ..engine import docker_env
 from ..errors import EnvironmentProblem
@@ -13,6 +16,14 @@ SLOWEST = 25  # tests listed with their times at the end of each run
 # The tiers that need no daemon, root or Docker (docs/testing.md): the whole suite runs them in a
 # pytest of their own beside the integration tier.
 UNIT_TIERS = ("unit", "runtime")
+# The integration tests that start Docker 26 (`build.py engine`) carry this marker: the whole
+# suite runs them in a lane of their own, beside the rest of the integration tier.
+ENGINE26 = "engine26"
+# What the lanes tell each other (tests/conftest.py reads them): which lane a pytest is, the file
+# the main lane writes once the session's default build is over, and the lock that keeps the
+# 20.10 daemon alive while the engine26 lane uses it (the test that kills it takes it alone).
+LANE_ENV, BUILT_ENV, DAEMON_LOCK_ENV = "PYTORCH_CUDA_TEST_LANE", "PYTORCH_CUDA_TEST_BUILT", "PYTORCH_CUDA_TEST_DAEMON_LOCK"
+POLL_S = 2.0
 
 
 def run(root: Path, pytest_args: list[str]) -> int:
@@ -21,7 +32,7 @@ def run(root: Path, pytest_args: list[str]) -> int:
     pytest's exit code is returned as it is: 5 (no tests ran) is a failure, not a pass. Every run
     ends with its slowest tests (--durations): CI's budget is watched from the run's own output.
     With arguments for pytest (after `--`), one pytest over tests/ gets them; without, the whole
-    suite runs as two pytest processes side by side (both_tiers).
+    suite runs as three pytest processes side by side (whole_suite).
     """
     proc = subprocess.run(["bash", str(docker_env.ENGINE_SCRIPT), "--with-registry"])
     if proc.returncode != 0:
@@ -29,7 +40,7 @@ def run(root: Path, pytest_args: list[str]) -> int:
     extra = [a for a in pytest_args if a != "--"]
     if extra:  # the caller's selection applies to the whole tree, as they wrote it
         return subprocess.run(pytest_argv([root / "tests"], extra), cwd=root).returncode
-    return both_tiers(root)
+    return whole_suite(root)
 
 
 def pytest_argv(paths: list[Path], extra: list[str]) -> list[str]:
@@ -37,23 +48,44 @@ def pytest_argv(paths: list[Path], extra: list[str]) -> list[str]:
     return [sys.executable, "-m", "pytest", *map(str, paths), "-ra", f"--durations={SLOWEST}", *extra]
 
 
-def both_tiers(root: Path) -> int:
-    """The integration tier and, beside it, the unit tiers. The integration tier spends much of
-    its run on one core (single-threaded steps, waits on builds, registries and daemons: the
-    other core of our 2-core hosts idle 40% of a warm run, docs/measurements/ci-time.md), so
-    the unit tiers' minutes fit beside it. Its output streams; the unit tiers' comes after it,
-    whole. The first failing exit code comes back (the integration tier's first)."""
+def whole_suite(root: Path) -> int:
+    """Three lanes, so that 2-core hosts keep both cores busy (docs/measurements/ci-time.md):
+
+    - main: the integration tier but the engine26 tests; it streams its output. Its first test
+      builds the default row, which keeps both cores busy for most of its minutes; most of the
+      rest runs on one core (waits on containers, registries, daemons).
+    - unit: the unit tiers, beside the default build from the start (a few minutes).
+    - engine26: the engine26 tests, started once the default build is over (or the main lane
+      has ended), into the minutes the main lane leaves a core idle.
+
+    The unit and engine26 lanes' output comes after the main lane's, whole. The first failing
+    exit code comes back, in that order: main, engine26, unit."""
     tests = root / "tests"
     # Every other folder of tests is the integration tier's: none is left out of the suite.
     rest = sorted(d for d in tests.iterdir() if d.is_dir() and d.name not in UNIT_TIERS and any(d.glob("test_*.py")))
-    with tempfile.TemporaryFile(mode="w+") as out:
-        unit = subprocess.Popen(pytest_argv([tests / t for t in UNIT_TIERS], []), cwd=root, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            integration = subprocess.run(pytest_argv(rest, []), cwd=root).returncode
-        finally:
-            unit_code = unit.wait()
-        out.seek(0)
-        print(f"\n==> the unit tiers (tests/{', tests/'.join(UNIT_TIERS)}), run beside the integration tier:", flush=True)
-        sys.stdout.write(out.read())
-        sys.stdout.flush()
-    return integration or unit_code
+    with tempfile.TemporaryDirectory(prefix="pytorch-cuda-selftest-") as tmp:
+        built, lock = Path(tmp) / "default-build-over", Path(tmp) / "daemon.lock"
+        env = {**os.environ, DAEMON_LOCK_ENV: str(lock)}
+        with tempfile.TemporaryFile(mode="w+") as unit_out, tempfile.TemporaryFile(mode="w+") as e26_out:
+            unit = subprocess.Popen(pytest_argv([tests / t for t in UNIT_TIERS], []), cwd=root,
+                                    stdout=unit_out, stderr=subprocess.STDOUT)
+            main = subprocess.Popen(pytest_argv(rest, ["-m", f"not {ENGINE26}"]), cwd=root,
+                                    env={**env, LANE_ENV: "main", BUILT_ENV: str(built)})
+            e26 = None
+            try:
+                while main.poll() is None and not built.exists():
+                    time.sleep(POLL_S)
+                e26 = subprocess.Popen(pytest_argv(rest, ["-m", ENGINE26]), cwd=root, env={**env, LANE_ENV: ENGINE26},
+                                       stdout=e26_out, stderr=subprocess.STDOUT)
+            finally:
+                codes = [main.wait(), e26.wait() if e26 else 1, unit.wait()]
+            show(f"the {ENGINE26} tests ({', '.join(str(d.relative_to(root)) for d in rest)}), run beside the others", e26_out)
+            show(f"the unit tiers (tests/{', tests/'.join(UNIT_TIERS)}), run beside the integration tier", unit_out)
+    return next((c for c in codes if c), 0)
+
+
+def show(title: str, out: IO[str]) -> None:
+    out.seek(0)
+    print(f"\n==> {title}:", flush=True)
+    sys.stdout.write(out.read())
+    sys.stdout.flush()

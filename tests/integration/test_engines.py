@@ -26,7 +26,7 @@ from pytorch_cuda_build.tools import engine_current, verify
 from helpers import ROOT, base_in_current_engine, current_engine, run_build_py
 from registry import LocalRegistry, require_binary
 
-pytestmark = [pytest.mark.docker]
+pytestmark = [pytest.mark.docker, pytest.mark.engine26]
 
 ROW = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
 

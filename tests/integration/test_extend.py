@@ -205,6 +205,7 @@ def test_a_derived_dockerfile_pip_installs_with_no_user_line_on_docker_20_10(ima
 @pytest.mark.skipif(os.environ.get("PYTORCH_CUDA_TEST_DERIVED_26") != "1",
                     reason="copies the 6.5 GB default image into Docker 26's store first (minutes on 2 cores): "
                            "on request, PYTORCH_CUDA_TEST_DERIVED_26=1")
+@pytest.mark.engine26
 def test_a_derived_dockerfile_pip_installs_with_no_user_line_on_docker_26(image, ca, tmp_path):
     """The same on Docker 26 with buildx and the containerd store (`build.py engine`), the default
     image carried over with docker save | docker load."""

@@ -108,6 +108,7 @@ def current():
         yield env
 
 
+@pytest.mark.engine26
 def test_a_wheel_shares_its_layer_blob_across_rows_and_a_refresh_changes_only_the_last_layer(current, docker_client, tmp_path):
     base = base_in_current_engine(current, docker_client, ROW, tmp_path / "base")
     ctx = tmp_path / "ctx"

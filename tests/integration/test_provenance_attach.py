@@ -18,7 +18,7 @@ from pytorch_cuda_build.stages import matrix, publish, sbom, security
 
 from helpers import build_small_oci, containerd_client, project_copy, run_build_py, shown
 
-pytestmark = [pytest.mark.docker]
+pytestmark = [pytest.mark.docker, pytest.mark.engine26]
 
 REVISION = "5" * 40
 CREATED = "2026-11-27T10:00:00Z"

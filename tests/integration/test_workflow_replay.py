@@ -49,7 +49,7 @@ from pytorch_cuda_build.stages import build, matrix, publish
 from helpers import ROOT, base_in_current_engine, current_engine
 from registry import BINARY, LocalRegistry
 
-pytestmark = [pytest.mark.docker]
+pytestmark = [pytest.mark.docker, pytest.mark.engine26]
 
 WORKFLOW = ROOT / ".github" / "workflows" / "images.yml"
 USER = "pcb-runner"

@@ -25,7 +25,7 @@ from pytorch_cuda_build.stages import matrix, publish, publish_index, tag
 from helpers import CURRENT_ENGINE_ENV, ROOT, build_small_oci, containerd_client, one_error_line, require, shown
 from registry import LocalRegistry
 
-pytestmark = [pytest.mark.docker]
+pytestmark = [pytest.mark.docker, pytest.mark.engine26]
 
 LOCK = "cd" * 32
 CREATED = "2026-11-25T10:00:00Z"

@@ -18,19 +18,55 @@ def fake_run(codes):
     return calls, run
 
 
-class FakeUnit:
-    """subprocess.Popen for the unit tiers' pytest: writes a line where it was told, exits with code."""
+class FakeLane:
+    """A lane's pytest: poll() is None until `ends_after` polls, then the exit code."""
 
-    def __init__(self, code, calls):
-        self.code, self.calls = code, calls
+    def __init__(self, code, ends_after=0):
+        self.code, self.polls_left = code, ends_after
 
-    def __call__(self, argv, stdout=None, **kw):
-        self.calls.append(argv)
-        stdout.write("unit tiers: 1 passed\n")
-        return self
+    def poll(self):
+        if self.polls_left:
+            self.polls_left -= 1
+            return None
+        return self.code
 
     def wait(self):
         return self.code
+
+
+class Lanes:
+    """subprocess.Popen for the three lanes: records each start (lane, argv, env, whether the main
+    lane's build was over by then) and writes a line where a lane's output is captured. The main
+    lane says its build is over as tests/conftest.py's default_build does, on its `built_at` poll
+    (None: never, as when it ends before)."""
+
+    def __init__(self, codes, built_at=0, main_polls=0):
+        self.codes, self.built_at, self.main_polls, self.started = codes, built_at, main_polls, []
+        self.main = None
+
+    def __call__(self, argv, cwd=None, env=None, stdout=None, stderr=None):
+        lane = (env or {}).get(selftest.LANE_ENV, "unit")
+        built = self.main is not None and self.main[1].exists()
+        self.started.append((lane, argv, env, built))
+        if stdout is not None:
+            stdout.write(f"{lane} lane: 1 passed\n")
+        if lane != "main":
+            return FakeLane(self.codes[lane])
+        proc = FakeLane(self.codes[lane], self.main_polls)
+        signal = Path(env[selftest.BUILT_ENV])
+        self.main = (proc, signal)
+        if self.built_at == 0:
+            signal.touch()
+        elif self.built_at is not None:
+            poll = proc.poll
+
+            def poll_then_build():
+                self.built_at -= 1
+                if self.built_at == 0:
+                    signal.touch()
+                return poll()
+            proc.poll = poll_then_build
+        return proc
 
 
 @pytest.fixture
@@ -54,24 +90,49 @@ def test_pytest_runs_over_tests_with_the_slowest_listed_and_the_callers_argument
     assert pytest_argv[-3:] == ["-k", "cuda13", "--durations=0"] and "--" not in pytest_argv
 
 
-def test_the_whole_suite_runs_the_unit_tiers_beside_the_integration_tier_and_prints_them_after(monkeypatch, repo, capsys):
-    calls, run = fake_run([0, 0])
-    unit_calls: list = []
+def whole_suite(monkeypatch, lanes: Lanes, repo: Path) -> int:
+    calls, run = fake_run([0])
     monkeypatch.setattr(selftest.subprocess, "run", run)
-    monkeypatch.setattr(selftest.subprocess, "Popen", FakeUnit(0, unit_calls))
-    assert selftest.run(repo, []) == 0
-    (unit,), (_, integration) = unit_calls, calls
+    monkeypatch.setattr(selftest.subprocess, "Popen", lanes)
+    monkeypatch.setattr(selftest, "POLL_S", 0)
+    code = selftest.run(repo, [])
+    assert len(calls) == 1  # the engine only: every pytest is a lane of its own
+    return code
+
+
+def test_the_whole_suite_runs_three_lanes_and_prints_the_captured_two_after_the_main_one(monkeypatch, repo, capsys):
+    lanes = Lanes({"unit": 0, "main": 0, selftest.ENGINE26: 0})
+    assert whole_suite(monkeypatch, lanes, repo) == 0
+    (unit, unit_argv, unit_env, _), (main, main_argv, main_env, _), (e26, e26_argv, e26_env, _) = lanes.started
+    assert (unit, main, e26) == ("unit", "main", selftest.ENGINE26)
     tests = repo / "tests"
-    assert unit[3:5] == [str(tests / "unit"), str(tests / "runtime")] and unit[5] == "-ra"
-    assert integration[3:] == [str(tests / "integration"), "-ra", f"--durations={selftest.SLOWEST}"]
-    assert capsys.readouterr().out.endswith("unit tiers: 1 passed\n")
+    assert unit_argv[3:5] == [str(tests / "unit"), str(tests / "runtime")] and unit_argv[5] == "-ra" and unit_env is None
+    # The integration tier split by the marker, nothing left out: the main lane all but engine26, the other the rest.
+    assert main_argv[3:] == [str(tests / "integration"), "-ra", f"--durations={selftest.SLOWEST}", "-m", f"not {selftest.ENGINE26}"]
+    assert e26_argv[3:] == [str(tests / "integration"), "-ra", f"--durations={selftest.SLOWEST}", "-m", selftest.ENGINE26]
+    # One lock for both integration lanes; only the main lane is told where to say its build is over.
+    assert main_env[selftest.DAEMON_LOCK_ENV] == e26_env[selftest.DAEMON_LOCK_ENV]
+    assert selftest.BUILT_ENV not in e26_env
+    out = capsys.readouterr().out
+    assert out.index(f"{selftest.ENGINE26} lane: 1 passed") < out.index("unit lane: 1 passed") and out.endswith("unit lane: 1 passed\n")
 
 
-@pytest.mark.parametrize("integration, unit, code", [(0, 1, 1), (5, 0, 5), (1, 0, 1), (2, 1, 2)])
-def test_pytests_exit_code_comes_back_unchanged_no_tests_ran_included(monkeypatch, repo, integration, unit, code):
-    monkeypatch.setattr(selftest.subprocess, "run", fake_run([0, integration])[1])
-    monkeypatch.setattr(selftest.subprocess, "Popen", FakeUnit(unit, []))
-    assert selftest.run(repo, []) == code
+def test_the_engine26_lane_starts_once_the_main_lanes_default_build_is_over(monkeypatch, repo):
+    lanes = Lanes({"unit": 0, "main": 0, selftest.ENGINE26: 0}, built_at=3, main_polls=10)
+    assert whole_suite(monkeypatch, lanes, repo) == 0
+    assert [(lane, built) for lane, _, _, built in lanes.started][-1] == (selftest.ENGINE26, True)
+    assert lanes.main[0].polls_left == 10 - 3  # not a poll more than it took
+
+
+def test_a_main_lane_that_ends_before_its_build_is_over_still_lets_the_engine26_lane_run(monkeypatch, repo):
+    lanes = Lanes({"unit": 0, "main": 1, selftest.ENGINE26: 0}, built_at=None, main_polls=2)
+    assert whole_suite(monkeypatch, lanes, repo) == 1
+    assert [lane for lane, *_ in lanes.started] == ["unit", "main", selftest.ENGINE26]
+
+
+@pytest.mark.parametrize("main, e26, unit, code", [(0, 0, 1, 1), (5, 0, 0, 5), (0, 5, 0, 5), (1, 2, 0, 1), (0, 2, 1, 2), (2, 1, 1, 2)])
+def test_pytests_exit_code_comes_back_unchanged_no_tests_ran_included(monkeypatch, repo, main, e26, unit, code):
+    assert whole_suite(monkeypatch, Lanes({"unit": unit, "main": main, selftest.ENGINE26: e26}), repo) == code
 
 
 def test_an_engine_that_cannot_be_set_up_stops_before_pytest(monkeypatch):
