@@ -69,9 +69,12 @@ def pytest_unconfigure(config):
 
 
 def pytest_collection_modifyitems(items):
-    """The tests that kill the daemon last: nothing after them meets a restarted daemon, and the
-    engine26 lane has the longest time to end first."""
-    items.sort(key=lambda item: item.get_closest_marker("daemon_kill") is not None)  # stable: the rest keep their order
+    """The tests that keep both cores busy alone (both_cores) after the rest, so that the engine26
+    lane, from the end of the default build, runs beside tests that leave a core idle; then the
+    tests that kill the daemon: nothing after them meets a restarted daemon, and the engine26 lane
+    has the longest time to end first. A stable sort: the rest keep their order."""
+    items.sort(key=lambda item: (item.get_closest_marker("daemon_kill") is not None,
+                                 item.get_closest_marker("both_cores") is not None))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -39,7 +39,7 @@ import yaml
 
 from helpers import ROOT, free_port, one_error_line, owned_by_image_user, run_cli, shown
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.both_cores]
 
 IMAGE = "pytorch-cuda:v2.7"
 NAME = "replay"

@@ -22,7 +22,7 @@ import pytest
 
 from helpers import default_image, free_port, logs, owned_by_image_user, serving, shown, ssh_keypair, wait_until
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.both_cores]
 
 NODES = ("node1", "node2")
 # What every rank needs on every node: the CPU accelerator, gloo on loopback, and the smoke
