@@ -23,8 +23,8 @@ Hermetic by construction, for the whole session and every build.py it starts:
 
 `build.py selftest` without arguments runs the integration tier as two pytest lanes at once
 (tools/selftest.py): the engine26 tests in one, the rest in the main lane. What they share is
-made safe here: the main lane says when the default build has built its image (the engine26
-lane starts then, beside the gate's tests), and the one test that kills the 20.10 daemon runs last and waits until the engine26 lane,
+made safe here: the main lane says when the default build is over (the engine26 lane starts
+then), and the one test that kills the 20.10 daemon runs last and waits until the engine26 lane,
 which uses that daemon too, has ended (a lock it holds shared).
 """
 from __future__ import annotations
@@ -36,7 +36,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import threading
 import types
 import uuid
 from pathlib import Path
@@ -143,42 +142,20 @@ def default_build(docker_client, tmp_path_factory):
     The process (stdout, stderr) and `results`: a copy of build-results/<row> taken right after
     this build, because every later build.py run of the row writes that folder again."""
     from pytorch_cuda_build.stages import matrix
+    from pytorch_cuda_build.tools.selftest import BUILT_ENV
 
-    from helpers import shown
+    from helpers import run_build_py, shown
 
-    proc = built_then_gated(["--torch", "2.7", "--cuda", "12.1", "--quiet", "--retest"], timeout=5400)
+    try:
+        proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.1", "--quiet", "--retest", timeout=5400)
+    finally:  # over, passed or not: the engine26 lane may start (selftest)
+        if os.environ.get(BUILT_ENV):
+            Path(os.environ[BUILT_ENV]).touch()
     assert proc.returncode == 0, shown(proc)
     row = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
     results = tmp_path_factory.mktemp("default-build") / row.name
     shutil.copytree(ROOT / "build-results" / row.name, results, symlinks=True)
     return types.SimpleNamespace(stdout=proc.stdout, stderr=proc.stderr, results=results)
-
-
-def built_then_gated(args: list[str], timeout: float) -> subprocess.CompletedProcess:
-    """build.py in this checkout, as run_build_py runs it; in the main lane of the whole suite, the
-    other lane is told once the image is built: when the gate's smoke suite starts, which leaves a
-    core to it, or when build.py ends, passed or not (tools/selftest.py)."""
-    from pytorch_cuda_build.tools.selftest import BUILT_ENV
-
-    signal = os.environ.get(BUILT_ENV)
-    argv = [sys.executable, str(ROOT / "build.py"), *args]
-    with tempfile.TemporaryFile(mode="w+") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-        watchdog = threading.Timer(timeout, proc.kill)
-        watchdog.start()
-        err = []
-        try:
-            for line in proc.stderr:
-                err.append(line)
-                if signal and "smoke suite:" in line:
-                    Path(signal).touch()
-            proc.wait()
-        finally:
-            watchdog.cancel()
-            if signal:
-                Path(signal).touch()
-        out.seek(0)
-        return subprocess.CompletedProcess(argv, proc.returncode, out.read(), "".join(err))
 
 
 @pytest.fixture(scope="session")

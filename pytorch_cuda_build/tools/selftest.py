@@ -20,7 +20,7 @@ UNIT_TIERS = ("unit", "runtime")
 # suite runs them in a lane of their own, beside the rest of the integration tier.
 ENGINE26 = "engine26"
 # What the lanes tell each other (tests/conftest.py reads them): which lane a pytest is, the file
-# the main lane writes once the session's default build has built its image, and the lock that keeps the
+# the main lane writes once the session's default build is over, and the lock that keeps the
 # 20.10 daemon alive while the engine26 lane uses it (the test that kills it takes it alone).
 LANE_ENV, BUILT_ENV, DAEMON_LOCK_ENV = "PYTORCH_CUDA_TEST_LANE", "PYTORCH_CUDA_TEST_BUILT", "PYTORCH_CUDA_TEST_DAEMON_LOCK"
 POLL_S = 2.0
@@ -55,9 +55,8 @@ def whole_suite(root: Path) -> int:
       builds the default row, which keeps both cores busy for most of its minutes; most of the
       rest runs on one core (waits on containers, registries, daemons).
     - unit: the unit tiers, beside the default build from the start (a few minutes).
-    - engine26: the engine26 tests, started once the default build has built its image (its
-      smoke tests leave a core idle) or the main lane has ended, into the minutes the main lane
-      leaves a core idle.
+    - engine26: the engine26 tests, started once the default build is over (or the main lane
+      has ended), into the minutes the main lane leaves a core idle.
 
     The unit and engine26 lanes' output comes after the main lane's, whole. The first failing
     exit code comes back, in that order: main, engine26, unit."""
@@ -65,7 +64,7 @@ def whole_suite(root: Path) -> int:
     # Every other folder of tests is the integration tier's: none is left out of the suite.
     rest = sorted(d for d in tests.iterdir() if d.is_dir() and d.name not in UNIT_TIERS and any(d.glob("test_*.py")))
     with tempfile.TemporaryDirectory(prefix="pytorch-cuda-selftest-") as tmp:
-        built, lock = Path(tmp) / "default-image-built", Path(tmp) / "daemon.lock"
+        built, lock = Path(tmp) / "default-build-over", Path(tmp) / "daemon.lock"
         env = {**os.environ, DAEMON_LOCK_ENV: str(lock)}
         with tempfile.TemporaryFile(mode="w+") as unit_out, tempfile.TemporaryFile(mode="w+") as e26_out:
             unit = subprocess.Popen(pytest_argv([tests / t for t in UNIT_TIERS], []), cwd=root,

@@ -37,7 +37,7 @@ class FakeLane:
 class Lanes:
     """subprocess.Popen for the three lanes: records each start (lane, argv, env, whether the main
     lane's build was over by then) and writes a line where a lane's output is captured. The main
-    lane says its image is built as tests/conftest.py's default_build does, on its `built_at` poll
+    lane says its build is over as tests/conftest.py's default_build does, on its `built_at` poll
     (None: never, as when it ends before)."""
 
     def __init__(self, codes, built_at=0, main_polls=0):
@@ -110,21 +110,21 @@ def test_the_whole_suite_runs_three_lanes_and_prints_the_captured_two_after_the_
     # The integration tier split by the marker, nothing left out: the main lane all but engine26, the other the rest.
     assert main_argv[3:] == [str(tests / "integration"), "-ra", f"--durations={selftest.SLOWEST}", "-m", f"not {selftest.ENGINE26}"]
     assert e26_argv[3:] == [str(tests / "integration"), "-ra", f"--durations={selftest.SLOWEST}", "-m", selftest.ENGINE26]
-    # One lock for both integration lanes; only the main lane is told where to say its image is built.
+    # One lock for both integration lanes; only the main lane is told where to say its build is over.
     assert main_env[selftest.DAEMON_LOCK_ENV] == e26_env[selftest.DAEMON_LOCK_ENV]
     assert selftest.BUILT_ENV not in e26_env
     out = capsys.readouterr().out
     assert out.index(f"{selftest.ENGINE26} lane: 1 passed") < out.index("unit lane: 1 passed") and out.endswith("unit lane: 1 passed\n")
 
 
-def test_the_engine26_lane_starts_once_the_main_lanes_default_build_has_built_its_image(monkeypatch, repo):
+def test_the_engine26_lane_starts_once_the_main_lanes_default_build_is_over(monkeypatch, repo):
     lanes = Lanes({"unit": 0, "main": 0, selftest.ENGINE26: 0}, built_at=3, main_polls=10)
     assert whole_suite(monkeypatch, lanes, repo) == 0
     assert [(lane, built) for lane, _, _, built in lanes.started][-1] == (selftest.ENGINE26, True)
     assert lanes.main[0].polls_left == 10 - 3  # not a poll more than it took
 
 
-def test_a_main_lane_that_ends_before_its_image_is_built_still_lets_the_engine26_lane_run(monkeypatch, repo):
+def test_a_main_lane_that_ends_before_its_build_is_over_still_lets_the_engine26_lane_run(monkeypatch, repo):
     lanes = Lanes({"unit": 0, "main": 1, selftest.ENGINE26: 0}, built_at=None, main_polls=2)
     assert whole_suite(monkeypatch, lanes, repo) == 1
     assert [lane for lane, *_ in lanes.started] == ["unit", "main", selftest.ENGINE26]
