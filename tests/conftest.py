@@ -29,6 +29,7 @@ which uses that daemon too, has ended (a lock it holds shared).
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
@@ -65,7 +66,7 @@ def pytest_unconfigure(config):
     shutil.rmtree(STATE_DIR, ignore_errors=True)
 
 
-# The markers (network, docker, gpu, slow, fault) are declared in pyproject.toml.
+# The markers (network, docker, gpu, slow, fault, engine26, daemon_kill, both_cores) are declared in pyproject.toml.
 
 
 def pytest_collection_modifyitems(items):
@@ -77,32 +78,35 @@ def pytest_collection_modifyitems(items):
                                  item.get_closest_marker("both_cores") is not None))
 
 
+@contextlib.contextmanager
+def lanes_lock(mode: int, lane: str | None = None):
+    """The lanes' lock on the 20.10 daemon (tools/selftest.py), held in `mode` meanwhile; nothing
+    outside the whole suite's lanes, or in a lane other than `lane` where one is named."""
+    from pytorch_cuda_build.tools.selftest import DAEMON_LOCK_ENV, LANE_ENV
+
+    path = os.environ.get(DAEMON_LOCK_ENV)
+    if not path or (lane is not None and os.environ.get(LANE_ENV) != lane):
+        yield
+        return
+    with open(path, "a") as lock:
+        fcntl.flock(lock, mode)
+        yield
+
+
 @pytest.fixture(scope="session", autouse=True)
 def daemon_shared():
     """In the engine26 lane, the 20.10 daemon kept alive for the whole lane: a shared hold on the
     lanes' lock, which the test that kills the daemon takes alone (daemon_alone)."""
-    from pytorch_cuda_build.tools.selftest import DAEMON_LOCK_ENV, ENGINE26, LANE_ENV
+    from pytorch_cuda_build.tools.selftest import ENGINE26
 
-    path = os.environ.get(DAEMON_LOCK_ENV)
-    if not path or os.environ.get(LANE_ENV) != ENGINE26:
-        yield
-        return
-    with open(path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_SH)
+    with lanes_lock(fcntl.LOCK_SH, lane=ENGINE26):
         yield
 
 
 @pytest.fixture
 def daemon_alone():
     """The 20.10 daemon to this test alone: it waits until no other lane holds the lanes' lock."""
-    from pytorch_cuda_build.tools.selftest import DAEMON_LOCK_ENV
-
-    path = os.environ.get(DAEMON_LOCK_ENV)
-    if not path:
-        yield
-        return
-    with open(path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with lanes_lock(fcntl.LOCK_EX):
         yield
 
 
