@@ -22,15 +22,17 @@ Hermetic by construction, for the whole session and every build.py it starts:
                               (pytorch-cuda.run=<id>), so tests count only their own.
 
 `build.py selftest` without arguments runs the integration tier as two pytest lanes at once
-(tools/selftest.py): the engine26 tests in one, the rest in the main lane. What they share is
-made safe here: the main lane says when the default build is over (the engine26 lane starts
-then), and the one test that kills the 20.10 daemon runs last and waits until the engine26 lane,
+(tools/selftest.py): the engine26 and second_lane tests in the second lane, the rest in the main
+lane. What they share is made safe here: the main lane writes the record of its default build
+(the second lane starts then, and takes that build as its own); the tests that kill that daemon
+or delete the default image (`alone`) run last in the main lane and wait until the second lane,
 which uses that daemon too, has ended (a lock it holds shared).
 """
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import stat
@@ -66,15 +68,16 @@ def pytest_unconfigure(config):
     shutil.rmtree(STATE_DIR, ignore_errors=True)
 
 
-# The markers (network, docker, gpu, slow, fault, engine26, daemon_kill, both_cores) are declared in pyproject.toml.
+# The markers (network, docker, gpu, slow, fault, engine26, second_lane, alone, both_cores) are declared in pyproject.toml.
 
 
 def pytest_collection_modifyitems(items):
-    """The tests that keep both cores busy alone (both_cores) after the rest, so that the engine26
+    """The tests that keep both cores busy alone (both_cores) after the rest, so that the second
     lane, from the end of the default build, runs beside tests that leave a core idle; then the
-    tests that kill the daemon: nothing after them meets a restarted daemon, and the engine26 lane
-    has the longest time to end first. A stable sort: the rest keep their order."""
-    items.sort(key=lambda item: (item.get_closest_marker("daemon_kill") is not None,
+    tests that kill the daemon or delete the default image (alone): nothing after them meets a
+    restarted daemon or a pulled-back image, and the second lane has the longest time to end
+    first. A stable sort: the rest keep their order."""
+    items.sort(key=lambda item: (item.get_closest_marker("alone") is not None,
                                  item.get_closest_marker("both_cores") is not None))
 
 
@@ -95,17 +98,18 @@ def lanes_lock(mode: int, lane: str | None = None):
 
 @pytest.fixture(scope="session", autouse=True)
 def daemon_shared():
-    """In the engine26 lane, the 20.10 daemon kept alive for the whole lane: a shared hold on the
-    lanes' lock, which the test that kills the daemon takes alone (daemon_alone)."""
-    from pytorch_cuda_build.tools.selftest import ENGINE26
+    """In the second lane, the 20.10 daemon and the default image kept as they are for the whole
+    lane: a shared hold on the lanes' lock, which the `alone` tests take alone (daemon_alone)."""
+    from pytorch_cuda_build.tools.selftest import SECOND
 
-    with lanes_lock(fcntl.LOCK_SH, lane=ENGINE26):
+    with lanes_lock(fcntl.LOCK_SH, lane=SECOND):
         yield
 
 
 @pytest.fixture
 def daemon_alone():
-    """The 20.10 daemon to this test alone: it waits until no other lane holds the lanes' lock."""
+    """The 20.10 daemon and the default image to this test alone: it waits until no other lane
+    holds the lanes' lock."""
     with lanes_lock(fcntl.LOCK_EX):
         yield
 
@@ -143,23 +147,36 @@ def default_build(docker_client, tmp_path_factory):
     an earlier session recorded; the modules after it reuse that tested image (build.py ends at
     once on a row it already tested) instead of each testing it again.
 
-    The process (stdout, stderr) and `results`: a copy of build-results/<row> taken right after
-    this build, because every later build.py run of the row writes that folder again."""
+    The process (stdout, stderr), `results`: a copy of build-results/<row> taken right after
+    this build, because every later build.py run of the row writes that folder again, and the
+    tested image's ID. In the whole suite, the main lane writes all of it to the lanes' file
+    (tools/selftest.py), and the second lane takes it from there: one build and test a run."""
     from pytorch_cuda_build.stages import matrix
-    from pytorch_cuda_build.tools.selftest import BUILT_ENV
+    from pytorch_cuda_build.tools.selftest import BUILT_ENV, LANE_ENV
 
-    from helpers import run_build_py, shown
+    from helpers import main_lane_build, run_build_py, shown
 
+    record = main_lane_build()
+    if record is not None:
+        return types.SimpleNamespace(stdout=record["stdout"], stderr=record["stderr"], results=Path(record["results"]),
+                                     image_id=record["image_id"])
+    built = os.environ.get(BUILT_ENV) if os.environ.get(LANE_ENV) == "main" else None
+    row = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
     try:
         proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.1", "--quiet", "--retest", timeout=5400)
-    finally:  # over, passed or not: the engine26 lane may start (selftest)
-        if os.environ.get(BUILT_ENV):
-            Path(os.environ[BUILT_ENV]).touch()
+        # Beside the lanes' file, which outlives this pytest: the second lane reads it after.
+        results = (Path(built).parent / "default-build" if built else tmp_path_factory.mktemp("default-build")) / row.name
+        if proc.returncode == 0:
+            shutil.copytree(ROOT / "build-results" / row.name, results, symlinks=True)
+        image_id = docker_client.images.get(row.refs()[0]).id if proc.returncode == 0 else None
+        record = {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr,
+                  "results": str(results), "image_id": image_id}
+    finally:  # over, passed or not: the second lane may start (an empty file: the build never ended)
+        if built:
+            Path(f"{built}.tmp").write_text(json.dumps(record) if record else "")
+            os.replace(f"{built}.tmp", built)
     assert proc.returncode == 0, shown(proc)
-    row = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
-    results = tmp_path_factory.mktemp("default-build") / row.name
-    shutil.copytree(ROOT / "build-results" / row.name, results, symlinks=True)
-    return types.SimpleNamespace(stdout=proc.stdout, stderr=proc.stderr, results=results)
+    return types.SimpleNamespace(stdout=proc.stdout, stderr=proc.stderr, results=results, image_id=image_id)
 
 
 @pytest.fixture(scope="session")

@@ -252,10 +252,40 @@ def owned_by_image_user(path: Path) -> Path:
 def default_image() -> str:
     """The default row, built and tested by build.py (at once when it already is): pytorch-cuda:v2.7.
     Call it after the session's default_build fixture: that one forces --retest, so a module that
-    came first without it would have the row's smoke and structure tests run twice (5 min)."""
+    came first without it would have the row's smoke and structure tests run twice (5 min).
+    In the whole suite's second lane, the main lane's build is the session's: the image must be
+    the one that build tested (main_lane_build), and nothing runs again."""
+    record = main_lane_build()
+    if record is not None:
+        client = docker.from_env()
+        try:
+            found = client.images.get("pytorch-cuda:v2.7").id
+        finally:
+            client.close()
+        assert found == record["image_id"], f"pytorch-cuda:v2.7 is {found}, not the main lane's tested {record['image_id']}"
+        return "pytorch-cuda:v2.7"
     proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.1", "--quiet", timeout=5400)
     assert proc.returncode == 0, shown(proc)
     return "pytorch-cuda:v2.7"
+
+
+def main_lane_build() -> dict | None:
+    """In the whole suite's second lane (tools/selftest.py), the record the main lane wrote of its
+    default build (conftest.default_build): returncode, stdout, stderr, results, image_id. None in
+    any other pytest, or where the main lane ended before it built the row (the lane then builds
+    it itself)."""
+    from pytorch_cuda_build.tools.selftest import BUILT_ENV, LANE_ENV, SECOND
+
+    built = os.environ.get(BUILT_ENV)
+    if os.environ.get(LANE_ENV) != SECOND or not built or not Path(built).exists():
+        return None
+    text = Path(built).read_text()
+    if not text:
+        pytest.fail("the main lane's build of the default row did not finish: its output is in the main lane's")
+    record = json.loads(text)
+    if record["returncode"] != 0:
+        pytest.fail("the main lane's build of the default row failed: its output is in the main lane's")
+    return record
 
 
 # Files that are private keys of the kinds an image could leak: OpenSSH's own format (ssh-keygen's
@@ -372,12 +402,12 @@ def current_engine(store: str = "containerd"):
     as they do everywhere else."""
     import shlex
 
-    from pytorch_cuda_build.tools.selftest import ENGINE26, LANE_ENV
+    from pytorch_cuda_build.tools.selftest import ENGINE26, LANE_ENV, SECOND
 
     if os.geteuid() != 0:  # a skip by design, not missing(): CI's hosted runners run the suite unprivileged
         pytest.skip("starting a second engine needs root (a CI runner's own engine is used there instead)")
-    if os.environ.get(LANE_ENV, ENGINE26) != ENGINE26:  # the other lane would stop it under this test, or this one under it
-        pytest.fail(f"this test starts Docker 26 and is not marked {ENGINE26}: the whole suite runs such tests in their own lane")
+    if os.environ.get(LANE_ENV, SECOND) != SECOND:  # the other lane would stop it under this test, or this one under it
+        pytest.fail(f"this test starts Docker 26 and is not marked {ENGINE26}: the whole suite runs such tests in the second lane")
     proc = run_build_py(ROOT, "engine", "--store", store, timeout=900)
     assert proc.returncode == 0, proc.stderr
     started = "starting dockerd" in proc.stderr

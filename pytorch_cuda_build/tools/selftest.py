@@ -16,12 +16,17 @@ SLOWEST = 25  # tests listed with their times at the end of each run
 # The tiers that need no daemon, root or Docker (docs/testing.md): the whole suite runs them in a
 # pytest of their own beside the integration tier.
 UNIT_TIERS = ("unit", "runtime")
-# The integration tests that start Docker 26 (`build.py engine`) carry this marker: the whole
-# suite runs them in a lane of their own, beside the rest of the integration tier.
-ENGINE26 = "engine26"
+# The whole suite runs the integration tier as two lanes at once. The second lane holds the tests
+# that start Docker 26 (`build.py engine`), marked ENGINE26, and those marked SECOND_LANE: tests
+# that only read the default row's tested image, or need no image of it, and move no tag. It
+# starts once the main lane's default build is over, and takes that build's record from the file
+# the main lane writes (BUILT_ENV) instead of building and testing the row again.
+ENGINE26, SECOND_LANE = "engine26", "second_lane"
+SECOND = "second"  # the second lane's name in LANE_ENV
 # What the lanes tell each other (tests/conftest.py reads them): which lane a pytest is, the file
 # the main lane writes once the session's default build is over, and the lock that keeps the
-# 20.10 daemon alive while the engine26 lane uses it (the test that kills it takes it alone).
+# 20.10 daemon alive while the second lane uses it (the tests that kill the daemon or delete the
+# default image take it alone).
 LANE_ENV, BUILT_ENV, DAEMON_LOCK_ENV = "PYTORCH_CUDA_TEST_LANE", "PYTORCH_CUDA_TEST_BUILT", "PYTORCH_CUDA_TEST_DAEMON_LOCK"
 POLL_S = 2.0
 
@@ -51,35 +56,36 @@ def pytest_argv(paths: list[Path], extra: list[str]) -> list[str]:
 def whole_suite(root: Path) -> int:
     """Three lanes, so that 2-core hosts keep both cores busy (docs/measurements/ci-time.md):
 
-    - main: the integration tier but the engine26 tests; it streams its output. Its first test
-      builds the default row, which keeps both cores busy for most of its minutes; most of the
-      rest runs on one core (waits on containers, registries, daemons).
+    - main: the integration tier but the second lane's tests; it streams its output. Its first
+      test that needs the default row builds and tests it, which keeps both cores busy for most of
+      its minutes; most of the rest runs on one core (waits on containers, registries, daemons).
     - unit: the unit tiers, beside the default build from the start (a few minutes).
-    - engine26: the engine26 tests, started once the default build is over (or the main lane
-      has ended), into the minutes the main lane leaves a core idle.
+    - second: the ENGINE26 and SECOND_LANE tests, started once the default build is over (or the
+      main lane has ended), into the minutes the main lane leaves a core idle.
 
-    The unit and engine26 lanes' output comes after the main lane's, whole. The first failing
-    exit code comes back, in that order: main, engine26, unit."""
+    The unit and second lanes' output comes after the main lane's, whole. The first failing exit
+    code comes back, in that order: main, second, unit."""
     tests = root / "tests"
     # Every other folder of tests is the integration tier's: none is left out of the suite.
     rest = sorted(d for d in tests.iterdir() if d.is_dir() and d.name not in UNIT_TIERS and any(d.glob("test_*.py")))
+    second_lane = f"{ENGINE26} or {SECOND_LANE}"
     with tempfile.TemporaryDirectory(prefix="pytorch-cuda-selftest-") as tmp:
         built, lock = Path(tmp) / "default-build-over", Path(tmp) / "daemon.lock"
-        env = {**os.environ, DAEMON_LOCK_ENV: str(lock)}
-        with tempfile.TemporaryFile(mode="w+") as unit_out, tempfile.TemporaryFile(mode="w+") as e26_out:
+        env = {**os.environ, DAEMON_LOCK_ENV: str(lock), BUILT_ENV: str(built)}
+        with tempfile.TemporaryFile(mode="w+") as unit_out, tempfile.TemporaryFile(mode="w+") as second_out:
             unit = subprocess.Popen(pytest_argv([tests / t for t in UNIT_TIERS], []), cwd=root,
                                     stdout=unit_out, stderr=subprocess.STDOUT)
-            main = subprocess.Popen(pytest_argv(rest, ["-m", f"not {ENGINE26}"]), cwd=root,
-                                    env={**env, LANE_ENV: "main", BUILT_ENV: str(built)})
-            e26 = None
+            main = subprocess.Popen(pytest_argv(rest, ["-m", f"not ({second_lane})"]), cwd=root, env={**env, LANE_ENV: "main"})
+            second = None
             try:
                 while main.poll() is None and not built.exists():
                     time.sleep(POLL_S)
-                e26 = subprocess.Popen(pytest_argv(rest, ["-m", ENGINE26]), cwd=root, env={**env, LANE_ENV: ENGINE26},
-                                       stdout=e26_out, stderr=subprocess.STDOUT)
+                second = subprocess.Popen(pytest_argv(rest, ["-m", second_lane]), cwd=root, env={**env, LANE_ENV: SECOND},
+                                          stdout=second_out, stderr=subprocess.STDOUT)
             finally:
-                codes = [main.wait(), e26.wait() if e26 else 1, unit.wait()]
-            show(f"the {ENGINE26} tests ({', '.join(str(d.relative_to(root)) for d in rest)}), run beside the others", e26_out)
+                codes = [main.wait(), second.wait() if second else 1, unit.wait()]
+            show(f"the second lane ({second_lane}; {', '.join(str(d.relative_to(root)) for d in rest)}), run beside the main lane",
+                 second_out)
             show(f"the unit tiers (tests/{', tests/'.join(UNIT_TIERS)}), run beside the integration tier", unit_out)
     return next((c for c in codes if c), 0)
 

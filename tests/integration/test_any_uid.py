@@ -25,7 +25,7 @@ import requests
 
 from helpers import default_image, free_port, one_error_line, run_once, serving, shown, ssh_keypair, wait_until
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.second_lane]
 
 USERS = {
     "group-0": ("--user", "1000700000:0"),

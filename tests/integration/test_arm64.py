@@ -15,7 +15,7 @@ from pytorch_cuda_build.stages import base, matrix, render
 
 from helpers import run_build_py, shown
 
-pytestmark = [pytest.mark.docker]
+pytestmark = [pytest.mark.docker, pytest.mark.second_lane]
 
 ROOT = Path(__file__).resolve().parents[2]
 ROW = matrix.load(ROOT / "matrix.yaml").select("2.11", "13.0")

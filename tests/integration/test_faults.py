@@ -133,7 +133,7 @@ def test_sigint_during_a_build_step_then_the_rerun_reuses_the_cache(built, docke
     assert len(echo) == 1 and echo[0].cached, progress.readable(log.read_text())[-3000:]
 
 
-@pytest.mark.daemon_kill
+@pytest.mark.alone
 def test_daemon_killed_mid_build_is_named_and_moves_no_tag(built, docker_client, daemon_alone, tmp_path):
     token = uuid.uuid4().hex
     root = fault_copy(tmp_path / "p", docker_client, f"RUN sleep 120 # {token}")

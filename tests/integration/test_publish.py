@@ -188,7 +188,8 @@ def test_the_base_is_published_under_the_id_the_row_names(registry, image_id, pu
     assert by_digest is not None and by_digest[0] == digest
 
 
-def test_published_image_pulled_back_by_digest_is_the_tested_image_and_runs(registry, image_id, pushed, docker_client):
+@pytest.mark.alone  # the default image is gone until the pull brings it back: no other lane may use it meanwhile
+def test_published_image_pulled_back_by_digest_is_the_tested_image_and_runs(registry, image_id, pushed, docker_client, daemon_alone):
     """Delete the image here, pull it by digest: the image ID that comes back is the one that
     passed the session's smoke and structure tests (the ID is the digest of the config, which
     names every layer's content), and it starts and imports the stack. Its smoke suite again

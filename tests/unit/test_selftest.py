@@ -1,4 +1,5 @@
 """`build.py selftest`: the engine set up first, then pytest, whose exit code comes back as it is."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -101,38 +102,41 @@ def whole_suite(monkeypatch, lanes: Lanes, repo: Path) -> int:
 
 
 def test_the_whole_suite_runs_three_lanes_and_prints_the_captured_two_after_the_main_one(monkeypatch, repo, capsys):
-    lanes = Lanes({"unit": 0, "main": 0, selftest.ENGINE26: 0})
+    lanes = Lanes({"unit": 0, "main": 0, selftest.SECOND: 0})
     assert whole_suite(monkeypatch, lanes, repo) == 0
-    (unit, unit_argv, unit_env, _), (main, main_argv, main_env, _), (e26, e26_argv, e26_env, _) = lanes.started
-    assert (unit, main, e26) == ("unit", "main", selftest.ENGINE26)
+    (unit, unit_argv, unit_env, _), (main, main_argv, main_env, _), (second, second_argv, second_env, _) = lanes.started
+    assert (unit, main, second) == ("unit", "main", selftest.SECOND)
     tests = repo / "tests"
     assert unit_argv[3:5] == [str(tests / "unit"), str(tests / "runtime")] and unit_argv[5] == "-ra" and unit_env is None
-    # The integration tier split by the marker, nothing left out: the main lane all but engine26, the other the rest.
-    assert main_argv[3:] == [str(tests / "integration"), "-ra", f"--durations={selftest.SLOWEST}", "-m", f"not {selftest.ENGINE26}"]
-    assert e26_argv[3:] == [str(tests / "integration"), "-ra", f"--durations={selftest.SLOWEST}", "-m", selftest.ENGINE26]
-    # One lock for both integration lanes; only the main lane is told where to say its build is over.
-    assert main_env[selftest.DAEMON_LOCK_ENV] == e26_env[selftest.DAEMON_LOCK_ENV]
-    assert selftest.BUILT_ENV not in e26_env
+    # The integration tier split by the markers, nothing left out: the second lane the engine26 and
+    # second_lane tests, the main lane the rest.
+    selection = "engine26 or second_lane"
+    assert main_argv[3:] == [str(tests / "integration"), "-ra", f"--durations={selftest.SLOWEST}", "-m", f"not ({selection})"]
+    assert second_argv[3:] == [str(tests / "integration"), "-ra", f"--durations={selftest.SLOWEST}", "-m", selection]
+    # One lock for both integration lanes, and one file: the main lane writes its build's record
+    # there, the second lane reads it.
+    assert main_env[selftest.DAEMON_LOCK_ENV] == second_env[selftest.DAEMON_LOCK_ENV]
+    assert main_env[selftest.BUILT_ENV] == second_env[selftest.BUILT_ENV]
     out = capsys.readouterr().out
-    assert out.index(f"{selftest.ENGINE26} lane: 1 passed") < out.index("unit lane: 1 passed") and out.endswith("unit lane: 1 passed\n")
+    assert out.index(f"{selftest.SECOND} lane: 1 passed") < out.index("unit lane: 1 passed") and out.endswith("unit lane: 1 passed\n")
 
 
-def test_the_engine26_lane_starts_once_the_main_lanes_default_build_is_over(monkeypatch, repo):
-    lanes = Lanes({"unit": 0, "main": 0, selftest.ENGINE26: 0}, built_at=3, main_polls=10)
+def test_the_second_lane_starts_once_the_main_lanes_default_build_is_over(monkeypatch, repo):
+    lanes = Lanes({"unit": 0, "main": 0, selftest.SECOND: 0}, built_at=3, main_polls=10)
     assert whole_suite(monkeypatch, lanes, repo) == 0
-    assert [(lane, built) for lane, _, _, built in lanes.started][-1] == (selftest.ENGINE26, True)
+    assert [(lane, built) for lane, _, _, built in lanes.started][-1] == (selftest.SECOND, True)
     assert lanes.main[0].polls_left == 10 - 3  # not a poll more than it took
 
 
-def test_a_main_lane_that_ends_before_its_build_is_over_still_lets_the_engine26_lane_run(monkeypatch, repo):
-    lanes = Lanes({"unit": 0, "main": 1, selftest.ENGINE26: 0}, built_at=None, main_polls=2)
+def test_a_main_lane_that_ends_before_its_build_is_over_still_lets_the_second_lane_run(monkeypatch, repo):
+    lanes = Lanes({"unit": 0, "main": 1, selftest.SECOND: 0}, built_at=None, main_polls=2)
     assert whole_suite(monkeypatch, lanes, repo) == 1
-    assert [lane for lane, *_ in lanes.started] == ["unit", "main", selftest.ENGINE26]
+    assert [lane for lane, *_ in lanes.started] == ["unit", "main", selftest.SECOND]
 
 
-@pytest.mark.parametrize("main, e26, unit, code", [(0, 0, 1, 1), (5, 0, 0, 5), (0, 5, 0, 5), (1, 2, 0, 1), (0, 2, 1, 2), (2, 1, 1, 2)])
-def test_pytests_exit_code_comes_back_unchanged_no_tests_ran_included(monkeypatch, repo, main, e26, unit, code):
-    assert whole_suite(monkeypatch, Lanes({"unit": unit, "main": main, selftest.ENGINE26: e26}), repo) == code
+@pytest.mark.parametrize("main, second, unit, code", [(0, 0, 1, 1), (5, 0, 0, 5), (0, 5, 0, 5), (1, 2, 0, 1), (0, 2, 1, 2), (2, 1, 1, 2)])
+def test_pytests_exit_code_comes_back_unchanged_no_tests_ran_included(monkeypatch, repo, main, second, unit, code):
+    assert whole_suite(monkeypatch, Lanes({"unit": unit, "main": main, selftest.SECOND: second}), repo) == code
 
 
 def test_an_engine_that_cannot_be_set_up_stops_before_pytest(monkeypatch):
@@ -141,3 +145,23 @@ def test_an_engine_that_cannot_be_set_up_stops_before_pytest(monkeypatch):
     with pytest.raises(EnvironmentProblem, match="could not set up Docker Engine"):
         selftest.run(Path("/repo"), [])
     assert len(calls) == 1
+
+
+def test_the_second_lane_takes_the_main_lanes_build_record_and_fails_on_a_build_that_failed_or_never_ended(monkeypatch, tmp_path):
+    from helpers import main_lane_build
+
+    built = tmp_path / "default-build-over"
+    monkeypatch.setenv(selftest.BUILT_ENV, str(built))
+    monkeypatch.setenv(selftest.LANE_ENV, "main")
+    built.write_text(json.dumps({"returncode": 0, "image_id": "sha256:ab"}))
+    assert main_lane_build() is None  # the main lane builds the row itself
+    monkeypatch.setenv(selftest.LANE_ENV, selftest.SECOND)
+    assert main_lane_build() == {"returncode": 0, "image_id": "sha256:ab"}
+    built.write_text(json.dumps({"returncode": 1, "image_id": None}))
+    with pytest.raises(pytest.fail.Exception, match="build of the default row failed"):
+        main_lane_build()
+    built.write_text("")
+    with pytest.raises(pytest.fail.Exception, match="did not finish"):
+        main_lane_build()
+    built.unlink()
+    assert main_lane_build() is None  # the main lane ended before its build: this lane builds it
