@@ -141,6 +141,18 @@ def docker_client():
 
 
 @pytest.fixture(scope="session")
+def default_rootfs(docker_client, tmp_path_factory) -> str:
+    """The default row's base image (the small Debian rootfs): its ID, made with mmdebstrap as
+    build.py makes it where this machine lacks it, so that a test on it never depends on a build
+    that ran before it; the default build then finds it."""
+    from pytorch_cuda_build.engine import docker_env
+    from pytorch_cuda_build.stages import base, matrix
+
+    row = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
+    return base.ensure(docker_client, row, tmp_path_factory.mktemp("default-rootfs"), docker_cli=docker_env.build_client().argv[0])
+
+
+@pytest.fixture(scope="session")
 def default_build(docker_client, tmp_path_factory):
     """The README's build line for the default row, run once per session and shared by every
     module that needs its image. --retest: this session's own smoke and structure run, whatever

@@ -1,7 +1,8 @@
 """A real daemon: the containers the tool creates are gone afterwards, even when start fails.
 
-Uses the small local Debian rootfs image (no registry, no image build); asserts only on
-this session's own containers (label pytorch-cuda.run=<session id>).
+Uses the small Debian rootfs image, the default row's base (made with mmdebstrap where this
+machine lacks it; no registry, no image build); asserts only on this session's own containers
+(label pytorch-cuda.run=<session id>).
 """
 from __future__ import annotations
 
@@ -10,16 +11,12 @@ import pytest
 
 from pytorch_cuda_build.stages import gate
 
-from helpers import require
-
 pytestmark = pytest.mark.docker
 
 
 @pytest.fixture(scope="module")
-def rootfs(docker_client) -> str:
-    images = docker_client.images.list(name="pytorch-cuda-rootfs")
-    require(images, "no local pytorch-cuda-rootfs image (build.py makes one with mmdebstrap)")
-    return images[0].id
+def rootfs(default_rootfs) -> str:
+    return default_rootfs
 
 
 def ours(client) -> list:

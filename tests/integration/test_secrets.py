@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PRIVATE_KEYS, SECRET_FILES, default_image, require, scan_layers
+from helpers import PRIVATE_KEYS, SECRET_FILES, default_image, scan_layers
 
 pytestmark = [pytest.mark.docker, pytest.mark.second_lane]
 
@@ -65,13 +65,11 @@ def test_no_secret_in_any_layer(image, docker_client):
     assert not hits, f"secrets found in: {hits}"
 
 
-def test_the_layer_scan_finds_a_host_key_where_there_is_one(docker_client, tmp_path):
+def test_the_layer_scan_finds_a_host_key_where_there_is_one(docker_client, default_rootfs):
     """The secret scan (test_no_secret_in_any_layer) on an image that does hold an ssh host key
     and a private key file: it must name both, or its silence proves nothing."""
-    rootfs = docker_client.images.list(name="pytorch-cuda-rootfs")
-    require(rootfs, "no local pytorch-cuda-rootfs image (build.py makes one with mmdebstrap)")
     key = "-----BEGIN OPENSSH PRIVATE KEY-----\\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ==\\n-----END OPENSSH PRIVATE KEY-----\\n"
-    box = docker_client.containers.run(rootfs[0].id, ["sh", "-c", f"mkdir -p /etc/ssh && printf '%b' '{key}' > /etc/ssh/ssh_host_ed25519_key "
+    box = docker_client.containers.run(default_rootfs, ["sh", "-c", f"mkdir -p /etc/ssh && printf '%b' '{key}' > /etc/ssh/ssh_host_ed25519_key "
                                                       f"&& printf '%b' '{key}' > /srv/deploy_key && cp /bin/ls /srv/not-a-key"],
                                        detach=True)
     ref = f"pytorch-cuda-scan-probe:{uuid.uuid4().hex[:12]}"
