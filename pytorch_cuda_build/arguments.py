@@ -1,5 +1,5 @@
 """The command line's arguments: every command and option of build.py, with its help.
-Bad arguments are a UsageError (one line, exit 2) like every other bad input."""
+Bad arguments are UsageErrors (one line each, exit 2) like every other bad input: validate.py reports them."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +7,7 @@ import os
 import re
 from pathlib import Path
 
-from .errors import UsageError
+from .errors import UsageErrors
 from .jobs import kubernetes, slurm
 from .stages import matrix
 from .tools import bench, engine_current
@@ -16,9 +16,46 @@ COMPRESSIONS = ("gzip", "zstd")  # publish's layer compression (registry/zstd.py
 COMMANDS = ("build", "list", "matrix", "lock", "render", "test", "publish", "prune", "selftest", "bench", "sbom", "verify", "base", "signing-key", "engine", "gpu-bundle", "job")
 
 
+BAD = "_bad_arguments"  # the namespace's {dest: problem} of values argparse's types or choices refused
+
+
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line and exit 2, like every other bad input
-        raise UsageError(f"{message} (see --help)")
+    """argparse, except that a value its type or choices refuse is kept as a problem (the value
+    left None, or as given) instead of ending the parse: validate() reports it with every other
+    problem of the command line at once, and skips the checks that read it."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._bad: dict[str, str] = {}
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._bad = {}
+        ns, extras = super().parse_known_args(args, namespace)
+        # A subcommand's parser ran inside this one and copied its namespace, BAD included, into ns.
+        self._bad = {**getattr(ns, BAD, {}), **self._bad}
+        setattr(ns, BAD, self._bad)
+        return ns, extras
+
+    def _get_value(self, action, arg_string):
+        try:
+            return super()._get_value(action, arg_string)
+        except argparse.ArgumentError as e:
+            self._bad.setdefault(action.dest, f"{e} (see --help)")
+            return None
+
+    def _check_value(self, action, value):
+        if isinstance(action, argparse._SubParsersAction):
+            return super()._check_value(action, value)
+        if action.dest in self._bad:  # its type refused it already
+            return None
+        try:
+            return super()._check_value(action, value)
+        except argparse.ArgumentError as e:
+            self._bad[action.dest] = f"{e} (see --help)"
+            return None
+
+    def error(self, message: str):  # each problem one line, exit 2, like every other bad input
+        raise UsageErrors([*self._bad.values(), f"{message} (see --help)"])
 
 
 def _at_least(low: int):

@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         argv.insert(skip, "build")  # `build.py --torch 2.7` means `build.py build --torch 2.7`
     args = command = None
     try:
-        args = validate(parser().parse_args(argv))  # every argument, before anything is touched
+        args = validate(parser().parse_args(argv), ROOT / "matrix.yaml")  # every argument, before anything is touched
         args.matrix = args.matrix or ROOT / "matrix.yaml"
         command = args.command
         m = matrix.load(args.matrix)

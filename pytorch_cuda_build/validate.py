@@ -1,8 +1,9 @@
 """The command line's second stage: arguments.py parses, validate() checks, then completes.
 
 Every argument is checked here, once, before Docker, the network, a lock or the disk is
-touched: a value of the wrong form, a file that is missing or of the wrong kind, and a flag
-that does nothing beside another (or contradicts it). Every problem is reported at once, as
+touched: a value of the wrong form (what argparse's types and choices refused comes here too,
+arguments.py), a file that is missing or of the wrong kind, a flag that does nothing beside
+another (or contradicts it), and the row --torch, --cuda and --flavor pick. Every problem is reported at once, as
 the matrix loader does: one line each naming the argument (both, for a combination), exit 2.
 A check that reads an argument already found wrong is skipped, so one mistake gives one line.
 Nothing here writes, starts a process or opens a connection; files are only opened for reading.
@@ -18,12 +19,12 @@ import ssl
 from pathlib import Path
 from typing import Any, Callable
 
-from . import jobs
+from . import arguments, jobs, scheduler
 from .engine import docker_env
 from .errors import UsageError, UsageErrors
 from .jobs import mounts
 from .registry import sign
-from .stages import publish
+from .stages import matrix, publish
 from .tools import bench, gpubundle
 
 # Given as None by the parser, so that a flag given where it does nothing can be told from
@@ -143,12 +144,18 @@ class Checks:
             self.fail(dests, str(e))
 
 
-def validate(args: argparse.Namespace) -> argparse.Namespace:
-    """args checked (every problem raised at once, as UsageErrors) and completed: defaults filled in."""
+def validate(args: argparse.Namespace, default_matrix: Path | None = None) -> argparse.Namespace:
+    """args checked (every problem raised at once, as UsageErrors) and completed: defaults filled in.
+    With default_matrix (the project's matrix.yaml, where --matrix is not given), the row that
+    --torch, --cuda and --flavor pick is looked up too."""
     c = Checks()
+    for dest, problem in vars(args).pop(arguments.BAD, {}).items():  # what argparse's types and choices refused
+        c.fail(dest, problem)
     _values(args, c)
     _files(args, c)
     _combinations(args, c)
+    if default_matrix is not None:
+        _row(args, c, args.matrix or default_matrix)
     if c.problems:
         raise UsageErrors(c.problems)
     for dest, value in DEFAULTS.items():
@@ -163,7 +170,7 @@ def _values(args: argparse.Namespace, c: Checks) -> None:
         value = getattr(args, dest, None)
         if value is not None and not re.fullmatch(pattern, value):
             c.fail(dest, f"{flag(dest)} takes {like}, not {value!r}")
-    if getattr(args, "limit_mib", 1) < 1:
+    if c.ok("limit_mib") and getattr(args, "limit_mib", 1) < 1:
         c.fail("limit_mib", f"--limit-mib must be at least 1, not {args.limit_mib}")
     if getattr(args, "python", None) is not None and not re.fullmatch(PYTHON, args.python):
         c.fail("python", f"--python {args.python!r}: expected MAJOR.MINOR, e.g. 3.12")
@@ -307,7 +314,9 @@ def _combinations(args: argparse.Namespace, c: Checks) -> None:
             c.fail((one, other), f"{flag(one)} and {flag(other)} do not go together: {why}")
     if command == "publish" or (command == "build" and args.push):
         # Its form only: no network. For build it is --push's registry: not asked for where --push was refused.
-        c.run(("registry", "retries", "push"), lambda: publish.registry(args.registry, args.retries or DEFAULTS["retries"]))
+        # The address's form does not depend on --retries: checked even where --retries was refused.
+        retries = (args.retries if c.ok("retries") else None) or DEFAULTS["retries"]
+        c.run(("registry", "push"), lambda: publish.registry(args.registry, retries))
         c.run(("push",), publish.retry_backoff)
     if command == "publish" and args.platform not in (None, "all", docker_env.host_platform()):
         c.fail("platform", f"publish --platform takes all (an index of every platform of the row) or this host's "
@@ -368,7 +377,7 @@ def _job_combinations(args: argparse.Namespace, c: Checks) -> None:
                f"{args.shm_size}: a memory-backed /dev/shm counts against the pod's memory, which must also hold the "
                "processes' working memory")
     if args.qos == "guaranteed" and not (args.cpus_per_node and args.memory_per_node):
-        c.fail("qos", "--qos guaranteed needs --cpus-per-node and --memory-per-node: Guaranteed sets the limits equal to "
+        c.fail(("qos", "cpus_per_node", "memory_per_node"), "--qos guaranteed needs --cpus-per-node and --memory-per-node: Guaranteed sets the limits equal to "
                       "the requests, and the job guesses neither")
     if args.scheduler == "slurm":
         if c.ok("mount"):
@@ -379,3 +388,19 @@ def _job_combinations(args: argparse.Namespace, c: Checks) -> None:
     elif args.workdir is not None and "$" in args.workdir and c.ok("workdir"):
         c.fail(("workdir", "scheduler"), f"--workdir {args.workdir!r} needs --scheduler slurm: $SLURM_SUBMIT_DIR is Slurm's; "
                                          "under Kubernetes it is an absolute directory in the container")
+
+
+# The commands whose --torch, --cuda and --flavor pick a row of the matrix.
+ROW_COMMANDS = ("build", "publish", "lock", "test", "verify", "base", "bench", "gpu-bundle", "job")
+
+
+def _row(args: argparse.Namespace, c: Checks, path: Path) -> None:
+    """The row --torch, --cuda and --flavor name is in the matrix (build --all: at least one row
+    matches them). Read only: the matrix loader's own problems come back as they are."""
+    if args.command not in ROW_COMMANDS or not args.torch or (args.command == "publish" and args.all):
+        return
+    if args.command == "build" and args.all:
+        c.run(("torch", "cuda", "flavor", "matrix", "all"),
+              lambda: scheduler.select_rows(matrix.load(path), args.torch, args.cuda, args.flavor))
+    else:
+        c.run(("torch", "cuda", "flavor", "matrix"), lambda: matrix.load(path).select(args.torch, args.cuda, args.flavor))

@@ -37,7 +37,7 @@ def test_unknown_row_lists_rows():
     (["--cold-runs", "0"], "argument --cold-runs: must be at least 1, not 0"),
 ])
 def test_bench_rejects_bad_arguments_before_touching_docker(args, says):
-    proc = run_cli(ROOT, "bench", "--torch", "2.7", "--cuda", "12.1", "--full", *args, env=NO_DOCKER)
+    proc = run_cli(ROOT, "bench", "--torch", "2.7", "--cuda", "12.1", "--full", "--yes", *args, env=NO_DOCKER)
     one_error_line(proc, 2, says)
 
 

@@ -307,6 +307,20 @@ def test_a_flag_that_does_nothing_or_contradicts_is_one_line_naming_both(untouch
       "--", "t.py"],
      ["--name takes a lowercase DNS label", "--shm-size"]),  # the memory-vs-shm check reads --shm-size: skipped
     (["build", "--torch", "2.7", "--dry-run", "--push"], ["--dry-run and --push do not go together"]),  # no "no registry" after it
+    # What argparse's types and choices refuse is kept, not the end of the parse: every one is a line.
+    (["build", "--all", "--jobs", "0", "--push", "--registry", "127.0.0.1:5000/ml", "--retries", "x"],
+     ["argument --jobs: must be at least 1, not 0", "argument --retries: takes a whole number, not 'x'"]),
+    (["test", "--flavor", "slim"], ["argument --flavor: invalid choice: 'slim'", "the following arguments are required: --torch"]),
+    (["prune", "--keep-storage", "lots", "--matrix", "{matrix}"],  # --matrix goes before the command
+     ["argument --keep-storage: 'lots' is not a size", "unrecognized arguments: --matrix"]),
+    (["build", "--torch", "2.7", "--flavor", "slim", "--cuda", "x"], ["argument --flavor: invalid choice", "--cuda takes a CUDA version"]),
+    # The row is looked up with the rest: a bad registry and a row the matrix lacks are two lines.
+    (["publish", "--torch", "9.9", "--registry", "bad"], ["malformed registry address 'bad'", "no row for torch 9.9"]),
+    (["build", "--torch", "2.7", "--cuda", "99.0", "--jobs", "0"],
+     ["argument --jobs: must be at least 1, not 0", "no row for torch 2.7 with CUDA 99.0"]),  # --jobs refused: not "needs --all" too
+    (["build", "--all", "--torch", "9.9", "--jobs", "2"], ["no rows match --torch 9.9"]),
+    (["publish", "--torch", "2.7", "--registry", "bad", "--retries", "0"],
+     ["argument --retries: must be at least 1, not 0", "malformed registry address 'bad'"]),  # the address does not read --retries
 ])
 def test_every_problem_is_reported_at_once_and_a_check_on_a_refused_argument_is_skipped(untouched, paths, argv, says):
     proc = run_cli(ROOT, *_filled(argv, paths), env=NO_DOCKER)
