@@ -164,7 +164,7 @@ def default_build(docker_client, tmp_path_factory):
     tested image's ID. In the whole suite, the main lane writes all of it to the lanes' file
     (tools/selftest.py), and the second lane takes it from there: one build and test a run."""
     from pytorch_cuda_build.stages import matrix
-    from pytorch_cuda_build.tools.selftest import BUILT_ENV, LANE_ENV
+    from pytorch_cuda_build.tools.selftest import BUILT_ENV, LANE_ENV, MAIN
 
     from helpers import main_lane_build, run_build_py, shown
 
@@ -172,7 +172,7 @@ def default_build(docker_client, tmp_path_factory):
     if record is not None:
         return types.SimpleNamespace(stdout=record["stdout"], stderr=record["stderr"], results=Path(record["results"]),
                                      image_id=record["image_id"])
-    built = os.environ.get(BUILT_ENV) if os.environ.get(LANE_ENV) == "main" else None
+    built = os.environ.get(BUILT_ENV) if os.environ.get(LANE_ENV) == MAIN else None
     row = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
     try:
         proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.1", "--quiet", "--retest", timeout=5400)

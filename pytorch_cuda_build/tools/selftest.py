@@ -22,7 +22,7 @@ UNIT_TIERS = ("unit", "runtime")
 # starts once the main lane's default build is over, and takes that build's record from the file
 # the main lane writes (BUILT_ENV) instead of building and testing the row again.
 ENGINE26, SECOND_LANE = "engine26", "second_lane"
-SECOND = "second"  # the second lane's name in LANE_ENV
+MAIN, SECOND = "main", "second"  # the integration lanes' names in LANE_ENV
 # What the lanes tell each other (tests/conftest.py reads them): which lane a pytest is, the file
 # the main lane writes once the session's default build is over, and the lock that keeps the
 # 20.10 daemon alive while the second lane uses it (the tests that kill the daemon or delete the
@@ -75,7 +75,7 @@ def whole_suite(root: Path) -> int:
         with tempfile.TemporaryFile(mode="w+") as unit_out, tempfile.TemporaryFile(mode="w+") as second_out:
             unit = subprocess.Popen(pytest_argv([tests / t for t in UNIT_TIERS], []), cwd=root,
                                     stdout=unit_out, stderr=subprocess.STDOUT)
-            main = subprocess.Popen(pytest_argv(rest, ["-m", f"not ({second_lane})"]), cwd=root, env={**env, LANE_ENV: "main"})
+            main = subprocess.Popen(pytest_argv(rest, ["-m", f"not ({second_lane})"]), cwd=root, env={**env, LANE_ENV: MAIN})
             second = None
             try:
                 while main.poll() is None and not built.exists():

@@ -152,7 +152,7 @@ def test_the_second_lane_takes_the_main_lanes_build_record_and_fails_on_a_build_
 
     built = tmp_path / "default-build-over"
     monkeypatch.setenv(selftest.BUILT_ENV, str(built))
-    monkeypatch.setenv(selftest.LANE_ENV, "main")
+    monkeypatch.setenv(selftest.LANE_ENV, selftest.MAIN)
     built.write_text(json.dumps({"returncode": 0, "image_id": "sha256:ab"}))
     assert main_lane_build() is None  # the main lane builds the row itself
     monkeypatch.setenv(selftest.LANE_ENV, selftest.SECOND)
