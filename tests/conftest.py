@@ -74,9 +74,10 @@ def pytest_unconfigure(config):
 def pytest_collection_modifyitems(items):
     """The tests that keep both cores busy alone (both_cores) after the rest, so that the second
     lane, from the end of the default build, runs beside tests that leave a core idle; then the
-    tests that kill the daemon or delete the default image (alone): nothing after them meets a
-    restarted daemon or a pulled-back image, and the second lane has the longest time to end
-    first. A stable sort: the rest keep their order."""
+    tests that kill the daemon or delete the default image (alone), so that no other test meets
+    the restarted daemon or the missing image, and the second lane has the longest time to end
+    first (the pull back, after the kill, meets the restarted daemon as any later command would).
+    A stable sort: the rest keep their order."""
     items.sort(key=lambda item: (item.get_closest_marker("alone") is not None,
                                  item.get_closest_marker("both_cores") is not None))
 
