@@ -3,8 +3,9 @@
 Every argument is checked here, once, before Docker, the network, a lock or the disk is
 touched: a value of the wrong form (what argparse's types and choices refused comes here too,
 arguments.py), a file that is missing or of the wrong kind, a flag that does nothing beside
-another (or contradicts it), and the row --torch, --cuda and --flavor pick. Every problem is reported at once, as
-the matrix loader does: one line each naming the argument (both, for a combination), exit 2.
+another (or contradicts it), and the row --torch, --cuda and --flavor pick. Every problem is
+reported at once, as the matrix loader does: one line each naming the argument (both, for a
+combination), exit 2.
 A check that reads an argument already found wrong is skipped, so one mistake gives one line.
 Nothing here writes, starts a process or opens a connection; files are only opened for reading.
 """
@@ -390,14 +391,11 @@ def _job_combinations(args: argparse.Namespace, c: Checks) -> None:
                                          "under Kubernetes it is an absolute directory in the container")
 
 
-# The commands whose --torch, --cuda and --flavor pick a row of the matrix.
-ROW_COMMANDS = ("build", "publish", "lock", "test", "verify", "base", "bench", "gpu-bundle", "job")
-
-
 def _row(args: argparse.Namespace, c: Checks, path: Path) -> None:
     """The row --torch, --cuda and --flavor name is in the matrix (build --all: at least one row
-    matches them). Read only: the matrix loader's own problems come back as they are."""
-    if args.command not in ROW_COMMANDS or not args.torch or (args.command == "publish" and args.all):
+    matches them). Read only: the matrix loader's own problems come back as they are. Every
+    command with --torch picks a row with it (arguments._selection)."""
+    if not getattr(args, "torch", None) or (args.command == "publish" and args.all):
         return
     if args.command == "build" and args.all:
         c.run(("torch", "cuda", "flavor", "matrix", "all"),
