@@ -13,7 +13,7 @@ from .stages import matrix
 from .tools import bench, engine_current
 
 COMPRESSIONS = ("gzip", "zstd")  # publish's layer compression (registry/zstd.py)
-COMMANDS = ("build", "list", "matrix", "lock", "render", "test", "publish", "prune", "selftest", "bench", "sbom", "verify", "base", "signing-key", "engine", "gpu-bundle", "job")
+COMMANDS = ("build", "list", "matrix", "lock", "render", "test", "publish", "prune", "selftest", "bench", "sbom", "verify", "record", "base", "signing-key", "engine", "gpu-bundle", "job")
 
 
 BAD = "_bad_arguments"  # the namespace's {dest: problem} of values argparse's types or choices refused
@@ -204,12 +204,25 @@ def parser() -> argparse.ArgumentParser:
     _selection(vf, required=False)
     vf.add_argument("--image", help="a published image, HOST[:PORT]/NAMESPACE/NAME@sha256:<64 hex>: its labels name the commit "
                                     "and the row; exit 0 same, 1 different, 2 bad input, 3 not rebuildable here")
-    vf.add_argument("--against", metavar="LOCAL", help="with --image: compare with this local image instead of rebuilding")
+    vf.add_argument("--against", metavar="LOCAL", help="with --image or --record: compare with this local image instead of "
+                                                       "rebuilding (--record: default the row's own tag)")
+    vf.add_argument("--record", type=Path, metavar="FILE",
+                    help="compare the row's local image with a record (`build.py record`, another machine's build): "
+                         "exit 0 the same image, 1 another; the differing layers and files are named")
     vf.add_argument("--compile-ops", action="store_true",
                     help="compile the DeepSpeed ops in both builds instead of taking the host's ops seed, as a "
                          "rebuild on a fresh machine does (about 4 min more per build on 2 cores)")
     _platform(vf)
     _docker_ca(vf)
+
+    rc = sub.add_parser("record", help="write a local image's record for another machine to compare its build with: the "
+                                       "image and config digests, the config, every layer's files (xz-compressed JSON)")
+    _selection(rc)
+    rc.add_argument("--image", help="local image reference or ID (default: the row's own tag)")
+    rc.add_argument("--output", type=Path, metavar="FILE",
+                    help="where to write it, a new .json.xz (default: build-results/<image>/record.json.xz)")
+    _platform(rc)
+    rc.add_argument("--docker", help="Docker CLI to use (default: $PYTORCH_CUDA_DOCKER, else detected)")
 
     bs = sub.add_parser("base", help="build (or, --rebuild, build anew) a row's local base and say whether it is the "
                                      "recorded one: its diff_id, image ID and the mirror state it came from")

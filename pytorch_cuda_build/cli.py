@@ -18,7 +18,7 @@ from .errors import PipelineError, UsageError, UsageErrors
 from .jobs import renderers
 from .registry import sign, zstd
 from .stages import base, build, lock, matrix, publish, publish_index, render, sbom, tag
-from .tools import bench, engine_current, gpubundle, propose, pullcost, selftest, verify, verify_image
+from .tools import bench, engine_current, gpubundle, propose, pullcost, record, selftest, verify, verify_image
 from .validate import validate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -164,6 +164,8 @@ def cmd_verify(m: matrix.Matrix, args) -> int:
     if args.image:
         return verify_published(m, args)
     row = m.select(args.torch, args.cuda, args.flavor)
+    if args.record:
+        return verify_record(m, row, args)
     pipeline.check_inputs(ROOT, m, [row])
     reproducible = True
     for image in pipeline.platforms(row, args.platform):
@@ -191,6 +193,46 @@ def cmd_base(m: matrix.Matrix, args) -> int:
         if args.record:
             for path in base.record(ROOT, m, image, found, build.source(ROOT).revision):
                 log(f"recorded in {path.relative_to(ROOT)}")
+    return 0
+
+
+def verify_record(m: matrix.Matrix, row: matrix.Image, args) -> int:
+    """The row's local image (or --against) against a record: no build, no access to the recorded image."""
+    theirs = record.load(args.record)
+    image = pipeline.platforms(row, args.platform)[0]
+    ref = args.against or tag.own_ref(image)
+    c, bc = docker_env.ensure_engine(log), docker_env.build_client(args.docker)
+    log(f"verify: reading {ref}'s layers (every file's sha256)")
+    ours = record.from_image(ref, _image_id(c, ref), bc.argv[0], f"{image.name} here")
+    d = record.compare(theirs, ours, ("the record", "the image here"))
+    print(f"{image.name} on {image.platform}: {ref} against {args.record}")
+    print(f"image digests: {theirs.image or '(none recorded)'} vs {ours.image or '(none: classic store)'}")
+    print(f"config digests: {theirs.config_digest} vs {ours.config_digest}")
+    print("\n".join(record.lines(d)))
+    print("verdict: THE SAME IMAGE" if d.same_image else "verdict: DIFFERENT")
+    return 0 if d.same_image else 1
+
+
+def _image_id(c, ref: str) -> str:
+    try:
+        return str(c.images.get(ref).id)
+    except docker.errors.ImageNotFound:
+        raise UsageError(f"no local image {ref}: build the row first, or name one with --against/--image") from None
+
+
+def cmd_record(m: matrix.Matrix, args) -> int:
+    image = pipeline.platforms(m.select(args.torch, args.cuda, args.flavor), args.platform)[0]
+    ref = args.image or tag.own_ref(image)
+    out = args.output or pipeline.results_dir(ROOT, image) / "record.json.xz"
+    c, bc = docker_env.ensure_engine(log), docker_env.build_client(args.docker)
+    image_id = _image_id(c, ref)
+    log(f"record: reading {ref}'s layers (every file's sha256)")
+    rec = record.from_image(ref, image_id, bc.argv[0],
+                            f"{image.name} ({image.platform}) as {ref}, built on Docker {c.version().get('Version', '?')}, {docker_env.image_store(c)} store")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record.write(rec, out)
+    print(f"{out}: image {rec.image or '(classic store: no manifest digest)'}, config {rec.config_digest}, "
+          f"{len(rec.layers)} layers, {sum(len(layer.entries or {}) for layer in rec.layers)} entries")
     return 0
 
 
@@ -265,7 +307,7 @@ def _terminated(signum, frame):
 
 HANDLERS = {"build": cmd_build, "list": cmd_list, "matrix": cmd_matrix, "lock": cmd_lock, "render": cmd_render, "test": cmd_test,
             "publish": cmd_publish, "prune": cmd_prune, "selftest": cmd_selftest, "bench": cmd_bench, "sbom": cmd_sbom,
-            "verify": cmd_verify, "base": cmd_base, "signing-key": cmd_signing_key, "engine": cmd_engine,
+            "verify": cmd_verify, "record": cmd_record, "base": cmd_base, "signing-key": cmd_signing_key, "engine": cmd_engine,
             "gpu-bundle": cmd_gpu_bundle, "job": cmd_job}
 assert set(HANDLERS) == set(COMMANDS), "each command of arguments.py has its handler here"
 

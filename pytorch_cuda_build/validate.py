@@ -179,7 +179,7 @@ def _values(args: argparse.Namespace, c: Checks) -> None:
     if image is not None and args.command == "verify":
         c.run("image", lambda: jobs.parse_image(image))
     elif image is not None and args.command != "job" and not re.fullmatch(r"\S+", image):
-        c.fail("image", f"{'--image' if args.command == 'test' else 'IMAGE'} takes an image reference or ID, not {image!r}")
+        c.fail("image", f"{'--image' if args.command in ('test', 'record') else 'IMAGE'} takes an image reference or ID, not {image!r}")
     for vid in getattr(args, "allow_vulnerable", []):
         if not re.fullmatch(r"[A-Za-z0-9][\w.:-]*", vid):
             c.fail("allow_vulnerable", f"--allow-vulnerable takes an advisory ID (e.g. GHSA-xxxx-xxxx-xxxx, PYSEC-2024-1), not {vid!r}")
@@ -347,11 +347,22 @@ def _combinations(args: argparse.Namespace, c: Checks) -> None:
 
 def _verify_combinations(args: argparse.Namespace, c: Checks) -> None:
     """verify picks its row with --torch, or takes it from --image's labels: one or the other."""
+    if args.record is not None:
+        if args.image is not None:
+            c.fail(("image", "record"), "--image and --record do not go together: compare with a published image or with a record")
+        if args.compile_ops:
+            c.fail(("record", "compile_ops"), "--record and --compile-ops do not go together: --record builds nothing")
+        if args.platform == "all":
+            c.fail(("record", "platform"), "--record is one image's: give its one --platform, not all")
+        if not args.record.is_file():
+            c.fail("record", f"--record {args.record}: no such file (a record that `build.py record` wrote)")
     if args.image is None:
         if not args.torch:
             c.fail("torch", "verify needs the row: --torch X [--cuda Y], or a published image: --image REPO@sha256:...")
-        if args.against is not None:
-            c.fail("against", "--against needs --image: it is what the published image is compared with")
+        if args.against is not None and args.record is None:
+            c.fail("against", "--against needs --image or --record: it is what the published image or the record is compared with")
+        if args.against is not None and not re.fullmatch(r"\S+", args.against):
+            c.fail("against", f"--against takes a local image reference or ID, not {args.against!r}")
         return
     for dest in ("torch", "cuda", "compile_ops"):
         if given(args, dest):

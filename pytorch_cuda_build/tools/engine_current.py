@@ -51,10 +51,15 @@ class Store:
     name: str
     bridge: str  # at most 15 characters (IFNAMSIZ)
     address: str  # the bridge's own address, CIDR; its subnet must be free on this host
+    home: Path | None = None  # its data's parent (default HOME): another filesystem, for one
+    # What containerd and dockerd start under: a command prefix (taskset, a UTS namespace) and
+    # environment (TZ, LANG): the reproducibility test's second machine (test_reproducible_machine.py).
+    wrap: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
 
     @property
     def state(self) -> Path:
-        return HOME / self.name
+        return (self.home or HOME) / self.name
 
     @property
     def run(self) -> Path:
@@ -236,18 +241,18 @@ def up(store_name: str | Store, ca_bundle: str | None, log: Callable[[str], None
     if not plugin.exists() or plugin.resolve() != u.buildx:
         plugin.unlink(missing_ok=True)
         plugin.symlink_to(u.buildx)
-    env = {**os.environ, "PATH": u.path}
+    env = {**os.environ, **dict(store.env), "PATH": u.path}
     if _alive(store.run / "dockerd.pid") and _answers(u, store):
         return environment(u, store)
     _bridge(store)
     if not _alive(store.run / "containerd.pid"):
         (store.state / "containerd.toml").write_text(containerd_config(store))
-        _spawn([str(u.containerd), "--config", str(store.state / "containerd.toml")],
+        _spawn([*store.wrap, str(u.containerd), "--config", str(store.state / "containerd.toml")],
                store.state / "containerd.log", store.run / "containerd.pid", env)
         _wait(lambda: (store.run / "containerd.sock").is_socket(), "containerd", store.state / "containerd.log")
     (store.state / "daemon.json").write_text(json.dumps(daemon_json(store), indent=1) + "\n")
     log(f"engine: starting dockerd {u.versions['docker.io']} ({store.name} image store, log: {store.state / 'dockerd.log'})")
-    _spawn(dockerd_argv(u, store), store.state / "dockerd.log", store.run / "dockerd.pid.spawned", env)
+    _spawn([*store.wrap, *dockerd_argv(u, store)], store.state / "dockerd.log", store.run / "dockerd.pid.spawned", env)
     _wait(lambda: _answers(u, store), "dockerd", store.state / "dockerd.log")
     return environment(u, store)
 

@@ -33,7 +33,7 @@ from ..errors import PipelineError, UsageError
 from ..jobs import ImageRef
 from ..registry.client import Registry, RegistryAPI, credentials
 from ..stages import base, build, publish, render
-from . import verify
+from . import record
 
 REVISION_LABEL = "org.opencontainers.image.revision"
 ROW_LABEL = "io.pytorch-cuda.image"
@@ -117,6 +117,9 @@ def row_of(matrix, published: Published, revision: str):
     return row.on(published.platform)
 
 
+config_differences = record.config_differences  # the config fields that differ: `field: published -> local`
+
+
 @dataclass
 class Local:
     ref: str
@@ -143,23 +146,6 @@ def read_local(ref: str, docker_cli: str) -> Local:
     return Local(ref, "sha256:" + hashlib.sha256(raw).hexdigest(), config, list(config["rootfs"]["diff_ids"]))
 
 
-def config_differences(a: dict, b: dict) -> list[str]:
-    """The config fields that differ, labels one by one: `field: published -> local`."""
-    out = []
-    for key in sorted(set(a) | set(b)):
-        if key == "config":
-            inner_a, inner_b = a.get(key) or {}, b.get(key) or {}
-            for k in sorted(set(inner_a) | set(inner_b)):
-                if k == "Labels":
-                    la, lb = inner_a.get(k) or {}, inner_b.get(k) or {}
-                    out += [f"label {n}: {la.get(n)!r} -> {lb.get(n)!r}" for n in sorted(set(la) | set(lb)) if la.get(n) != lb.get(n)]
-                elif inner_a.get(k) != inner_b.get(k):
-                    out.append(f"config.{k}: {inner_a.get(k)!r} -> {inner_b.get(k)!r}")
-        elif key != "rootfs" and a.get(key) != b.get(key):
-            out.append(f"{key}: {str(a.get(key))[:120]!r} -> {str(b.get(key))[:120]!r}")
-    return out
-
-
 def published_layers(api: RegistryAPI, name: str, published: Published, wanted: set[int]) -> list[dict]:
     """Index (path -> entry) of the published image's layers numbered in wanted; {} for the others."""
     with tempfile.TemporaryDirectory(prefix="pytorch-cuda-verify-") as tmp:
@@ -176,15 +162,15 @@ def published_layers(api: RegistryAPI, name: str, published: Published, wanted: 
         return out
 
 
-def _index_blob(blob: Path, media_type: str) -> dict:
+def _index_blob(blob: Path, media_type: str) -> dict[str, record.Entry]:
     if media_type.endswith("+zstd"):
         zstd = subprocess.Popen(["zstd", "-dc", str(blob)], stdout=subprocess.PIPE)
         with tarfile.open(fileobj=zstd.stdout, mode="r|") as tar:
-            index = verify._index(tar)
+            index = record.index_layer(tar)
         zstd.wait()
         return index
     with tarfile.open(blob, mode="r:*") as tar:
-        return verify._index(tar)
+        return record.index_layer(tar)
 
 
 @dataclass
@@ -199,20 +185,17 @@ def compare(api: RegistryAPI, name: str, published: Published, local: Local, doc
              f"layers (diff_ids): published {len(published.diff_ids)}, here {len(local.diff_ids)}"]
     if published.config_digest == local.config_digest:
         return Verdict(True, [*lines, "verdict: THE SAME IMAGE: one config digest, so the same diff_ids"])
-    lines += [f"  {d}" for d in config_differences(published.config, local.config)]
     differing = {i for i in range(max(len(published.diff_ids), len(local.diff_ids)))
                  if i >= len(published.diff_ids) or i >= len(local.diff_ids) or published.diff_ids[i] != local.diff_ids[i]}
-    lines.append(f"differing layers: {', '.join(str(i) for i in sorted(differing)) or 'none'}")
-    if differing:
-        theirs = published_layers(api, name, published, differing)
-        # Only the differing layers are read from the registry, so only those are compared here:
-        # a layer both images share would otherwise read as "only in the image here".
-        ours = [index if i in differing else {} for i, index in enumerate(verify.layer_index(local.ref, docker_cli=docker_cli))]
-        theirs += [{}] * (len(ours) - len(theirs))
-        ours += [{}] * (len(theirs) - len(ours))
-        files = verify.compare(theirs, ours, False)
-        lines += [f"  {line.replace('build 1', 'the published image').replace('build 2', 'the image here')}" for line in files.content]
-    return Verdict(False, [*lines, "verdict: DIFFERENT: " + ("the files above differ" if differing else "the config differs, the layers are the same")])
+    # Only the differing layers are read from the registry, so only those are compared: the
+    # others are the same diff_id on both sides, and compare() skips them.
+    theirs = published_layers(api, name, published, differing) if differing else [{} for _ in published.diff_ids]
+    ours = record.from_image(local.ref, "", docker_cli, local.ref)
+    mine = record.Record(published.manifest, published.config_digest, published.config,
+                         [record.Layer(d, "", theirs[i] if i in differing else None) for i, d in enumerate(published.diff_ids)])
+    diff = record.compare(mine, ours, ("the published image", "the image here"))
+    return Verdict(False, [*lines, *record.lines(diff)[1:],
+                           "verdict: DIFFERENT: " + ("the files above differ" if differing else "the config differs, the layers are the same")])
 
 
 def base_for(c, api: RegistryAPI, image, published: Published, results: Path, docker_cli: str, root: Path, log: Callable[[str], None]) -> str:

@@ -83,13 +83,13 @@ VALUE_CASES = {
     ("", "--matrix"): [(["--matrix", "/nonexistent/matrix.yaml", "list"], "cannot read matrix file /nonexistent/matrix.yaml"),
                        (["--matrix", "{dir}", "list"], "Is a directory")],
     **{(cmd, "--torch"): [([cmd, "--torch", "2.x", *extra], "--torch takes a torch version like 2.7 or 2.7.1, not '2.x'")]
-       for cmd, extra in [("build", []), ("publish", REG), ("lock", []), ("test", []), ("verify", []), ("base", []), ("bench", []),
+       for cmd, extra in [("build", []), ("publish", REG), ("lock", []), ("test", []), ("verify", []), ("record", []), ("base", []), ("bench", []),
                           ("gpu-bundle", ["{dir}/b"]), ("job", ["--scheduler", "slurm", "--nodes", "2", "t.py"])]},
     **{(cmd, "--cuda"): [([cmd, "--torch", "2.7", "--cuda", "cu121", *extra], "--cuda takes a CUDA version like 12.1, not 'cu121'")]
-       for cmd, extra in [("build", []), ("publish", REG), ("lock", []), ("test", []), ("verify", []), ("base", []), ("bench", []),
+       for cmd, extra in [("build", []), ("publish", REG), ("lock", []), ("test", []), ("verify", []), ("record", []), ("base", []), ("bench", []),
                           ("gpu-bundle", ["{dir}/b"]), ("job", ["--scheduler", "slurm", "--nodes", "2", "t.py"])]},
     **{(cmd, "--flavor"): [([cmd, "--torch", "2.7", "--flavor", "slim", *extra], "argument --flavor: invalid choice: 'slim'")]
-       for cmd, extra in [("build", []), ("publish", REG), ("lock", []), ("test", []), ("verify", []), ("base", []), ("bench", []),
+       for cmd, extra in [("build", []), ("publish", REG), ("lock", []), ("test", []), ("verify", []), ("record", []), ("base", []), ("bench", []),
                           ("gpu-bundle", ["{dir}/b"]), ("job", ["--scheduler", "slurm", "--nodes", "2", "t.py"])]},
     **{(cmd, "--ca-bundle"): [([cmd, *extra, "--ca-bundle", "/nonexistent/ca.pem"], "cannot read CA bundle /nonexistent/ca.pem"),
                               ([cmd, *extra, "--ca-bundle", "{notpem}"], "holds no PEM certificate"),
@@ -98,7 +98,7 @@ VALUE_CASES = {
                           ("lock", []), ("verify", ["--torch", "2.7"]), ("base", ["--torch", "2.7"]), ("bench", ["--torch", "2.7"]), ("engine", []),
                           ("gpu-bundle", ["--torch", "2.7", "{dir}/b"])]},
     **{(cmd, "--docker"): [([cmd, "--torch", "2.7", "--docker", "/nonexistent/docker"], "--docker '/nonexistent/docker' is neither")]
-       for cmd in ("build", "verify", "base", "bench")},
+       for cmd in ("build", "verify", "record", "base", "bench")},
     **{(cmd, "--registry"): [([cmd, "--torch", "2.7", "--push", "--registry", "https://ghcr.io/acme"], "malformed registry address"),
                              ([cmd, "--torch", "2.7", "--push", "--registry", "127.0.0.1:99999/ml"], "port 99999 is not 1-65535")]
        for cmd in ("build", "publish")},
@@ -119,7 +119,8 @@ VALUE_CASES = {
     ("lock", "--security-snapshot"): [(["lock", "--check-security", "--security-snapshot", "{notpem}"], "--security-snapshot {notpem} is not a folder")],
     **{(cmd, "--platform"): [([cmd, "--torch", "2.11", "--platform", "linux/riscv64", *extra],
                               "argument --platform: invalid choice: 'linux/riscv64'")]
-       for cmd, extra in (("build", []), ("test", []), ("verify", []), ("base", []), ("publish", ["--registry", "127.0.0.1:5000/ml"]))},
+       for cmd, extra in (("build", []), ("test", []), ("verify", []), ("record", []), ("base", []),
+                          ("publish", ["--registry", "127.0.0.1:5000/ml"]))},
     ("publish", "--sign-key"): [(["publish", "--torch", "2.7", *REG, "--sign-key", "{dir}"], "--sign-key {dir}: no gnupg/ in it"),
                                 (["publish", "--torch", "2.7", *REG, "--sign-key", "/nonexistent/key"], "--sign-key /nonexistent/key: no gnupg/")],
     ("publish", "--signatures"): [(["publish", "--torch", "2.7", *REG, "--sign-key", "{dir}", "--signatures", "{notpem}"],
@@ -129,6 +130,11 @@ VALUE_CASES = {
                             (["verify", "--image", "pytorch-cuda@sha256:abc"], "--image takes an image pinned by digest")],
     ("verify", "--against"): [(["verify", "--image", f"127.0.0.1:5000/ml/pytorch-cuda@sha256:{'a' * 64}", "--against", ""],
                                "--against takes a local image reference or ID, not ''")],
+    ("verify", "--record"): [(["verify", "--torch", "2.7", "--record", "/nonexistent/r.json.xz"], "--record /nonexistent/r.json.xz: no such file"),
+                             (["verify", "--torch", "2.7", "--record", "{dir}"], "--record {dir}: no such file")],
+    ("record", "--image"): [(["record", "--torch", "2.7", "--image", ""], "--image takes an image reference or ID, not ''")],
+    ("record", "--output"): [(["record", "--torch", "2.7", "--output", "/nonexistent/dir/r.json.xz"], "/nonexistent/dir is not a directory"),
+                             (["record", "--torch", "2.7", "--output", "{dir}"], "--output {dir} is a directory")],
     ("test", "--image"): [(["test", "--torch", "2.7", "--image", ""], "--image takes an image reference or ID, not ''"),
                           (["test", "--torch", "2.7", "--image", "a b"], "--image takes an image reference or ID")],
     ("sbom", "image"): [(["sbom", ""], "IMAGE takes an image reference or ID, not ''")],
@@ -206,7 +212,11 @@ NO_BAD_VALUE = {("selftest", "pytest_args"): "passed to pytest as they are"}
 # Flags that do nothing where they are given, or contradict each other: the line names both.
 COMBINATION_CASES = [
     (["verify"], "verify needs the row: --torch X [--cuda Y], or a published image: --image REPO@sha256:..."),
-    (["verify", "--torch", "2.7", "--against", "x"], "--against needs --image"),
+    (["verify", "--torch", "2.7", "--against", "x"], "--against needs --image or --record"),
+    (["verify", "--image", f"127.0.0.1:5000/ml/pytorch-cuda@sha256:{'a' * 64}", "--record", "{notpem}"],
+     "--image and --record do not go together"),
+    (["verify", "--torch", "2.7", "--record", "{notpem}", "--compile-ops"], "--record and --compile-ops do not go together: --record builds nothing"),
+    (["verify", "--torch", "2.11", "--record", "{notpem}", "--platform", "all"], "--record is one image's: give its one --platform, not all"),
     (["verify", "--image", f"127.0.0.1:5000/ml/pytorch-cuda@sha256:{'a' * 64}", "--torch", "2.7"], "--image and --torch do not go together"),
     (["verify", "--image", f"127.0.0.1:5000/ml/pytorch-cuda@sha256:{'a' * 64}", "--compile-ops"], "--image and --compile-ops do not go together: the rebuild always compiles the ops"),
     (["verify", "--image", f"127.0.0.1:5000/ml/pytorch-cuda@sha256:{'a' * 64}", "--flavor", "devel"], "--image and --flavor do not go together"),

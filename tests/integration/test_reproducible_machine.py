@@ -1,0 +1,121 @@
+"""The default row built on two "machines" that differ in every way this one can vary gives one
+image digest (on request: two cold builds, ops compiled in each, about 35-45 min on 2 cores).
+
+    PYTORCH_CUDA_TEST_REPRODUCIBLE=1 python3 build.py selftest -- -k reproducible_machine
+
+Each build runs on a Docker 26 engine of its own (containerd store, an empty data root, so
+nothing is cached and the DeepSpeed ops are compiled in both), from a clone of its own, with an
+ops seed and state directory of its own:
+
+| | machine A | machine B |
+|---|---|---|
+| CPUs the engine and its builds get | every CPU | one (taskset: `nproc` 1 in RUN steps, so MAX_JOBS=1) |
+| the engine's data | this host's filesystem (ext4 here) | an XFS filesystem (a loop device) |
+| hostname (the engine's UTS namespace) | this host's | builder-b.example |
+| TZ, LANG, LC_ALL (engine and client) | unset, C.UTF-8 | Pacific/Chatham, de_DE.UTF-8 |
+| umask (engine and client) | 0022 | 0077 |
+| the checkout's path, TMPDIR | /tmp/pytest-.../a | /var/tmp/.../elsewhere/b |
+
+What cannot vary on one machine: the CPU's model and flags, the kernel. The record of a build on
+another machine compares those (`build.py verify --record`).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pytorch_cuda_build.stages import matrix
+from pytorch_cuda_build.tools import engine_current, record
+
+from helpers import ROOT, require, run_build_py
+
+ON_REQUEST = "PYTORCH_CUDA_TEST_REPRODUCIBLE"
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.engine26,
+              pytest.mark.skipif(os.environ.get(ON_REQUEST) != "1",
+                                 reason=f"on request ({ON_REQUEST}=1): two cold builds of the default row, about 40 min on 2 cores")]
+ROW = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
+XFS_BYTES = 60 * 1024**3  # sparse: a cold build of the default row writes about 30 GB
+
+
+def machine(name: str, bridge: str, address: str, home: Path | None = None, cpus: str | None = None,
+            hostname: str | None = None, umask: str = "022", env: dict[str, str] | None = None) -> engine_current.Store:
+    """A Docker 26 engine of its own, started under these conditions (a UTS namespace for the hostname)."""
+    wrap: tuple[str, ...] = ("unshare", "--uts", "sh", "-c", f'hostname {hostname} && umask {umask} && exec "$0" "$@"') if hostname \
+        else ("sh", "-c", f'umask {umask} && exec "$0" "$@"')
+    if cpus:
+        wrap += ("taskset", "-c", cpus)
+    return engine_current.Store(name, bridge, address, home=home, wrap=wrap, env=tuple((env or {}).items()))
+
+
+@pytest.fixture
+def xfs(tmp_path_factory):
+    """An XFS filesystem on a sparse file: the second engine's data on another filesystem."""
+    require(os.geteuid() == 0, "mounting a filesystem needs root")
+    if not shutil.which("mkfs.xfs"):
+        subprocess.run(["apt-get", "install", "-y", "-q", "xfsprogs"], capture_output=True, check=False)
+    require(shutil.which("mkfs.xfs"), "mkfs.xfs (Debian: xfsprogs)")
+    where = Path("/var/tmp") / f"pytorch-cuda-repro-{os.getpid()}"
+    where.mkdir(parents=True)
+    image, mnt = where / "fs.img", where / "mnt"
+    mnt.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(XFS_BYTES)
+    subprocess.run(["mkfs.xfs", "-q", str(image)], check=True)
+    subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def clone(dest: Path) -> Path:
+    """A clone of this checkout's HEAD (both builds read one commit, as another machine would)."""
+    subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(dest)], check=True)
+    subprocess.run(["git", "-C", str(dest), "checkout", "--quiet", subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()], check=True)
+    (dest / ".venv").symlink_to(ROOT / ".venv")
+    return dest
+
+
+def build_on(store: engine_current.Store, checkout: Path, state: Path, extra_env: dict[str, str], umask: int) -> tuple[str, record.Record]:
+    env = engine_current.up(store, None, log=lambda m: None)
+    full = {**os.environ, **env, **extra_env, "PYTORCH_CUDA_STATE": str(state)}
+    old = os.umask(umask)
+    try:
+        proc = run_build_py(checkout, "--torch", "2.7", "--cuda", "12.1", "--no-test", "--quiet", env=full, timeout=5400)
+    finally:
+        os.umask(old)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ref = f"{ROW.repository}-candidate:{ROW.local_name}"
+    image_id = subprocess.run([env["PYTORCH_CUDA_DOCKER"], "image", "inspect", "--format", "{{.Id}}", ref], env=full,
+                              capture_output=True, text=True, check=True).stdout.strip()
+    return image_id, record.from_image(ref, image_id, env["PYTORCH_CUDA_DOCKER"], f"{ROW.name} on {store.name}")
+
+
+def test_two_machines_that_differ_in_all_this_one_can_vary_build_one_digest(tmp_path, xfs):
+    elsewhere = Path("/var/tmp") / f"pytorch-cuda-repro-{os.getpid()}-elsewhere"
+    elsewhere.mkdir(parents=True)
+    a = machine("repro-a", "pcb-repa0", "172.30.216.1/24")
+    b = machine("repro-b", "pcb-repb0", "172.30.217.1/24", home=xfs, cpus="0", hostname="builder-b.example", umask="077",
+                env={"TZ": "Pacific/Chatham", "LANG": "de_DE.UTF-8", "LC_ALL": "de_DE.UTF-8"})
+    try:
+        id_a, rec_a = build_on(a, clone(tmp_path / "a"), tmp_path / "state-a", {"LANG": "C.UTF-8"}, 0o022)
+        engine_current.down(a)  # one engine at a time: the second build gets both cores' worth of nothing else
+        (elsewhere / "tmp").mkdir()
+        id_b, rec_b = build_on(b, clone(elsewhere / "b"), elsewhere / "state-b",
+                               {"TZ": "Pacific/Chatham", "LANG": "de_DE.UTF-8", "LC_ALL": "de_DE.UTF-8",
+                                "TMPDIR": str(elsewhere / "tmp")}, 0o077)
+        diff = record.compare(rec_a, rec_b, ("machine A", "machine B"))
+        assert id_a == id_b, "\n".join([f"image digests: {id_a} vs {id_b}", *record.lines(diff)])
+        assert diff.same_image
+    finally:
+        for store in (a, b):
+            engine_current.down(store)
+            shutil.rmtree(store.state, ignore_errors=True)
+            shutil.rmtree(store.run, ignore_errors=True)
+        shutil.rmtree(elsewhere, ignore_errors=True)
