@@ -164,3 +164,11 @@ def test_the_second_machines_record_of_f3d6c71_reads():
     rec = record.load(path)
     assert rec.image == "sha256:4e2c345410d835a55b35d4d17a526f02062bce5e71c5e9d58b68dfca04b6ce0c"
     assert len(rec.layers) == 34 and rec.layers[0].diff_id.startswith("sha256:b5d4a2b7")
+
+
+def test_an_entry_that_differs_in_its_mtime_alone_is_counted_not_listed():
+    a = record.read_save(io.BytesIO(oci_save([_layer({"x": b"1", "y": b"2"})])), "a", "")
+    b = record.read_save(io.BytesIO(oci_save([_layer({"x": b"1", "y": b"3"}, mtime=EPOCH + 5)])), "b", "")
+    d = record.compare(a, b)
+    assert d.mtime_only == 1 and d.files == ["layer 0: y: content"]
+    assert "time stamps only: 1 file(s) differ in mtime alone" in record.lines(d)
