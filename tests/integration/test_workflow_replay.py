@@ -46,7 +46,7 @@ import yaml
 
 from pytorch_cuda_build.stages import build, matrix, publish
 
-from helpers import ROOT, base_in_current_engine, current_engine
+from helpers import ROOT, base_in_current_engine, current_engine, needs_root
 from registry import BINARY, LocalRegistry
 
 pytestmark = [pytest.mark.docker, pytest.mark.engine26]
@@ -130,6 +130,7 @@ def current():
 def runner(current):
     """A hosted runner's user on this machine: sudo, the docker group, the current engine as
     `docker`, a fresh checkout of HEAD. Removed afterwards, home and all."""
+    needs_root("a runner user of its own (useradd, /etc/sudoers.d)")
     for tool in ("sudo", "runuser", "jq", "git"):
         if not shutil.which(tool):
             pytest.fail(f"{tool} missing: engine.sh --with-registry (build.py selftest) installs it")
