@@ -91,8 +91,7 @@ def left_out_by_name(config) -> list[str]:
 
 @pytest.hookimpl(tryfirst=True)  # before -m: the root marker engine26 implies is there to select
 def pytest_collection_modifyitems(config, items):
-    """Every engine26 test is in the root tier. The tests of the markers left out by name
-    (PYTORCH_CUDA_TEST_LEAVE_OUT) are deselected.
+    """Every engine26 test is in the root tier (LeaveOut, below, deselects the tiers left out by name).
 
     The tests that keep both cores busy alone (both_cores) after the rest, so that the second
     lane, from the end of the default build, runs beside tests that leave a core idle; then the
@@ -105,11 +104,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker(ENGINE26) and not item.get_closest_marker(ROOT_MARKER):
             item.add_marker(ROOT_MARKER)
-    if names := left_out_by_name(config):
-        gone = [i for i in items if any(i.get_closest_marker(n) for n in names)]
-        config.hook.pytest_deselected(items=gone)
-        items[:] = [i for i in items if i not in gone]
-        LEFT_OUT.update({n: sum(1 for i in gone if i.get_closest_marker(n)) for n in names})
     items.sort(key=lambda item: (item.get_closest_marker("alone") is not None,
                                  item.get_closest_marker("both_cores") is not None))
 
@@ -133,6 +127,23 @@ def pytest_runtest_setup(item):
 def running_item():
     """The test being set up or run (None outside a test)."""
     return _RUNNING[0]
+
+
+class LeaveOut:
+    """The tests of the markers PYTORCH_CUDA_TEST_LEAVE_OUT names, deselected after -m and -k have
+    had their say: what is counted is what this run would otherwise have run."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        if names := left_out_by_name(config):
+            gone = [i for i in items if any(i.get_closest_marker(n) for n in names)]
+            config.hook.pytest_deselected(items=gone)
+            items[:] = [i for i in items if i not in gone]
+            LEFT_OUT.update({n: sum(1 for i in gone if i.get_closest_marker(n)) for n in names})
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(LeaveOut(), "pytorch-cuda-leave-out")
 
 
 @contextlib.contextmanager
