@@ -334,12 +334,29 @@ def test_the_build_job_runs_as_a_runner_user_through_publish_and_the_pushed_dige
             assert out.strip().splitlines()[-1] == b"ok", out  # DeepSpeed logs its accelerator choice first
         finally:
             docker_client.images.remove(pulled.id, force=True)
+        if os.environ.get("PYTORCH_CUDA_TEST_VERIFY_IMAGE") == "1":
+            _verified_from_a_fresh_clone(workspace, runner_env, ref, logs)
     finally:
         reg.stop()
         shutil.rmtree(reg.storage, ignore_errors=True)  # gigabytes of image and cache: CI's disk is shared
         # Each commit's image is new bytes (its files' times are the commit's), about 10 GB in
         # that store; the build cache, which the next run needs, stays.
         _current(current, "image", "rm", "--force", build.candidate_ref(ROW), *ROW.refs())
+
+
+def _verified_from_a_fresh_clone(seeded: Path, runner_env: dict[str, str], ref: str, logs: Path) -> None:
+    """What a user of the published image does, once: `verify --image` by digest from a fresh
+    clone at the image's commit, with the registry's password, on the same engine. It rebuilds
+    the row without cache and with the ops compiled (30 min or more on 2 cores), and must find
+    the same image (exit 0, THE SAME IMAGE)."""
+    workspace = checkout("verify", runner_env, seeded)
+    log = logs / "verify.log"
+    env = {**runner_env, "PYTORCH_CUDA_REGISTRY_USER": REGISTRY_USER, "PYTORCH_CUDA_REGISTRY_PASSWORD": REGISTRY_PASSWORD}
+    started = time.monotonic()
+    code = as_runner(["python", "build.py", "verify", "--image", ref], env, workspace, log, timeout=3 * 3600)
+    said = log.read_text(errors="replace")
+    print(f"verify --image {ref}: exit {code} in {time.monotonic() - started:.0f} s")
+    assert code == 0 and "THE SAME IMAGE" in said, said[-5000:]
 
 
 def _current(current: dict, *args: str, **kw) -> subprocess.CompletedProcess:
@@ -623,3 +640,24 @@ def test_the_schedule_proposes_rows_and_pushes_a_security_refresh_branch(runner,
     assert log.read_text().startswith("Security refresh: re-lock and re-render"), log.read_text()[:500]
     changed = [f for f in log.read_text().splitlines()[1:] if f.strip()]
     assert changed and all(f.startswith("images/") or f in ("README.md", "docs/matrix.md") for f in changed), changed
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("PYTORCH_CUDA_TEST_PR_BUILD") != "1",
+                    reason="the default row's build and the whole suite as the runner user (an hour or more on 2 cores): "
+                           "on request, PYTORCH_CUDA_TEST_PR_BUILD=1, alone")
+def test_pr_build_runs_whole_as_the_runner_user(runner, checked, tmp_path):
+    """pr-build with nothing left out of the job: the default row's build under CI=true, then the
+    whole suite but the root tier, as the runner user, on the runner's engine (Docker 26 here).
+    Run it alone (`build.py selftest -- tests/integration/test_workflow_replay.py -k
+    pr_build_runs_whole`): the suite it runs builds, tags and deletes the default row in that
+    engine, and would meet another suite's tests there."""
+    workspace, runner_env = runner
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    started = time.monotonic()
+    run_job(workflow, "pr-build", expressions("pull_request"), workspace, runner_env, logs, event="pull_request")
+    out = (logs / f"pr-build-{step_index(workflow, 'pr-build', 'build.py selftest')}.log").read_text(errors="replace")
+    print(f"pr-build, every step, as {USER}: {time.monotonic() - started:.0f} s")
+    assert re.search(rf"left out by name \({LEAVE_OUT_ENV}\): \d+ tests marked root", out), out[-3000:]
