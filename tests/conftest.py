@@ -75,7 +75,10 @@ def pytest_unconfigure(config):
     shutil.rmtree(STATE_DIR, ignore_errors=True)
 
 
-# The markers (network, docker, gpu, slow, fault, engine26, second_lane, alone, both_cores) are declared in pyproject.toml.
+# The markers (network, docker, gpu, slow, fault, engine26, root, second_lane, alone, both_cores) are declared in pyproject.toml.
+ROOT_MARKER = "root"
+LEFT_OUT: dict[str, int] = {}  # marker: how many tests PYTORCH_CUDA_TEST_LEAVE_OUT left out for it
+_RUNNING: list = [None]  # the test being set up or run: helpers.needs_root reads its markers
 
 
 def left_out_by_name(config) -> list[str]:
@@ -106,11 +109,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(ROOT_MARKER)
     items.sort(key=lambda item: (item.get_closest_marker("alone") is not None,
                                  item.get_closest_marker("both_cores") is not None))
-
-
-ROOT_MARKER = "root"
-LEFT_OUT: dict[str, int] = {}  # marker: how many tests PYTORCH_CUDA_TEST_LEAVE_OUT left out for it
-_RUNNING: list = [None]  # the test being set up or run: helpers.needs_root reads its markers
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1,8 +1,10 @@
 """The CI workflow, run here the way a hosted runner runs it, not only linted.
 
-The run steps of .github/workflows/images.yml, read from the YAML, for a push to main: the
-`checks` job, the `matrix` job, and the `build` job for the default row, through `publish` to
-a registry on 127.0.0.1 that asks for a password. As on a hosted runner:
+The run steps of .github/workflows/images.yml, read from the YAML, job by job under the event
+that runs it (EVENTS; a test checks it against the jobs' `if:` and `needs:`): a push to main
+(`checks`, `matrix`, `build` for the default row through `publish` to a registry on 127.0.0.1
+that asks for a password, `merge`), a pull request (`checks`, `pr-build`) and the weekly
+schedule (`propose`, `security-refresh`). As on a hosted runner:
 
 - a user that is not root, with password-less sudo, in the docker group;
 - an engine that is already up: Docker 26 with buildx and the containerd image store
@@ -25,10 +27,19 @@ The runner gets three things here that a hosted one would not need:
 - the base rootfs in the engine's store. build.py builds it with mmdebstrap: as root, through
   sudo on a hosted runner, or in a user namespace where there is no sudo.
 
-The `checks` and `matrix` jobs run in CI. The `build` job through publish is the full pipeline
-on the current engine with the containerd store (build, smoke, structure, tag, publish, a pull
-back by digest): about 12 min with the row's layers in that engine's build cache, 23 to 40 min
-cold on 2 cores, more than CI's budget leaves. It runs on request: PYTORCH_CUDA_TEST_BUILD_JOB=1.
+In this project's CI: `checks`, `matrix`, `merge` and `propose`; `pr-build` up to its test step,
+that step collecting only (every lane collects the suite but the `root` tier, which it leaves out
+by name), with two probes of how the runner's user has root (a `root` test refused, a tmpfs mount
+through sudo); `security-refresh` up to its check, with the refresh step's condition checked.
+More than CI's budget leaves, on request:
+- PYTORCH_CUDA_TEST_BUILD_JOB=1: the `build` job through publish, the full pipeline on the current
+  engine with the containerd store (build, smoke, structure, tag, publish, a pull back by digest):
+  about 12 min with the row's layers in that engine's build cache, 23 to 40 min cold on 2 cores.
+  With PYTORCH_CUDA_TEST_VERIFY_IMAGE=1 too, `verify --image` of what it published, from a fresh
+  clone (the row rebuilt without cache, ops compiled).
+- PYTORCH_CUDA_TEST_PR_BUILD=1: `pr-build` whole (the build, then the suite), alone.
+- PYTORCH_CUDA_TEST_SECURITY_REFRESH=1: `security-refresh` whole (re-lock, re-render, the branch
+  pushed to a local bare repository).
 """
 from __future__ import annotations
 
