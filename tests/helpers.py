@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import types
 import zipfile
 from pathlib import Path
@@ -271,6 +272,18 @@ def owned_by_image_user(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     as_root("chown", "-R", "1000:1000", str(path))
     return path
+
+
+def write_as_image_user(path: Path, text: str) -> None:
+    """text into path as a file of the image's user (uid 1000, mode 644), in a folder that user
+    owns (owned_by_image_user): written to a file of ours, then installed as root (through sudo
+    where this user is not root, and may not write into that folder)."""
+    with tempfile.NamedTemporaryFile("w", prefix="pytorch-cuda-for-1000-", delete=False) as f:
+        f.write(text)
+    try:
+        as_root("install", "-o", "1000", "-g", "1000", "-m", "0644", f.name, str(path))
+    finally:
+        os.unlink(f.name)
 
 
 def default_image() -> str:
