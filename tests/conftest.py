@@ -21,6 +21,13 @@ Hermetic by construction, for the whole session and every build.py it starts:
   PYTORCH_CUDA_RUN_ID         the label value of every container the session's runs make
                               (pytorch-cuda.run=<id>), so tests count only their own.
 
+Root: a test that needs root on the host itself is marked `root` (engine26 tests are, by
+implication: Docker 26 starts as root). As another user it is a missing precondition (a failure in
+CI); where root is needed only for one command (a chown, a tmpfs mount), helpers.as_root runs it
+through sudo, as a hosted runner allows. PYTORCH_CUDA_TEST_LEAVE_OUT names markers whose tests
+are left out of the run (deselected, and counted at the end): the GitHub workflow's pr-build sets
+it to `root`, because its runner's user is not root (docs/testing.md, "What runs where").
+
 `build.py selftest` without arguments runs the integration tier as two pytest lanes at once
 (tools/selftest.py): the engine26 and second_lane tests in the second lane, the rest in the main
 lane. What they share is made safe here: the main lane writes the record of its default build
@@ -68,18 +75,73 @@ def pytest_unconfigure(config):
     shutil.rmtree(STATE_DIR, ignore_errors=True)
 
 
-# The markers (network, docker, gpu, slow, fault, engine26, second_lane, alone, both_cores) are declared in pyproject.toml.
+# The markers (network, docker, gpu, slow, fault, engine26, root, second_lane, alone, both_cores) are declared in pyproject.toml.
+ROOT_MARKER = "root"
+LEFT_OUT: dict[str, int] = {}  # marker: how many tests PYTORCH_CUDA_TEST_LEAVE_OUT left out for it
+_RUNNING: list = [None]  # the test being set up or run: helpers.needs_root reads its markers
 
 
-def pytest_collection_modifyitems(items):
-    """The tests that keep both cores busy alone (both_cores) after the rest, so that the second
+def left_out_by_name(config) -> list[str]:
+    """The markers PYTORCH_CUDA_TEST_LEAVE_OUT names (commas or spaces); each must be registered."""
+    from pytorch_cuda_build.tools.selftest import LEAVE_OUT_ENV
+
+    names = os.environ.get(LEAVE_OUT_ENV, "").replace(",", " ").split()
+    registered = {line.split(":")[0].strip() for line in config.getini("markers")}
+    if unknown := sorted(set(names) - registered):
+        raise pytest.UsageError(f"{LEAVE_OUT_ENV} names {', '.join(unknown)}, which is no registered marker")
+    return names
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m: the root marker engine26 implies is there to select
+def pytest_collection_modifyitems(config, items):
+    """Every engine26 test is in the root tier (LeaveOut, below, deselects the tiers left out by name).
+
+    The tests that keep both cores busy alone (both_cores) after the rest, so that the second
     lane, from the end of the default build, runs beside tests that leave a core idle; then the
     tests that kill the daemon or delete the default image (alone), so that no other test meets
     the restarted daemon or the missing image, and the second lane has the longest time to end
     first (the pull back, after the kill, meets the restarted daemon as any later command would).
     A stable sort: the rest keep their order."""
+    from pytorch_cuda_build.tools.selftest import ENGINE26
+
+    for item in items:
+        if item.get_closest_marker(ENGINE26) and not item.get_closest_marker(ROOT_MARKER):
+            item.add_marker(ROOT_MARKER)
     items.sort(key=lambda item: (item.get_closest_marker("alone") is not None,
                                  item.get_closest_marker("both_cores") is not None))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before its fixtures: a test marked root, run by another user, lacks a precondition."""
+    from helpers import missing
+
+    _RUNNING[0] = item
+    if item.get_closest_marker(ROOT_MARKER) and os.geteuid() != 0:
+        missing(f"{item.nodeid} needs root on this host (marker {ROOT_MARKER}); run it as root, or leave the tier "
+                f"out by name: PYTORCH_CUDA_TEST_LEAVE_OUT={ROOT_MARKER}")
+
+
+def running_item():
+    """The test being set up or run (None outside a test)."""
+    return _RUNNING[0]
+
+
+class LeaveOut:
+    """The tests of the markers PYTORCH_CUDA_TEST_LEAVE_OUT names, deselected after -m and -k have
+    had their say: what is counted is what this run would otherwise have run."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        if names := left_out_by_name(config):
+            gone = [i for i in items if any(i.get_closest_marker(n) for n in names)]
+            config.hook.pytest_deselected(items=gone)
+            items[:] = [i for i in items if i not in gone]
+            LEFT_OUT.update({n: sum(1 for i in gone if i.get_closest_marker(n)) for n in names})
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(LeaveOut(), "pytorch-cuda-leave-out")
 
 
 @contextlib.contextmanager
@@ -116,7 +178,12 @@ def daemon_alone():
 
 
 def pytest_terminal_summary(terminalreporter):
-    """How many fault-injection scenarios ran and passed (issue: faults, interruption, concurrency)."""
+    """How many fault-injection scenarios ran and passed (issue: faults, interruption, concurrency);
+    how many tests each marker left out by name took out of the run."""
+    from pytorch_cuda_build.tools.selftest import LEAVE_OUT_ENV
+
+    for name, n in LEFT_OUT.items():
+        terminalreporter.write_line(f"left out by name ({LEAVE_OUT_ENV}): {n} tests marked {name}")
     counts: dict[str, int] = {}
     for outcome in ("passed", "failed", "error", "skipped"):
         for rep in terminalreporter.stats.get(outcome, []):

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import types
 import zipfile
 from pathlib import Path
@@ -48,6 +49,31 @@ def require(condition: object, reason: str) -> None:
         missing(reason)
 
 
+def needs_root(what: str) -> None:
+    """what needs root on this host for the whole test: the running test must be marked `root`
+    (tests/conftest.py then refuses it to any other user, and the GitHub workflow leaves the tier
+    out by name). A test that is not marked fails here, as root too: the mark is its declaration."""
+    from conftest import ROOT_MARKER, running_item
+
+    item = running_item()
+    if item is None or item.get_closest_marker(ROOT_MARKER) is None:
+        pytest.fail(f"{what} needs root, and {getattr(item, 'nodeid', 'this test')} is not marked {ROOT_MARKER}: "
+                    "mark it, so that a run without root leaves it out by name (docs/testing.md)")
+
+
+def as_root(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """One command that needs root (a chown to another user, a mount), run directly as root, and
+    through password-less sudo otherwise, as on a hosted runner; checked."""
+    prefix: list[str] = []
+    if os.geteuid() != 0:
+        require(shutil.which("sudo") and subprocess.run(["sudo", "-n", "true"], capture_output=True).returncode == 0,
+                f"`{argv[0]}` needs root, and this user has no password-less sudo")
+        prefix = ["sudo", "-n"]
+    proc = subprocess.run([*prefix, *argv], capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, shown(proc)
+    return proc
+
+
 def venv_tool(name: str) -> str:
     """A linter that comes with build.py's .venv (pytorch_cuda_build/requirements.txt), else from PATH."""
     found = Path(sys.executable).with_name(name)
@@ -81,15 +107,14 @@ def insert_before_user(root: Path, steps: str) -> None:
 
 @contextlib.contextmanager
 def tmpfs(mnt: Path, size: str):
-    """A real, small filesystem at mnt, to fill up (needs root)."""
-    if os.geteuid() != 0:  # a skip by design, not missing(): CI's hosted runners run the suite unprivileged
-        pytest.skip("mounting a tmpfs needs root")
+    """A real, small filesystem at mnt, to fill up, owned by this user: mounted as root (through
+    sudo where this user is not root, as on a hosted runner)."""
     mnt.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], check=True)
+    as_root("mount", "-t", "tmpfs", "-o", f"size={size},uid={os.geteuid()},gid={os.getegid()},mode=0755", "tmpfs", str(mnt))
     try:
         yield mnt
     finally:
-        subprocess.run(["umount", str(mnt)], check=False)
+        as_root("umount", str(mnt))
 
 
 def fill(path: Path) -> None:
@@ -242,11 +267,23 @@ def ssh_keypair(directory: Path, name: str = "id_ed25519") -> tuple[Path, str]:
 
 
 def owned_by_image_user(path: Path) -> Path:
-    """A host directory the image's user (uid 1000) can write, for a /workspace mount."""
+    """A host directory the image's user (uid 1000) can write, for a /workspace mount (chowned as
+    root: through sudo where this user is not, as on a hosted runner)."""
     path.mkdir(parents=True, exist_ok=True)
-    for p in [path, *path.rglob("*")]:
-        os.chown(p, 1000, 1000)
+    as_root("chown", "-R", "1000:1000", str(path))
     return path
+
+
+def write_as_image_user(path: Path, text: str) -> None:
+    """text into path as a file of the image's user (uid 1000, mode 644), in a folder that user
+    owns (owned_by_image_user): written to a file of ours, then installed as root (through sudo
+    where this user is not root, and may not write into that folder)."""
+    with tempfile.NamedTemporaryFile("w", prefix="pytorch-cuda-for-1000-", delete=False) as f:
+        f.write(text)
+    try:
+        as_root("install", "-o", "1000", "-g", "1000", "-m", "0644", f.name, str(path))
+    finally:
+        os.unlink(f.name)
 
 
 def default_image() -> str:
@@ -404,8 +441,7 @@ def current_engine(store: str = "containerd"):
 
     from pytorch_cuda_build.tools.selftest import ENGINE26, LANE_ENV, SECOND
 
-    if os.geteuid() != 0:  # a skip by design, not missing(): CI's hosted runners run the suite unprivileged
-        pytest.skip("starting a second engine needs root (a CI runner's own engine is used there instead)")
+    needs_root("starting a second engine (`build.py engine`)")
     if os.environ.get(LANE_ENV, SECOND) != SECOND:  # the other lane would stop it under this test, or this one under it
         pytest.fail(f"this test starts Docker 26 and is not marked {ENGINE26}: the whole suite runs such tests in the second lane")
     proc = run_build_py(ROOT, "engine", "--store", store, timeout=900)

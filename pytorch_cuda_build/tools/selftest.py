@@ -28,6 +28,9 @@ MAIN, SECOND = "main", "second"  # the integration lanes' names in LANE_ENV
 # 20.10 daemon alive while the second lane uses it (the tests that kill the daemon or delete the
 # default image take it alone).
 LANE_ENV, BUILT_ENV, DAEMON_LOCK_ENV = "PYTORCH_CUDA_TEST_LANE", "PYTORCH_CUDA_TEST_BUILT", "PYTORCH_CUDA_TEST_DAEMON_LOCK"
+# Markers whose tests a run leaves out by name, as tests/conftest.py reads it: the GitHub workflow's
+# pr-build sets it to `root`, on a runner whose user is not root (docs/testing.md).
+LEAVE_OUT_ENV = "PYTORCH_CUDA_TEST_LEAVE_OUT"
 POLL_S = 2.0
 
 

@@ -16,14 +16,13 @@ in one line (it logs in only users /etc/passwd knows). Every container is remove
 """
 from __future__ import annotations
 
-import os
 import secrets
 from pathlib import Path
 
 import pytest
 import requests
 
-from helpers import default_image, free_port, one_error_line, run_once, serving, shown, ssh_keypair, wait_until
+from helpers import as_root, default_image, free_port, one_error_line, run_once, serving, shown, ssh_keypair, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.second_lane]
 
@@ -52,7 +51,7 @@ def run_as(image: str, user: str, cmd: list[str], opts: tuple[str, ...] = (), ti
 def owned_by(path: Path, uid: int, gid: int) -> Path:
     """A host directory for a /workspace mount, owned as the caller's own would be."""
     path.mkdir(parents=True, exist_ok=True)
-    os.chown(path, uid, gid)
+    as_root("chown", f"{uid}:{gid}", str(path))  # through sudo where this user is not root
     return path
 
 

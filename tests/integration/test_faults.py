@@ -25,7 +25,7 @@ from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.stages import matrix, render, tag
 from pytorch_cuda_build.tools import engine_current
 
-from helpers import ROOT, fill, insert_before_user, missing, project_copy, run_build_py, shown, tmpfs, tree_snapshot
+from helpers import ROOT, fill, insert_before_user, missing, needs_root, project_copy, run_build_py, shown, tmpfs, tree_snapshot
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.fault]
 
@@ -134,6 +134,7 @@ def test_sigint_during_a_build_step_then_the_rerun_reuses_the_cache(built, docke
 
 
 @pytest.mark.alone
+@pytest.mark.root  # kills root's dockerd, and restarts it
 def test_daemon_killed_mid_build_is_named_and_moves_no_tag(built, docker_client, daemon_alone, tmp_path):
     token = uuid.uuid4().hex
     root = fault_copy(tmp_path / "p", docker_client, f"RUN sleep 120 # {token}")
@@ -144,6 +145,7 @@ def test_daemon_killed_mid_build_is_named_and_moves_no_tag(built, docker_client,
     if ours is None or not ours[0].exists():
         missing("the daemon is not one that engine.sh or `build.py engine` starts: not ours to kill")
     pidfile, restart = ours
+    needs_root("killing dockerd")
     if not (IN_CI or os.environ.get("PYTORCH_CUDA_FAULT_KILL_DAEMON") == "1"):
         pytest.skip("kills this machine's dockerd: runs in CI, or set PYTORCH_CUDA_FAULT_KILL_DAEMON=1")
     pid = int(pidfile.read_text())

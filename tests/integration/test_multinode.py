@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import default_image, free_port, logs, owned_by_image_user, serving, shown, ssh_keypair, wait_until
+from helpers import default_image, free_port, logs, owned_by_image_user, serving, shown, ssh_keypair, wait_until, write_as_image_user
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.both_cores]
 
@@ -43,9 +43,9 @@ def cluster(docker_client, default_build, tmp_path_factory):
         "Host *\n    IdentityFile ~/.ssh/id_ed25519\n    StrictHostKeyChecking accept-new\n"
         "    UserKnownHostsFile ~/.ssh/known_hosts\n    BatchMode yes\n"))
     (ssh_dir / "known_hosts").touch()
-    owned_by_image_user(ssh_dir)
     for f in ssh_dir.iterdir():
         f.chmod(0o600)
+    owned_by_image_user(ssh_dir)  # last: after it, only root (or sudo) may change these files
     ws = owned_by_image_user(root / "workspace")
     hosts = [a for n in NODES for a in ("--add-host", f"{n}:127.0.0.1")]
     with serving(image, ["sshd"], (*hosts, "-e", f"SSH_PUBLIC_KEY={pub}", "-e", f"SSH_PORT={ports['node1']}",
@@ -88,11 +88,10 @@ def assert_trained_across_both_nodes(results: Path, family: str, consolidated: s
 
 def test_deepspeed_hostfile_zero3_over_pdsh_and_ssh(cluster):
     ws = cluster["workspace"]
-    (ws / "hostfile").write_text("node1 slots=1\nnode2 slots=1\n")
+    write_as_image_user(ws / "hostfile", "node1 slots=1\nnode2 slots=1\n")
     env = {**RANK_ENV, "PCR_RUN": "zero3 2 nodes", "PCR_RESULTS_DIR": "/workspace/zero3/results",
            "PCR_WORK": "/workspace/zero3"}
-    (ws / ".deepspeed_env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
-    owned_by_image_user(ws)
+    write_as_image_user(ws / ".deepspeed_env", "".join(f"{k}={v}\n" for k, v in env.items()))
     proc = exec_in(cluster["node1"], ["deepspeed", "--hostfile", "/workspace/hostfile", "--launcher", "pdsh",
                                       "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
                                       "--module", "pytorch_cuda_runtime.smoke.worker", "zero3"], env)

@@ -27,9 +27,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from helpers import free_port, jupyter, one_error_line, require, shown, ssh, ssh_keypair, wait_until
+from helpers import free_port, jupyter, needs_root, one_error_line, require, shown, ssh, ssh_keypair, wait_until
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow,
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.root,  # a rootless user of its own
               # The pull of the 6.5 GB image into Podman's store and the CPU smoke suite under it: about
               # 6 min of this project's CI on 2 cores, which its 60 min budget no longer holds.
               pytest.mark.skipif(os.environ.get("PYTORCH_CUDA_TEST_PODMAN") != "1",
@@ -94,7 +94,7 @@ class Rootless:
 @pytest.fixture(scope="module")
 def podman(default_oci_layout):
     require(shutil.which("podman"), "podman missing: engine.sh --with-registry (build.py selftest) installs it")
-    require(os.geteuid() == 0, "creating the rootless user needs root")
+    needs_root("creating the rootless user (useradd)")
     layout, tag = default_oci_layout
     user = Rootless()
     try:

@@ -37,10 +37,10 @@ import pytest
 
 from pytorch_cuda_build.jobs import slurm as slurm_job
 
-from helpers import ROOT, require, run_cli, shown
+from helpers import ROOT, needs_root, require, run_cli, shown
 from slurm import SlurmCluster, missing_tools
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.root]  # users, network namespaces, /etc/hosts, daemons
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 TRAIN = DATA / "k8s_replay" / "train.py"
@@ -68,6 +68,7 @@ def _root(*cmd: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def user():
     """An ordinary user of this module's own, removed afterwards."""
+    needs_root("a user of its own (useradd)")
     name = f"pcbslurm{uuid.uuid4().hex[:6]}"
     proc = _root("useradd", "--create-home", "--shell", "/bin/bash", name)
     assert proc.returncode == 0, shown(proc)
@@ -116,7 +117,7 @@ def standin(work) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(work, standin, wrapper):
-    require(os.geteuid() == 0, "a Slurm cluster of network namespaces needs root")
+    needs_root("a Slurm cluster of network namespaces")
     gone = missing_tools()
     require(not gone, f"{', '.join(gone)} missing: engine.sh --with-registry (build.py selftest) installs them")
     c = SlurmCluster(work, slurm_job.oci_conf(runtime=str(standin)), gpus=GPUS_PER_NODE).start()

@@ -1,8 +1,10 @@
 """The CI workflow, run here the way a hosted runner runs it, not only linted.
 
-The run steps of .github/workflows/images.yml, read from the YAML, for a push to main: the
-`checks` job, the `matrix` job, and the `build` job for the default row, through `publish` to
-a registry on 127.0.0.1 that asks for a password. As on a hosted runner:
+The run steps of .github/workflows/images.yml, read from the YAML, job by job under the event
+that runs it (EVENTS; a test checks it against the jobs' `if:` and `needs:`): a push to main
+(`checks`, `matrix`, `build` for the default row through `publish` to a registry on 127.0.0.1
+that asks for a password, `merge`), a pull request (`checks`, `pr-build`) and the weekly
+schedule (`propose`, `security-refresh`). As on a hosted runner:
 
 - a user that is not root, with password-less sudo, in the docker group;
 - an engine that is already up: Docker 26 with buildx and the containerd image store
@@ -25,10 +27,19 @@ The runner gets three things here that a hosted one would not need:
 - the base rootfs in the engine's store. build.py builds it with mmdebstrap: as root, through
   sudo on a hosted runner, or in a user namespace where there is no sudo.
 
-The `checks` and `matrix` jobs run in CI. The `build` job through publish is the full pipeline
-on the current engine with the containerd store (build, smoke, structure, tag, publish, a pull
-back by digest): about 12 min with the row's layers in that engine's build cache, 23 to 40 min
-cold on 2 cores, more than CI's budget leaves. It runs on request: PYTORCH_CUDA_TEST_BUILD_JOB=1.
+In this project's CI: `checks`, `matrix`, `merge` and `propose`; `pr-build` up to its test step,
+that step collecting only (every lane collects the suite but the `root` tier, which it leaves out
+by name), with two probes of how the runner's user has root (a `root` test refused, a tmpfs mount
+through sudo); `security-refresh` up to its check, with the refresh step's condition checked.
+More than CI's budget leaves, on request:
+- PYTORCH_CUDA_TEST_BUILD_JOB=1: the `build` job through publish, the full pipeline on the current
+  engine with the containerd store (build, smoke, structure, tag, publish, a pull back by digest):
+  about 12 min with the row's layers in that engine's build cache, 23 to 40 min cold on 2 cores.
+  With PYTORCH_CUDA_TEST_VERIFY_IMAGE=1 too, `verify --image` of what it published, from a fresh
+  clone (the row rebuilt without cache, ops compiled).
+- PYTORCH_CUDA_TEST_PR_BUILD=1: `pr-build` whole (the build, then the suite), alone.
+- PYTORCH_CUDA_TEST_SECURITY_REFRESH=1: `security-refresh` whole (re-lock, re-render, the branch
+  pushed to a local bare repository).
 """
 from __future__ import annotations
 
@@ -45,13 +56,16 @@ import pytest
 import yaml
 
 from pytorch_cuda_build.stages import build, matrix, publish
+from pytorch_cuda_build.tools.selftest import LEAVE_OUT_ENV
 
-from helpers import ROOT, base_in_current_engine, current_engine
+from helpers import ROOT, base_in_current_engine, current_engine, needs_root
 from registry import BINARY, LocalRegistry
 
 pytestmark = [pytest.mark.docker, pytest.mark.engine26]
 
 WORKFLOW = ROOT / ".github" / "workflows" / "images.yml"
+# A hosted Ubuntu runner's PATH has the sbin folders (engine.sh looks for dockerd, slurmd and munged there).
+RUNNER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 USER = "pcb-runner"
 HOME = Path("/home") / USER
 ROW = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
@@ -60,22 +74,37 @@ REGISTRY_USER, REGISTRY_PASSWORD = "ci", "ci-password-not-printed"
 PASSED_THROUGH = re.compile(r"^(PIP_\w+|SSL_CERT_\w+|REQUESTS_CA_BUNDLE|CURL_CA_BUNDLE|GIT_SSL_CAINFO|\w*_proxy|\w*_PROXY)$")
 
 
-def expressions(registry: str | None = None, row: dict | None = None) -> dict[str, object]:
-    """What each expression the replayed jobs use evaluates to on this run: a push to main on a
-    hosted runner without a GPU, with vars.REGISTRY set. The registry and the row are the build
-    job's; a job before it that used them would fail here."""
+# What each replayed event runs, by the jobs' `if:` and `needs:` (test_each_event_runs_the_jobs_
+# the_replay_replays checks it against the workflow). workflow_dispatch runs the push's jobs and
+# the schedule's, each replayed under its own event.
+EVENTS = {"push": ("checks", "matrix", "build", "merge"), "pull_request": ("checks", "pr-build"),
+          "schedule": ("propose", "security-refresh")}
+EVENT_ENV = {"push": {"GITHUB_EVENT_NAME": "push", "GITHUB_REF": "refs/heads/main"},
+             "pull_request": {"GITHUB_EVENT_NAME": "pull_request", "GITHUB_REF": "refs/pull/50/merge"},
+             "schedule": {"GITHUB_EVENT_NAME": "schedule", "GITHUB_REF": "refs/heads/main"}}
+REPOSITORY = "example/pytorch-cuda"  # GITHUB_REPOSITORY: security-refresh pushes its branch there
+TOKEN = "ghs_replay-token-not-real"  # github.token: only the push URL holds it, rewritten to a local remote
+
+
+def expressions(event: str = "push", registry: str | None = None, row: dict | None = None) -> dict[str, object]:
+    """What each expression the replayed jobs use evaluates to on this run: `event` on a hosted
+    runner without a GPU, with vars.REGISTRY set where `registry` is given. The registry and the
+    row are the build job's; a job before it that used them would fail here."""
     table: dict[str, object] = {f"matrix.{k}": v for k, v in (row or {}).items()}
     general = {
-        "github.event_name != 'schedule'": True,
-        "github.event_name == 'push' || github.event_name == 'workflow_dispatch'": True,
+        "github.event_name != 'schedule'": event != "schedule",
+        "github.event_name == 'pull_request'": event == "pull_request",
+        "github.event_name == 'push' || github.event_name == 'workflow_dispatch'": event == "push",
+        "github.event_name == 'schedule' || github.event_name == 'workflow_dispatch'": event == "schedule",
         "vars.GPU_RUNNER != 'true'": True,
         "always()": True,
         "vars.GPU_RUNNER == 'true' && '--require-gpu' || ''": "",
+        "vars.REGISTRY != ''": registry is not None,
+        "github.token": TOKEN,
     }
     if registry is None:
         return table | general
     return table | general | {
-        "vars.REGISTRY != ''": True,
         "vars.REGISTRY": registry,
         "secrets.REGISTRY_USER": REGISTRY_USER,
         "secrets.REGISTRY_PASSWORD": REGISTRY_PASSWORD,
@@ -85,8 +114,13 @@ def expressions(registry: str | None = None, row: dict | None = None) -> dict[st
     }
 
 
+STEP_OUTPUT_TEST = re.compile(r"^steps\.(\w+)\.outputs\.(\w+) == '([^']*)'$")
+
+
 def evaluate(expr: str, table: dict[str, object]) -> object:
     key = " ".join(expr.strip().removeprefix("${{").removesuffix("}}").split())
+    if key not in table and (m := STEP_OUTPUT_TEST.match(key)) and f"steps.{m[1]}.outputs.{m[2]}" in table:
+        return table[f"steps.{m[1]}.outputs.{m[2]}"] == m[3]  # an earlier step's output, as it was written
     if key not in table:
         pytest.fail(f"the replay does not know what {key!r} evaluates to; add it to expressions()")
     return table[key]
@@ -130,6 +164,7 @@ def current():
 def runner(current):
     """A hosted runner's user on this machine: sudo, the docker group, the current engine as
     `docker`, a fresh checkout of HEAD. Removed afterwards, home and all."""
+    needs_root("a runner user of its own (useradd, /etc/sudoers.d)")
     for tool in ("sudo", "runuser", "jq", "git"):
         if not shutil.which(tool):
             pytest.fail(f"{tool} missing: engine.sh --with-registry (build.py selftest) installs it")
@@ -150,8 +185,8 @@ def runner(current):
         workspace = HOME / "work" / "pytorch-cuda"
         subprocess.run(["git", "clone", "--quiet", str(ROOT), str(workspace)], check=True)
         subprocess.run(["chown", "-R", f"{USER}:{USER}", str(HOME)], check=True)
-        env = {"HOME": str(HOME), "USER": USER, "LANG": "C.UTF-8", "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",
-               "CI": "true", "GITHUB_ACTIONS": "true", "GITHUB_EVENT_NAME": "push", "GITHUB_REF": "refs/heads/main",
+        env = {"HOME": str(HOME), "USER": USER, "LANG": "C.UTF-8", "PATH": f"{bin_dir}:{RUNNER_PATH}",
+               "CI": "true", "GITHUB_ACTIONS": "true", **EVENT_ENV["push"], "GITHUB_REPOSITORY": REPOSITORY,
                "GITHUB_WORKSPACE": str(workspace), "RUNNER_TEMP": str(HOME / "runner-temp"),
                "DOCKER_HOST": current["DOCKER_HOST"],
                "PYTORCH_CUDA_BUILD_NETWORK": current["PYTORCH_CUDA_BUILD_NETWORK"],
@@ -174,15 +209,22 @@ def _remove_user() -> None:
 
 
 def run_job(workflow: dict, name: str, table: dict[str, object], workspace: Path, runner_env: dict[str, str],
-            logs: Path) -> dict[str, str]:
-    """One job's steps, in order, as the runner would run them; the job's outputs."""
+            logs: Path, event: str = "push", until: str | None = None, left: dict[str, str] | None = None,
+            step_env: dict[str, dict[str, str]] | None = None) -> dict[str, str]:
+    """One job's steps, in order, as the runner would run them under `event`; the job's outputs.
+    `until` (a step's name) ends the job after that step; `left` names the steps not run here,
+    each with the reason; `step_env` adds to a named step's env (the replay's instruments)."""
     job = workflow["jobs"][name]
-    assert condition(job, table), f"job {name} would not run on a push to main"
+    assert condition(job, table), f"job {name} would not run on {event}"
+    left, step_env = left or {}, step_env or {}
+    names = [s.get("name") for s in job["steps"]]
+    assert set(left) | set(step_env) | {until} - {None} <= set(names), f"{name} has no step named so: {names}"
     deadline = time.monotonic() + 60 * job.get("timeout-minutes", 360)
     job_env = {**workflow.get("env", {}), **{k: substitute(str(v), table) for k, v in job.get("env", {}).items()}}
-    step_outputs: dict[str, dict[str, str]] = {}
+    table = dict(table)  # and each step's outputs, as they are written (steps.<id>.outputs.<key>)
+    runner_env = {**runner_env, **EVENT_ENV[event]}
     for i, step in enumerate(job["steps"]):
-        if not condition(step, table):
+        if step.get("name") in left or not condition(step, table):
             continue
         label = f"{name}[{i}] {step.get('name') or step.get('uses') or step.get('id')}"
         if "uses" in step:
@@ -198,7 +240,7 @@ def run_job(workflow: dict, name: str, table: dict[str, object], workspace: Path
             f.write_text("")
             shutil.chown(f, USER)
         env = {**runner_env, **job_env, **{k: substitute(str(v), table) for k, v in step.get("env", {}).items()},
-               "GITHUB_OUTPUT": str(output), "GITHUB_STEP_SUMMARY": str(summary)}
+               **step_env.get(step.get("name"), {}), "GITHUB_OUTPUT": str(output), "GITHUB_STEP_SUMMARY": str(summary)}
         log = logs / f"{name}-{i}.log"
         code = as_runner(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)], env, workspace, log,
                          timeout=max(1.0, deadline - time.monotonic()))
@@ -206,9 +248,28 @@ def run_job(workflow: dict, name: str, table: dict[str, object], workspace: Path
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
             pytest.fail(f"step {label} exited {code} as {USER}; last lines of {log}:\n{tail}")
         if "id" in step:
-            step_outputs[step["id"]] = dict(ln.split("=", 1) for ln in output.read_text().splitlines() if "=" in ln)
-    return {k: substitute(v, {f"steps.{sid}.outputs.{key}": val for sid, o in step_outputs.items() for key, val in o.items()})
-            for k, v in job.get("outputs", {}).items()}
+            table.update({f"steps.{step['id']}.outputs.{k}": v for k, v in
+                          (ln.split("=", 1) for ln in output.read_text().splitlines() if "=" in ln)})
+        if until is not None and step.get("name") == until:
+            break
+    return {k: substitute(v, table) for k, v in job.get("outputs", {}).items()}
+
+
+def step_index(workflow: dict, job: str, says: str) -> int:
+    """The one step of `job` whose run: holds `says`."""
+    found = [i for i, s in enumerate(workflow["jobs"][job]["steps"]) if says in s.get("run", "")]
+    assert len(found) == 1, f"{job} has {len(found)} steps that run {says!r}"
+    return found[0]
+
+
+def checkout(name: str, runner_env: dict[str, str], seeded: Path) -> Path:
+    """A fresh checkout of HEAD for one job, as each hosted job gets its own; its .venv is the
+    `seeded` checkout's (build.py made it there in the checks job), linked, not made again."""
+    workspace = HOME / "work" / name
+    as_runner(["git", "clone", "--quiet", str(seeded), str(workspace)], runner_env, HOME, HOME / "clone.log", timeout=300)
+    as_runner(["ln", "-s", str(seeded / ".venv"), str(workspace / ".venv")], runner_env, HOME, HOME / "clone.log", timeout=60)
+    assert (workspace / ".venv" / "bin" / "python").exists(), (HOME / "clone.log").read_text()
+    return workspace
 
 
 @pytest.fixture(scope="module")
@@ -217,7 +278,7 @@ def checked(runner, tmp_path_factory) -> dict[str, dict[str, str]]:
     workspace, runner_env = runner
     logs = tmp_path_factory.mktemp("logs")  # ours: the runner's output is written here by this process
     workflow = yaml.safe_load(WORKFLOW.read_text())
-    return {name: run_job(workflow, name, expressions(), workspace, runner_env, logs) for name in ("checks", "matrix")}
+    return {name: run_job(workflow, name, expressions("push"), workspace, runner_env, logs) for name in ("checks", "matrix")}
 
 
 def test_the_checks_and_matrix_jobs_run_as_a_runner_user(checked):
@@ -258,7 +319,7 @@ def test_the_build_job_runs_as_a_runner_user_through_publish_and_the_pushed_dige
     base_in_current_engine(current, docker_client, ROW, tmp_path / "base")
     reg = LocalRegistry(tmp_path / "registry").start(users={REGISTRY_USER: REGISTRY_PASSWORD})
     try:
-        run_job(workflow, "build", expressions(reg.address("ml"), row), workspace, runner_env, logs)
+        run_job(workflow, "build", expressions("push", reg.address("ml"), row), workspace, runner_env, logs)
         assert row["build_args"] == "--torch 2.7.1 --cuda 12.1 --flavor runtime"
         results = workspace / "build-results" / ROW.name
         summary = json.loads((results / "summary.json").read_text())
@@ -284,12 +345,29 @@ def test_the_build_job_runs_as_a_runner_user_through_publish_and_the_pushed_dige
             assert out.strip().splitlines()[-1] == b"ok", out  # DeepSpeed logs its accelerator choice first
         finally:
             docker_client.images.remove(pulled.id, force=True)
+        if os.environ.get("PYTORCH_CUDA_TEST_VERIFY_IMAGE") == "1":
+            _verified_from_a_fresh_clone(workspace, runner_env, ref, logs)
     finally:
         reg.stop()
         shutil.rmtree(reg.storage, ignore_errors=True)  # gigabytes of image and cache: CI's disk is shared
         # Each commit's image is new bytes (its files' times are the commit's), about 10 GB in
         # that store; the build cache, which the next run needs, stays.
         _current(current, "image", "rm", "--force", build.candidate_ref(ROW), *ROW.refs())
+
+
+def _verified_from_a_fresh_clone(seeded: Path, runner_env: dict[str, str], ref: str, logs: Path) -> None:
+    """What a user of the published image does, once: `verify --image` by digest from a fresh
+    clone at the image's commit, with the registry's password, on the same engine. It rebuilds
+    the row without cache and with the ops compiled (30 min or more on 2 cores), and must find
+    the same image (exit 0, THE SAME IMAGE)."""
+    workspace = checkout("verify", runner_env, seeded)
+    log = logs / "verify.log"
+    env = {**runner_env, "PYTORCH_CUDA_REGISTRY_USER": REGISTRY_USER, "PYTORCH_CUDA_REGISTRY_PASSWORD": REGISTRY_PASSWORD}
+    started = time.monotonic()
+    code = as_runner(["python", "build.py", "verify", "--image", ref], env, workspace, log, timeout=3 * 3600)
+    said = log.read_text(errors="replace")
+    print(f"verify --image {ref}: exit {code} in {time.monotonic() - started:.0f} s")
+    assert code == 0 and "THE SAME IMAGE" in said, said[-5000:]
 
 
 def _current(current: dict, *args: str, **kw) -> subprocess.CompletedProcess:
@@ -400,7 +478,7 @@ def test_the_merge_job_joins_the_platform_parts_into_one_index_under_the_rows_ta
     try:
         for platform in arm_row.platforms:
             ids[platform] = _small_part(docker_client, tmp_path, platform, f"{reg.host}/ml/{arm_row.repository}:{dated}-{platform.split('/')[1]}")
-        run_job(workflow, "merge", expressions(reg.address("ml"), row), workspace, runner_env, logs)
+        run_job(workflow, "merge", expressions("push", reg.address("ml"), row), workspace, runner_env, logs)
         for tag in [dated, *arm_row.tags]:
             doc = json.loads(_skopeo_raw(reg, f"ml/{arm_row.repository}:{tag}"))
             platforms = {f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"] for m in doc["manifests"]}
@@ -434,3 +512,174 @@ def _small_part(docker_client, tmp: Path, platform: str, target: str) -> str:
 def _skopeo_raw(reg: LocalRegistry, ref: str) -> bytes:
     return subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"--creds={REGISTRY_USER}:{REGISTRY_PASSWORD}",
                            f"docker://{reg.host}/{ref}"], check=True, capture_output=True).stdout
+
+
+# ---- every event: which jobs run ------------------------------------------------------------------
+
+def test_each_event_runs_the_jobs_the_replay_replays():
+    """By the workflow's own `if:`s and `needs:`, with vars.REGISTRY set: a job added, or an event
+    that starts running another job, fails here until the replay replays it."""
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    jobs = workflow["jobs"]
+    for event, replayed in EVENTS.items():
+        table, runs = expressions(event, "registry.invalid/ml"), set()
+        for name in jobs:  # in the file's order, each after what it needs (a `needs:` names earlier jobs)
+            needs = jobs[name].get("needs", [])
+            if condition(jobs[name], table) and set([needs] if isinstance(needs, str) else needs) <= runs:
+                runs.add(name)
+        assert runs == set(replayed), (event, sorted(runs))
+    assert set(jobs) == {j for replayed in EVENTS.values() for j in replayed}
+
+
+# ---- a pull request: checks, then pr-build up to its test step ------------------------------------
+
+def test_a_pull_requests_checks_job_is_the_push_one(checked):
+    """The checks job a pull request runs is the one `checked` replayed for the push: its steps
+    and their env and conditions evaluate alike under both events."""
+    job = yaml.safe_load(WORKFLOW.read_text())["jobs"]["checks"]
+    push, pr = expressions("push"), expressions("pull_request")
+    assert condition(job, pr)
+    for step in job["steps"]:
+        assert condition(step, push) == condition(step, pr), step
+        text = json.dumps({k: step.get(k) for k in ("run", "env", "with")})
+        assert substitute(text, push) == substitute(text, pr), step
+
+
+def _collected(out: str) -> set[str]:
+    return {ln.strip() for ln in out.splitlines() if re.match(r"^tests/\S+\.py::", ln.strip())}
+
+
+def test_pr_build_up_to_its_test_step_leaves_out_only_the_root_tier_by_name(runner, checked, tmp_path):
+    """pr-build as its runner runs it, but for the default row's build (the README's build line
+    under CI=true, which the build job's replay runs as this user, on request): the disk step, the
+    suite's tools through sudo (engine.sh as root), then the test step itself with pytest told to
+    collect only (PYTEST_ADDOPTS). Each lane collects the whole suite but the tests marked with
+    what PYTORCH_CUDA_TEST_LEAVE_OUT names, and says how many it left out. Then the two ways root
+    is had: a `root` test run by this user fails on its precondition (so the leave-out is what
+    keeps it out, not a skip), and a test that needs root for one command (a tmpfs mount) passes
+    through the runner's sudo."""
+    workspace, runner_env = runner
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    job = workflow["jobs"]["pr-build"]
+    build_step, test_step = (job["steps"][step_index(workflow, "pr-build", says)] for says in
+                             ("build.py --torch 2.7 --cuda 12.1", "build.py selftest"))
+    leave_out = test_step["env"][LEAVE_OUT_ENV].split()
+    assert leave_out == ["root"], leave_out
+    freed = [p for p in job["steps"][step_index(workflow, "pr-build", "sudo rm -rf")]["run"].split()[3:]]
+    assert freed and not [p for p in freed if Path(p).exists()], f"the disk step would delete {freed} on this machine"
+    run_job(workflow, "pr-build", expressions("pull_request"), workspace, runner_env, logs, event="pull_request",
+            until=test_step["name"], left={build_step["name"]: "the default row's build: the build job's replay, on request"},
+            step_env={test_step["name"]: {"PYTEST_ADDOPTS": "--collect-only -q -p no:cacheprovider"}})
+    out = (logs / f"pr-build-{job['steps'].index(test_step)}.log").read_text(errors="replace")
+    collected = _collected(out)
+
+    def collect(*args: str) -> set[str]:
+        log = tmp_path / "collect.log"
+        log.write_text("")
+        code = as_runner([".venv/bin/python", "-m", "pytest", "tests", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+                         runner_env, workspace, log, timeout=300)
+        assert code == 0, log.read_text()[-3000:]
+        return _collected(log.read_text())
+
+    everything, root = collect(), collect("-m", "root")
+    assert root and any("test_slurm.py" in t for t in root) and collected, out[-3000:]
+    assert collected == everything - root, {"run but root": sorted(collected & root)[:10],
+                                            "missing": sorted(everything - root - collected)[:10]}
+    said = [int(n) for n in re.findall(rf"left out by name \({LEAVE_OUT_ENV}\): (\d+) tests marked root", out)]
+    assert sum(said) == len(root), (said, len(root))
+
+    one_root_test = sorted(t for t in root if "test_slurm.py" in t)[0]
+    log = tmp_path / "root-test.log"
+    code = as_runner([".venv/bin/python", "-m", "pytest", "-p", "no:cacheprovider", one_root_test], runner_env, workspace, log, timeout=300)
+    assert code == 1 and "needs root on this host (marker root)" in log.read_text(), log.read_text()[-3000:]
+    log = tmp_path / "sudo-test.log"
+    code = as_runner([".venv/bin/python", "-m", "pytest", "-p", "no:cacheprovider", "-ra",
+                      "tests/integration/test_faults.py::test_full_disk_during_render_changes_no_file"], runner_env, workspace, log,
+                     timeout=600)
+    assert code == 0 and "1 passed" in log.read_text(), log.read_text()[-3000:]
+
+
+# ---- the weekly schedule: propose, security-refresh ---------------------------------------------
+
+REFRESH_WHOLE = os.environ.get("PYTORCH_CUDA_TEST_SECURITY_REFRESH") == "1"
+
+
+@pytest.mark.network
+def test_the_schedule_proposes_rows_and_a_security_refresh_follows_the_findings(runner, checked, tmp_path):
+    """The schedule's two jobs, each in a checkout of its own, against the real package index and
+    Debian's security suite. Whether the check finds advisories is the day's news; the refresh
+    step runs only with findings, and must then push a branch, re-locked and re-rendered.
+
+    That step re-locks every row against the index (about 2.5 min, most of it waiting on the
+    index): in this project's CI it is left out by name and only its condition is checked against
+    the check's output; it runs on request, PYTORCH_CUDA_TEST_SECURITY_REFRESH=1. Its push goes to
+    github.com in the workflow; git's url.insteadOf sends it to a bare repository of the runner
+    user's here (nothing leaves the machine but the index's and the mirror's reads)."""
+    seeded, runner_env = runner
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    remote = HOME / "remote.git"
+    for argv in (["git", "init", "--quiet", "--bare", str(remote)],
+                 ["git", "config", "--global", f"url.{remote}.insteadOf",
+                  f"https://x-access-token:{TOKEN}@github.com/{REPOSITORY}.git"]):
+        assert as_runner(argv, runner_env, HOME, logs / "remote.log", timeout=60) == 0, (logs / "remote.log").read_text()
+    table = expressions("schedule")
+    temp = Path(runner_env["RUNNER_TEMP"])
+
+    proposing = checkout("propose", runner_env, seeded)
+    run_job(workflow, "propose", table, proposing, runner_env, logs, event="schedule")
+    i = step_index(workflow, "propose", "matrix --propose")
+    assert (temp / f"propose-{i}.summary").read_text().startswith("### Proposed matrix rows\n```yaml\n")
+    assert (proposing / "proposal.yaml").read_text().strip()
+
+    refreshing = checkout("security-refresh", runner_env, seeded)
+    j = step_index(workflow, "security-refresh", "git push")
+    refresh = workflow["jobs"]["security-refresh"]["steps"][j]
+    left = {} if REFRESH_WHOLE else {refresh["name"]: "re-locks every row (about 2.5 min): on request"}
+    run_job(workflow, "security-refresh", table, refreshing, runner_env, logs, event="schedule", left=left)
+    i = step_index(workflow, "security-refresh", "lock --check-security --record | tee")
+    rc = dict(ln.split("=", 1) for ln in (temp / f"security-refresh-{i}.output").read_text().splitlines())["rc"]
+    assert rc in ("0", "1") and "### Advisories against the committed locks" in (temp / f"security-refresh-{i}.summary").read_text()
+    assert condition(refresh, {**table, "steps.check.outputs.rc": rc}) == (rc == "1")  # it runs exactly with findings
+    if not REFRESH_WHOLE:
+        return
+    log = logs / "branches.log"
+    as_runner(["git", "-C", str(remote), "for-each-ref", "--format=%(refname:short)", "refs/heads/"], runner_env, HOME, log, timeout=60)
+    branches = log.read_text().split()
+    if rc == "0":
+        assert branches == [], branches
+        return
+    said = (logs / f"security-refresh-{j}.log").read_text(errors="replace")
+    if "no newer pins to lock yet; nothing pushed" in said:
+        assert branches == [], branches
+        return
+    assert len(branches) == 1 and re.fullmatch(r"security-refresh-\d{8}", branches[0]), branches
+    log = logs / "pushed.log"
+    as_runner(["git", "-C", str(remote), "log", "-1", "--name-only", "--format=%s", branches[0]], runner_env, HOME, log, timeout=60)
+    assert log.read_text().startswith("Security refresh: re-lock and re-render"), log.read_text()[:500]
+    changed = [f for f in log.read_text().splitlines()[1:] if f.strip()]
+    assert changed and all(f.startswith("images/") or f in ("README.md", "docs/matrix.md") for f in changed), changed
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("PYTORCH_CUDA_TEST_PR_BUILD") != "1",
+                    reason="the default row's build and the whole suite as the runner user (an hour or more on 2 cores): "
+                           "on request, PYTORCH_CUDA_TEST_PR_BUILD=1, alone")
+def test_pr_build_runs_whole_as_the_runner_user(runner, checked, tmp_path):
+    """pr-build with nothing left out of the job: the default row's build under CI=true, then the
+    whole suite but the root tier, as the runner user, on the runner's engine (Docker 26 here).
+    Run it alone (`build.py selftest -- tests/integration/test_workflow_replay.py -k
+    pr_build_runs_whole`): the suite it runs builds, tags and deletes the default row in that
+    engine, and would meet another suite's tests there."""
+    workspace, runner_env = runner
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    started = time.monotonic()
+    run_job(workflow, "pr-build", expressions("pull_request"), workspace, runner_env, logs, event="pull_request")
+    out = (logs / f"pr-build-{step_index(workflow, 'pr-build', 'build.py selftest')}.log").read_text(errors="replace")
+    print(f"pr-build, every step, as {USER}: {time.monotonic() - started:.0f} s")
+    assert re.search(rf"left out by name \({LEAVE_OUT_ENV}\): \d+ tests marked root", out), out[-3000:]
