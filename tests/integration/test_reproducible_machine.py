@@ -73,11 +73,11 @@ def xfs(tmp_path_factory):
         shutil.rmtree(where, ignore_errors=True)
 
 
-def clone(dest: Path) -> Path:
-    """A clone of this checkout's HEAD (both builds read one commit, as another machine would)."""
+def clone(dest: Path, commit: str) -> Path:
+    """A clone of this checkout at commit (both builds read one commit, as another machine would,
+    whatever is committed here meanwhile)."""
     subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(dest)], check=True)
-    subprocess.run(["git", "-C", str(dest), "checkout", "--quiet", subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()], check=True)
+    subprocess.run(["git", "-C", str(dest), "checkout", "--quiet", commit], check=True)
     (dest / ".venv").symlink_to(ROOT / ".venv")
     return dest
 
@@ -103,12 +103,13 @@ def test_two_machines_that_differ_in_all_this_one_can_vary_build_one_digest(tmp_
     a = machine("repro-a", "pcb-repa0", "172.30.216.1/24")
     b = machine("repro-b", "pcb-repb0", "172.30.217.1/24", home=xfs, cpus="0", hostname="builder-b.example", umask="077",
                 env={"TZ": "Pacific/Chatham", "LANG": "de_DE.UTF-8", "LC_ALL": "de_DE.UTF-8"})
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     try:
-        id_a, rec_a = build_on(a, clone(tmp_path / "a"), tmp_path / "state-a", {"LANG": "C.UTF-8"}, 0o022)
+        id_a, rec_a = build_on(a, clone(tmp_path / "a", commit), tmp_path / "state-a", {"LANG": "C.UTF-8"}, 0o022)
         engine_current.down(a)  # one engine at a time, and one engine's data: about 35 GB each
         shutil.rmtree(a.state, ignore_errors=True)
         (elsewhere / "tmp").mkdir()
-        id_b, rec_b = build_on(b, clone(elsewhere / "b"), elsewhere / "state-b",
+        id_b, rec_b = build_on(b, clone(elsewhere / "b", commit), elsewhere / "state-b",
                                {"TZ": "Pacific/Chatham", "LANG": "de_DE.UTF-8", "LC_ALL": "de_DE.UTF-8",
                                 "TMPDIR": str(elsewhere / "tmp")}, 0o077)
         kept = ROOT / "build-results" / "reproducible-machine"  # for the measurements page, and a second machine
