@@ -5,11 +5,9 @@ test marked `network`, which fetches a real bundle's wheels and libaio around a 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import subprocess
-import tarfile
 import zipfile
 from pathlib import Path
 
@@ -20,7 +18,7 @@ from pytorch_cuda_build.resolve import debian
 from pytorch_cuda_build.stages import lock, matrix
 from pytorch_cuda_build.tools import gpubundle, opswheel
 
-from helpers import ROOT, missing, one_error_line, run_cli
+from helpers import ROOT, layer_tar, missing, one_error_line, run_cli
 
 MATRIX = matrix.load(ROOT / "matrix.yaml")
 DEFAULT = MATRIX.select("2.7", "12.1")
@@ -248,15 +246,9 @@ def test_the_build_venv_holds_torch_deepspeeds_needs_and_the_toolkit_all_hashed(
 
 
 def deb(files: dict[str, bytes]) -> bytes:
-    """A minimal Debian package: an ar archive with debian-binary and data.tar.xz."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:xz") as t:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            t.addfile(info, io.BytesIO(data))
+    """A minimal Debian package: an ar archive with debian-binary and data.tar (dpkg takes it uncompressed too)."""
     out = b"!<arch>\n"
-    for name, data in (("debian-binary", b"2.0\n"), ("data.tar.xz", buf.getvalue())):
+    for name, data in (("debian-binary", b"2.0\n"), ("data.tar", layer_tar(files))):
         out += f"{name:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(data):<10}`\n".encode() + data + (b"\n" if len(data) % 2 else b"")
     return out
 
