@@ -252,7 +252,7 @@ def parser() -> argparse.ArgumentParser:
     gb.add_argument("dir", type=Path, metavar="DIR", help="new or empty directory to write")
     gb.add_argument("--python", help="the GPU machine's Python, MAJOR.MINOR (default: the row's)")
     gb.add_argument("--build-python", metavar="PATH", help="the Python of that version (with its headers) that builds the "
-                    "ops wheel here (default: found: pythonX.Y or python3 on PATH, `uv python find X.Y`)")
+                    "ops wheel here (default: found: pythonX.Y or python3 on PATH, `uv python find X.Y`, pyenv's versions)")
     gb.add_argument("--ops-wheel", type=Path, metavar="FILE", help="a DeepSpeed wheel with the row's ops built before, for "
                     "that Python and the row's torch, instead of building one")
     gb.add_argument("--ops-arch", default="9.0", metavar="LIST", help="TORCH_CUDA_ARCH_LIST the ops are built for "

@@ -5,7 +5,7 @@ makes (opsbuild.py, the row's locked sdist, torch and CUDA toolkit), built for t
 Python and its GPU archs. Two ways to it:
 
   build()      here, by a Python of the target version (`--build-python`, else found: pythonX.Y on
-               PATH, python3, `uv python find X.Y`), in a venv of its own (kept under the state
+               PATH, python3, `uv python find X.Y`, pyenv's versions), in a venv of its own (kept under the state
                dir) holding the row's locked torch and toolkit with --require-hashes; its headers
                are what the ops' Python bindings compile against, so it must be that version
   from_file()  a wheel made before (`--ops-wheel FILE`), checked like a built one: DeepSpeed at the
@@ -111,12 +111,19 @@ def python_version(exe: str) -> tuple[str, bool] | None:
 
 
 def candidates(python: str) -> list[str]:
-    """Where a Python of this version may be: on PATH, then uv's own (`uv python find`)."""
+    """Where a Python of this version may be: on PATH, then uv's own (`uv python find`), then
+    pyenv's versions (a pyenv shim answers only for the versions pyenv has activated)."""
     found = [p for p in (shutil.which(f"python{python}"), shutil.which("python3")) if p]
-    uv = shutil.which("uv")
+    uv, pyenv = shutil.which("uv"), shutil.which("pyenv")
     if uv:
         proc = subprocess.run([uv, "python", "find", python], capture_output=True, text=True, timeout=60)
         found += [proc.stdout.strip()] if proc.returncode == 0 and proc.stdout.strip() else []
+    if pyenv:
+        proc = subprocess.run([pyenv, "root"], capture_output=True, text=True, timeout=60)
+        versions = Path(proc.stdout.strip()) / "versions" if proc.returncode == 0 and proc.stdout.strip() else None
+        newest = sorted(versions.glob(f"{python}.*/bin/python{python}") if versions else [], reverse=True,
+                        key=lambda p: [int(x) for x in re.findall(r"\d+", p.parent.parent.name)])
+        found += [str(p) for p in newest]
     return found
 
 
@@ -137,7 +144,7 @@ def find_python(python: str, given: str | None) -> str:
         if seen == (python, True):
             return exe
     raise EnvironmentProblem(f"no Python {python} with its headers to build the ops wheel with (looked for python{python} "
-                             f"and python3 on PATH, and `uv python find {python}`): name one with --build-python PATH "
+                             f"and python3 on PATH, `uv python find {python}` and pyenv's versions): name one with --build-python PATH "
                              f"(e.g. after `uv python install {python}`), or give a wheel built before with --ops-wheel FILE")
 
 

@@ -219,6 +219,12 @@ def test_the_build_python_is_the_one_given_else_found_on_path_or_by_uv(tmp_path,
     (bin_ / "uv").write_text(f"#!/bin/sh\n[ \"$1 $2 $3\" = 'python find 3.12' ] && echo {tmp_path}/uv-pythons/python3.12\n")
     (bin_ / "uv").chmod(0o755)
     assert opswheel.find_python("3.12", None) == f"{tmp_path}/uv-pythons/python3.12"
+    (bin_ / "uv").unlink()
+    fake_python(tmp_path / "pyenv" / "versions" / "3.12.9" / "bin", "python3.12", "3.12")
+    newest = fake_python(tmp_path / "pyenv" / "versions" / "3.12.10" / "bin", "python3.12", "3.12")
+    (bin_ / "pyenv").write_text(f"#!/bin/sh\n[ \"$1\" = root ] && echo {tmp_path}/pyenv\n")
+    (bin_ / "pyenv").chmod(0o755)
+    assert opswheel.find_python("3.12", None) == newest  # pyenv's versions, the newest first
     on_path = fake_python(bin_, "python3.12", "3.12")
     assert opswheel.find_python("3.12", None) == on_path
     assert opswheel.find_python("3.11", None) == str(bin_ / "python3")
