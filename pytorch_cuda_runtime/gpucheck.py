@@ -295,7 +295,7 @@ def smoke_ops(c, step):
 
 
 def smoke_family(c, step):
-    return smoke.run_family(c.suite, step.family, "cuda", c.gpus)
+    return smoke.run_family(c.suite, step.family, "cuda", 1 if step.family in smoke.GPU_ONLY else c.gpus)
 
 
 def smoke_extras(c, step):

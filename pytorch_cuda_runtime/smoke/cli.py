@@ -168,7 +168,7 @@ def _free_port():
 
 def launcher_cmd(family, device, world):
     mod = ["pytorch_cuda_runtime.smoke.worker", family]
-    if family in SINGLE:
+    if family in SINGLE or family in GPU_ONLY:
         return [sys.executable, "-m"] + mod
     if family == "zero3_launcher":
         ds = _bin("deepspeed")

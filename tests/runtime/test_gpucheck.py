@@ -290,6 +290,11 @@ def test_gpu_only_keeps_the_gpu_runs_alone():
     assert "measure" not in smoke.DEFAULT and "measure" in smoke.parse_args(["--gpu-only"]).only
 
 
+def test_the_measure_is_one_process_on_gpu_0_whatever_the_gpus():
+    assert smoke.launcher_cmd("measure", "cuda", 1)[1:] == ["-m", "pytorch_cuda_runtime.smoke.worker", "measure"]
+    assert smoke.plan(["measure"], 8, 2, gpu_only=True) == [("measure", "cuda", 1)]
+
+
 def test_one_gpu_says_world_of_one():
     [r] = smoke.world_of_one(1, [("zero3", "cuda", 1), ("bf16", "cuda", 1)])
     assert r["status"] == INFO and r["actual"] == "world of one" and "zero3" in r["detail"] and "bf16" not in r["detail"]
