@@ -280,7 +280,8 @@ def smoke_versions(c, step):
     if c.rehearse:  # the manifest is the row's; a rehearsal's torch build may be a CPU one
         recs = [dict(r, status=INFO, detail="rehearsal: recorded, not compared") if r["check"] in
                 ("versions.torch_cuda", "versions.cudnn", "versions.nccl", "versions.cuda_arch_list") else r for r in recs]
-    return recs
+    families = [(s.family, "cuda", c.gpus) for s in c.steps if s.family and not skip_reason(c, s)]
+    return recs + smoke.world_of_one(c.gpus, families)
 
 
 def smoke_gpu(c, step):

@@ -161,6 +161,17 @@ def test_a_rehearsal_skips_what_needs_a_gpu_and_nothing_else(tmp_path):
     assert {"smoke.gpu", "smoke.zero3", "smoke.measure", "smoke.compile"} <= set(skipped)
 
 
+def test_one_gpu_is_reported_as_a_world_of_one_and_a_rehearsal_claims_none(tmp_path, monkeypatch):
+    for rehearse, gpus, said in ((False, 1, True), (False, 2, False), (True, 0, False)):
+        folder = tmp_path / str(gpus)
+        folder.mkdir()
+        c = check(folder, bundle(folder), rehearse=rehearse)
+        c.steps, c.gpus, c.manifest = gpucheck.plan(gpus), gpus, {}
+        c.suite = type("Suite", (), {"probe": lambda self, device: {}})()
+        recs = gpucheck.smoke_versions(c, None)
+        assert any(r["check"] == "world.one_gpu" for r in recs) == said, (rehearse, gpus)
+
+
 def test_ops_need_a_cuda_torch_even_in_a_rehearsal(tmp_path):
     c = check(tmp_path, bundle(tmp_path), rehearse=True)
     c.facts["torch_cuda"] = None
