@@ -4,7 +4,8 @@
 
   ops/deepspeed-<version>-cpXY-*.whl  DeepSpeed with the row's ops prebuilt for the target Python, the row's torch
                               and the machine's GPU archs (opswheel.py: opsbuild.py here, the image's own
-                              recipe, or a wheel given with --ops-wheel); ops-facts.json beside it
+                              recipe, or a wheel given with --ops-wheel), debug info stripped;
+                              ops-facts.json beside it
   lib/libaio.so.1             libaio's library from the row's Debian package, for async_io
   wheels/                     the small wheels DeepSpeed and the smoke suite need, at the row's locked
                               versions and hashes, for the target Python; never torch, triton or the
@@ -15,8 +16,9 @@
   run.sh                      `bash DIR/run.sh` there: plan, install, the GPU steps, a report after each
 
 Nothing is compiled on the machine. The machines such a bundle travels to take at most 64 MiB of
-files, so the bundle is staged in a temporary directory beside DIR, measured, and renamed into place
-only when it fits: DIR is then either complete or untouched.
+files a command, the repository's tracked files included, so the ops' debug info is stripped, and
+the bundle is staged in a temporary directory beside DIR, measured with the repository's tracked
+files, and renamed into place only when both fit: DIR is then either complete or untouched.
 """
 from __future__ import annotations
 
@@ -208,13 +210,24 @@ def listing(staging: Path) -> dict[str, dict]:
     return out
 
 
-def check_size(files: dict[str, dict], limit_mib: int) -> int:
-    """Total bytes; BundleTooLarge (naming the largest files) when over the limit."""
+def check_size(files: dict[str, dict], limit_mib: int, beside: int = 0) -> int:
+    """Total bytes; BundleTooLarge (naming the largest files) when it and what travels beside it
+    (the repository's tracked files) are over the limit."""
     total = sum(f["size"] for f in files.values())
-    if total > limit_mib * 2**20:
+    if total + beside > limit_mib * 2**20:
         largest = sorted(files.items(), key=lambda kv: -kv[1]["size"])[:3]
-        raise BundleTooLarge(total, limit_mib, [(name, f["size"]) for name, f in largest])
+        raise BundleTooLarge(total, limit_mib, [(name, f["size"]) for name, f in largest], beside)
     return total
+
+
+def tracked_bytes(root: Path) -> int:
+    """What a lent machine's command carries besides the bundle: the repository's tracked files
+    (0 outside a git checkout: then the bundle alone is measured)."""
+    proc = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True)
+    if proc.returncode != 0:
+        return 0
+    names = [n for n in proc.stdout.decode(errors="replace").split("\0") if n]
+    return sum((root / n).stat().st_size for n in names if (root / n).is_file())
 
 
 def check_target(dest: Path) -> None:
@@ -268,6 +281,7 @@ def write(root: Path, image: Image, dest: Path, python: str, ca: str | None, sou
     if source.ops_wheel:  # before any download: a wrong wheel is the user's to fix
         opswheel.check(source.ops_wheel, image, python)
     exe = None if source.ops_wheel else opswheel.find_python(python, source.build_python)
+    beside = tracked_bytes(root)
     facts = lock.read(root, image)
     folder = lock.image_dir(root, image)
     pins = closure(parse_lock((folder / "requirements.lock").read_text()))
@@ -300,7 +314,9 @@ def write(root: Path, image: Image, dest: Path, python: str, ca: str | None, sou
                 wheel = opswheel.OpsWheel(staging / "ops" / built.path.name, built.ops, built.arch_list, image.torch, built.source)
             finally:
                 shutil.rmtree(build_dir, ignore_errors=True)
-        log(f"{wheel.path.name}: {', '.join(wheel.ops)} prebuilt for {wheel.arch_list} ({wheel.source})")
+        before, after = opswheel.strip_debug(wheel.path)
+        log(f"{wheel.path.name}: {', '.join(wheel.ops)} prebuilt for {wheel.arch_list} ({wheel.source}); debug info "
+            f"stripped: {before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB")
         log(f"{len(pins)} wheels for Python {python}: {', '.join(p.name for p in pins)}")
         (staging / "wheels").mkdir()
         fetch_wheels(pins, python, platforms(facts["inputs"]["platform"]), staging / "wheels", ca)
@@ -309,11 +325,11 @@ def write(root: Path, image: Image, dest: Path, python: str, ca: str | None, sou
         (staging / "run.sh").write_text(RUN_SH.format(image=image.name, python=python, torch=image.torch,
                                                       deepspeed=image.deepspeed, archs=wheel.arch_list))
         (staging / "run.sh").chmod(0o755)
-        ops = wheel.record(wheel.path.relative_to(staging).as_posix())
+        ops = dict(wheel.record(wheel.path.relative_to(staging).as_posix()), debug_info="stripped (strip --strip-debug)")
         aio = {"file": f"lib/{opswheel.LIBAIO_SO}", "package": aio_version}
         described = describe(root, image, python, ops, aio, pins)
         described["files"] = listing(staging)
-        described["size"] = check_size(described["files"], limit_mib)
+        described["size"] = check_size(described["files"], limit_mib, beside)
         (staging / "bundle.json").write_text(json.dumps(described, indent=2, sort_keys=True) + "\n")
         staging.chmod(0o755)  # mkdtemp's 0700 would keep a container's other user out
         os.replace(staging, dest)  # onto a new name, or over the empty directory that was there

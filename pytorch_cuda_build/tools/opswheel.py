@@ -16,6 +16,7 @@ index: the headers let async_io build here; libaio.so.1 travels for the machine 
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import json
@@ -25,6 +26,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +62,8 @@ def wheel_facts(wheel: Path) -> dict:
     try:
         with zipfile.ZipFile(wheel) as z:
             text = z.read("deepspeed/git_version_info_installed.py").decode()
+            if not [n for n in z.namelist() if n.endswith(".dist-info/RECORD")]:
+                raise KeyError("no .dist-info/RECORD")
     except (OSError, KeyError, zipfile.BadZipFile) as e:
         raise UsageError(f"{wheel}: not a DeepSpeed wheel with its build record ({e})") from None
     ns: dict = {}
@@ -271,3 +275,48 @@ def build(root: Path, image: Image, python: str, exe: str, archs: str, sdist: Pa
     for extra in ("ops-cache-key",):
         (dest / extra).unlink(missing_ok=True)
     return OpsWheel(wheels[0], ops, archs, torch, f"built here by opsbuild.py with Python {python} ({exe})")
+
+
+def strip_debug(wheel: Path) -> tuple[int, int]:
+    """Rewrite the wheel in place with its ops' debug info stripped (`strip --strip-debug`: DWARF
+    only; the code, its symbols and the CUDA fatbins stay) and RECORD's hashes and sizes made
+    to match; entry order kept, times fixed. The bundle's 64 MiB needs it: DeepSpeed compiles
+    its ops with -g. (bytes before, bytes after)."""
+    strip = shutil.which("strip")
+    if not strip:
+        raise EnvironmentProblem("`strip` (binutils) is needed to fit the ops into the bundle: apt-get install binutils")
+    before = wheel.stat().st_size
+    tmp = wheel.with_name(wheel.name + ".part")
+    with zipfile.ZipFile(wheel) as src, tempfile.TemporaryDirectory() as d:
+        contents = {i.filename: src.read(i) for i in src.infolist()}
+        for name in [n for n in contents if n.endswith(".so")]:
+            so = Path(d) / "op.so"
+            so.write_bytes(contents[name])
+            proc = subprocess.run([strip, "--strip-debug", str(so)], capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise CommandFailed(f"strip --strip-debug {name}", proc.returncode, proc.stderr.strip())
+            contents[name] = so.read_bytes()
+        record = next((n for n in contents if n.endswith(".dist-info/RECORD")), None)
+        if record is None:
+            raise UsageError(f"{wheel.name}: a wheel without RECORD")
+        contents[record] = rewrite_record(contents[record].decode(), contents).encode()
+        stamp = time.gmtime(max(REPRODUCIBLE_EPOCH, 315532800))[:6]
+        with zipfile.ZipFile(tmp, "w") as out:
+            for info in src.infolist():
+                entry = zipfile.ZipInfo(info.filename, date_time=stamp)
+                entry.external_attr, entry.create_system = info.external_attr, 3
+                out.writestr(entry, contents[info.filename], compress_type=zipfile.ZIP_DEFLATED, compresslevel=6)
+    tmp.replace(wheel)
+    return before, wheel.stat().st_size
+
+
+def rewrite_record(text: str, contents: dict[str, bytes]) -> str:
+    """RECORD with each listed file's sha256 and size as in contents (RECORD's own line stays hashless)."""
+    lines = []
+    for line in text.splitlines():
+        path, digest, size = line.rsplit(",", 2) if line.count(",") >= 2 else (line, "", "")
+        if digest and path in contents:
+            b64 = base64.urlsafe_b64encode(hashlib.sha256(contents[path]).digest()).rstrip(b"=").decode()
+            line = f"{path},sha256={b64},{len(contents[path])}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"

@@ -4,7 +4,9 @@ with nothing written. Downloads and the ops build are replaced by small local fi
 test marked `network`, which fetches a real bundle's wheels and libaio around a wheel it is given."""
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import json
 import os
 import subprocess
@@ -76,7 +78,7 @@ def test_the_rows_wheels_are_deepspeeds_needs_at_the_locked_versions(image):
 
 
 def ds_wheel(folder: Path, image: matrix.Image, python: str = "3.12", accelerator: str = "cuda",
-             ops: tuple[str, ...] | None = None, torch: str | None = None) -> Path:
+             ops: tuple[str, ...] | None = None, torch: str | None = None, extra: dict[str, bytes] | None = None) -> Path:
     """A stand-in DeepSpeed wheel: the build record DeepSpeed writes, nothing compiled."""
     tag = "cp" + python.replace(".", "")
     folder.mkdir(parents=True, exist_ok=True)
@@ -84,8 +86,12 @@ def ds_wheel(folder: Path, image: matrix.Image, python: str = "3.12", accelerato
     installed = {op: True for op in (image.prebuilt_ops if ops is None else ops)}
     info = (f"installed_ops = {installed!r}\naccelerator_name = {accelerator!r}\n"
             f"torch_info = {{'version': {(torch or '.'.join(image.torch.split('.')[:2]))!r}}}\n")
+    files = {"deepspeed/git_version_info_installed.py": info.encode(), **(extra or {})}
+    record = "".join(f"{n},sha256=x,{len(b)}\n" for n, b in files.items())
     with zipfile.ZipFile(path, "w") as z:
-        z.writestr("deepspeed/git_version_info_installed.py", info)
+        for name, data in files.items():
+            z.writestr(name, data)
+        z.writestr(f"deepspeed-{image.deepspeed}.dist-info/RECORD", record + f"deepspeed-{image.deepspeed}.dist-info/RECORD,,\n")
     return path
 
 
@@ -143,7 +149,7 @@ def test_the_bundle_holds_a_prebuilt_wheel_libaio_wheels_runtime_manifest_and_ru
             "pytorch_cuda_runtime/gpu_estimates.json", "pytorch_cuda_runtime/smoke/cli.py"} <= files
     assert not [f for f in files if f.endswith(".tar.gz")]  # no sdist: nothing is compiled there
     assert desc["ops_wheel"] == {"file": wheel, "ops": list(CUDA13.prebuilt_ops), "arch_list": "9.0", "torch": CUDA13.torch,
-                                 "source": "built here with /usr/bin/python3.12"}
+                                 "source": "built here with /usr/bin/python3.12", "debug_info": "stripped (strip --strip-debug)"}
     assert desc["libaio"] == {"file": "lib/libaio.so.1", "package": "libaio1 0.3.113-4"} and desc["schema"] == 2
     assert {f"wheels/{w.replace('-', '_')}-{v}-py3-none-any.whl" for w, v in desc["wheels"].items()} <= files
     assert "setuptools" not in desc["wheels"]  # nothing is built there
@@ -166,7 +172,7 @@ def test_a_wheel_given_is_checked_and_carried_and_nothing_is_built(tmp_path, mon
     desc = gpubundle.write(ROOT, DEFAULT, tmp_path / "b", "3.11", None, gpubundle.WheelSource(ops_wheel=given), log=lambda _: None)
     assert [c[0] for c in calls] == ["libaio", "wheels"]  # no sdist, no build
     assert desc["ops_wheel"]["file"] == f"ops/{given.name}" and desc["ops_wheel"]["arch_list"] == "7.0;8.0;9.0+PTX"
-    assert desc["ops_wheel"]["source"] == f"given: {given.name}" and (tmp_path / "b" / "ops" / given.name).read_bytes() == given.read_bytes()
+    assert desc["ops_wheel"]["source"] == f"given: {given.name}" and (tmp_path / "b" / "ops" / given.name).is_file()
 
 
 @pytest.mark.parametrize(("kw", "text"), [
@@ -181,6 +187,26 @@ def test_a_wheel_that_does_not_fit_the_row_is_refused_before_any_download(tmp_pa
     with pytest.raises(UsageError, match=text.replace("(", r"\(").replace(")", r"\)")):
         gpubundle.write(ROOT, CUDA13, tmp_path / "b", "3.12", None, gpubundle.WheelSource(ops_wheel=given), log=lambda _: None)
     assert calls == [] and not (tmp_path / "b").exists()
+
+
+def test_the_ops_debug_info_is_stripped_and_record_kept_true(tmp_path):
+    src = tmp_path / "op.c"
+    src.write_text("int scale(int x) { return 3 * x; }\n")
+    so = tmp_path / "op.so"
+    subprocess.run(["gcc", "-g", "-O0", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    name = "deepspeed/ops/adam/fused_adam_op.cpython-312-x86_64-linux-gnu.so"
+    wheel = ds_wheel(tmp_path / "w", CUDA13, extra={name: so.read_bytes()})
+    before, after = opswheel.strip_debug(wheel)
+    assert after < before
+    with zipfile.ZipFile(wheel) as z:
+        data = z.read(name)
+        record = z.read(f"deepspeed-{CUDA13.deepspeed}.dist-info/RECORD").decode()
+    (tmp_path / "stripped.so").write_bytes(data)
+    sections = subprocess.run(["objdump", "-h", str(tmp_path / "stripped.so")], capture_output=True, text=True).stdout
+    assert ".debug_info" not in sections and ".text" in sections
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    assert f"{name},sha256={digest},{len(data)}" in record.splitlines()
+    assert record.splitlines()[-1].endswith("RECORD,,")  # RECORD's own line stays hashless
 
 
 def test_a_file_that_is_no_deepspeed_wheel_is_refused(tmp_path):
@@ -297,6 +323,15 @@ def test_the_size_check_names_the_largest_files():
     assert gpubundle.check_size(files, 5) == 4 * 2**20 + 10
     with pytest.raises(BundleTooLarge, match=r"4\.0 MiB, over the 3 MiB .*largest: a 3\.0 MiB, b 1\.0 MiB"):
         gpubundle.check_size(files, 3)
+
+
+def test_the_repositorys_tracked_files_count_against_the_limit():
+    files = {"a": {"size": 50 * 2**20}}
+    assert gpubundle.check_size(files, 64, beside=10 * 2**20) == 50 * 2**20
+    with pytest.raises(BundleTooLarge, match=r"50\.0 MiB with the repository's 15\.0 MiB of tracked files beside it, over the 64"):
+        gpubundle.check_size(files, 64, beside=15 * 2**20)
+    tracked = gpubundle.tracked_bytes(ROOT)
+    assert 2**20 < tracked < 64 * 2**20  # this checkout's, as a lent machine's command carries it
 
 
 def test_cli_unknown_row(tmp_path):
