@@ -333,7 +333,7 @@ def estimate(steps, path=ESTIMATES):
 
 
 def print_plan(c, total, est):
-    where = f"{c.gpus or 'no'} GPU(s) per nvidia-smi" + (", rehearsal: the GPU steps are skipped" if c.rehearse else "")
+    where = f"{c.gpus} GPU(s) per nvidia-smi" + (", rehearsal: the GPU steps are skipped" if c.rehearse else "")
     print(f"gpucheck: plan for {c.desc['image']} ({where}): {len(c.steps)} steps, about {total:g} s on {est['device']} "
           f"(estimates from {est['source']}); budget {c.budget:g} s", file=sys.stderr)
     for s in c.steps:
