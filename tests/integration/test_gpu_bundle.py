@@ -54,10 +54,9 @@ def ops_wheel(default_build, tmp_path_factory) -> Path:
 def bundle(ops_wheel, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("gpu-bundle") / "bundle"
     t0 = time.monotonic()
-    # The image's wheel holds every arch of torch's (the lent machine's bundle holds sm_90's): the
-    # 64 MiB limit is the real bundle's to meet (docs/ops.md), not this rehearsal's.
+    # The image's wheel holds every arch of torch's; stripped of its debug info it fits the 64 MiB too.
     proc = run_build_py(ROOT, "gpu-bundle", "--torch", "2.7", "--cuda", "12.1", "--python", DEFAULT.python,
-                        "--ops-wheel", str(ops_wheel), "--limit-mib", "256", str(folder), timeout=900)
+                        "--ops-wheel", str(ops_wheel), str(folder), timeout=900)
     assert proc.returncode == 0, shown(proc)
     print(f"gpu-bundle: {time.monotonic() - t0:.1f} s")
     folder.chmod(0o777)  # the image's user (uid 1000) writes report/ into it
