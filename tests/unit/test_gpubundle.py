@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pytorch_cuda_build.errors import BundleTooLarge, EnvironmentProblem, ResolveError, UsageError
+from pytorch_cuda_build.errors import BundleTooLarge, CommandFailed, EnvironmentProblem, ResolveError, UsageError
 from pytorch_cuda_build.resolve import debian
 from pytorch_cuda_build.stages import lock, matrix
 from pytorch_cuda_build.tools import gpubundle, opswheel
@@ -266,6 +266,23 @@ def test_a_build_python_given_must_be_the_version_with_headers(tmp_path, version
         opswheel.find_python("3.12", exe)
     with pytest.raises(UsageError, match="does not run"):
         opswheel.find_python("3.12", str(tmp_path / "nothing"))
+
+
+def test_a_failed_build_step_is_one_line_naming_its_log(tmp_path):
+    log = tmp_path / "ops-build.log"
+    with pytest.raises(CommandFailed) as e:
+        opswheel.run(["sh", "-c", "echo compiling; echo 'nvcc fatal: no such arch' >&2; exit 3"], "opsbuild.py", log)
+    assert e.value.exit_code == 1 and str(log) in str(e.value) and "nvcc fatal: no such arch" in str(e.value)
+    assert "\n" not in str(e.value) and "compiling" in log.read_text()
+
+
+@pytest.mark.parametrize(("args", "says"), [(["--python"], "--python needs a path"),
+                                            (["--python", "/nonexistent/python3.12"], "no Python interpreter /nonexistent/python3.12")])
+def test_run_sh_refuses_a_missing_interpreter_in_one_line(tmp_path, args, says):
+    run_sh = tmp_path / "run.sh"
+    run_sh.write_text(gpubundle.RUN_SH.format(image="x", python="3.12", torch="2.11.0", deepspeed="0.19.8", archs="9.0"))
+    proc = subprocess.run(["sh", str(run_sh), *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"run.sh: error: {says}" + (" (name one with --python PATH)" if "no Python" in says else "")]
 
 
 def test_the_build_venv_holds_torch_deepspeeds_needs_and_the_toolkit_all_hashed():
