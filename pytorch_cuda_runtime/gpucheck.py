@@ -47,6 +47,7 @@ import time
 from types import SimpleNamespace
 
 from . import banner, gpureport
+from . import manifest as mf
 from .interrupt import Interrupted, catching
 from .smoke import cli as smoke
 from .smoke import nocompile, versions
@@ -57,6 +58,7 @@ ESTIMATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_estima
 DEFAULT_BUDGET = 540  # a lent machine's command runs at most 600 s: the report is written before then
 TORCH_FACTS = ("import json, torch; c = torch.cuda.is_available(); n = torch.cuda.device_count() if c else 0; "
                "print(json.dumps({'torch': torch.__version__, 'torch_cuda': torch.version.cuda, 'gpus': n, "
+               "'arch_flags': torch._C._cuda_getArchFlags().split() if torch.version.cuda else [], "
                "'devices': [{'name': torch.cuda.get_device_name(i), 'capability': '%d.%d' % "
                "torch.cuda.get_device_capability(i)} for i in range(n)]}))")
 
@@ -263,7 +265,14 @@ def effective_manifest(c):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump(manifest, f, indent=2)
-    return manifest, path
+    # Beside it, as an image keeps them: torch's arch list (measured from this machine's torch, which
+    # machine.torch found to be the row's) and the ops' build facts, when the bundle has them.
+    with open(os.path.join(os.path.dirname(path), "torch-facts.json"), "w") as f:
+        json.dump({"cuda_arch_list": c.facts.get("arch_flags", [])}, f)
+    facts = os.path.join(c.bundle, os.path.dirname(wheel["file"]), "ops-facts.json")
+    if os.path.isfile(facts):
+        shutil.copy(facts, os.path.join(os.path.dirname(path), "ops-facts.json"))
+    return mf.load(path), path
 
 
 def start_suite(c):

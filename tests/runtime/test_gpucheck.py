@@ -172,6 +172,18 @@ def test_one_gpu_is_reported_as_a_world_of_one_and_a_rehearsal_claims_none(tmp_p
         assert any(r["check"] == "world.one_gpu" for r in recs) == said, (rehearse, gpus)
 
 
+def test_the_manifest_read_there_has_the_wheels_ops_and_the_machines_arch_list(tmp_path):
+    root = bundle(tmp_path)
+    (root / "ops").mkdir()
+    (root / "ops" / "ops-facts.json").write_text(json.dumps({"ops_arch_list": "9.0", "prebuilt_ops": ["stale"]}))
+    c = check(tmp_path, root)
+    c.facts["arch_flags"] = ["sm_90", "sm_100"]
+    manifest, path = gpucheck.effective_manifest(c)
+    assert manifest["prebuilt_ops"] == OPS_WHEEL["ops"] and manifest["ops_accelerator"] == "cuda"
+    assert manifest["cuda_arch_list"] == ["sm_90", "sm_100"] and manifest["ops_arch_list"] == "9.0"
+    assert manifest["python"] == c.desc["python"] and Path(path).parent != root
+
+
 def test_ops_need_a_cuda_torch_even_in_a_rehearsal(tmp_path):
     c = check(tmp_path, bundle(tmp_path), rehearse=True)
     c.facts["torch_cuda"] = None
