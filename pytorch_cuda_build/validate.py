@@ -274,6 +274,8 @@ def gpu_bundle_source(c, args) -> None:
         c.fail("build_python", "--build-python builds the ops wheel; --ops-wheel brings one built before: name one of them")
     if args.ops_wheel is not None and not args.ops_wheel.is_file():
         c.fail("ops_wheel", f"--ops-wheel {args.ops_wheel}: no such file")
+    if args.build_python is not None and not shutil.which(args.build_python):
+        c.fail("build_python", f"--build-python {args.build_python!r} is neither a program on PATH nor an executable file")
     if not re.fullmatch(OPS_ARCH, args.ops_arch):
         c.fail("ops_arch", f"--ops-arch {args.ops_arch!r}: expected TORCH_CUDA_ARCH_LIST's form, e.g. 9.0 or '8.0;9.0;10.0+PTX'")
 

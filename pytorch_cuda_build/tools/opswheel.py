@@ -165,7 +165,7 @@ def run(cmd: list[str], what: str, log: Path, env: dict[str, str] | None = None,
 def build_requirements(root: Path, image: Image) -> str:
     """What the build venv installs: torch with everything it needs, DeepSpeed's build and run
     requirements (its setup.py imports torch and them), and the row's CUDA toolkit; all hashed."""
-    from . import gpubundle
+    from . import gpubundle  # here: gpubundle imports this module, and its lock parser is the one to use
 
     folder = lock.build_dir(root, image)
     pins = gpubundle.parse_lock((folder / "requirements.lock").read_text())
