@@ -257,7 +257,8 @@ def parser() -> argparse.ArgumentParser:
                     "that Python and the row's torch, instead of building one")
     gb.add_argument("--ops-arch", default="9.0", metavar="LIST", help="TORCH_CUDA_ARCH_LIST the ops are built for "
                     "(default 9.0: H100, H200; e.g. '8.0;9.0;10.0')")
-    gb.add_argument("--limit-mib", type=int, default=64, help="refuse a bundle larger than this (default 64)")
+    gb.add_argument("--limit-mib", type=int, default=64, help="refuse a bundle that, with the repository's tracked files "
+                    "beside it, is larger than this (default 64)")
     _docker_ca(gb, docker=False)
 
     _job(sub)
