@@ -5,9 +5,11 @@ makes (opsbuild.py, the row's locked sdist, torch and CUDA toolkit), built for t
 Python and its GPU archs. Two ways to it:
 
   build()      here, by a Python of the target version (`--build-python`, else found: pythonX.Y on
-               PATH, python3, `uv python find X.Y`, pyenv's versions), in a venv of its own (kept under the state
-               dir) holding the row's locked torch and toolkit with --require-hashes; its headers
-               are what the ops' Python bindings compile against, so it must be that version
+               PATH, python3, `uv python find X.Y`, pyenv's versions), in a venv of its own (kept
+               under the state dir) holding the row's locked torch and toolkit with --require-hashes;
+               its headers are what the ops' Python bindings compile against, so it must be that
+               version. The wheel is kept there too, under the hash of every input of the compile:
+               the same inputs again compile nothing
   from_file()  a wheel made before (`--ops-wheel FILE`), checked like a built one: DeepSpeed at the
                row's version, tagged for the target Python, built for `cuda` with every op of the row
 
@@ -259,6 +261,37 @@ def build(root: Path, image: Image, python: str, exe: str, archs: str, sdist: Pa
     logfile.unlink(missing_ok=True)
     log(f"building DeepSpeed {image.deepspeed}'s ops ({', '.join(image.prebuilt_ops)}) for {archs} with {exe}; log {logfile}")
     venv = build_venv(root, image, exe, facts["inputs"]["index"], ca, logfile)
+    key = wheel_key(root, image, venv, sdist, archs)
+    cached = paths.STATE_DIR / "gpu-bundle" / "wheels" / key
+    if (cached / "ops-facts.json").is_file():
+        shutil.copytree(cached, dest, dirs_exist_ok=True)
+        log(f"the ops were built before from the same inputs ({key[:16]}): taken from {cached}, nothing compiled")
+    else:
+        compile_ops(root, image, venv, facts, archs, sdist, aio, dest, logfile)
+        tmp = cached.with_name(cached.name + ".part")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(dest, tmp)
+        tmp.rename(cached)
+    wheels = sorted(dest.glob("deepspeed-*.whl"))
+    if len(wheels) != 1:
+        raise CommandFailed("opsbuild.py", 1, f"expected one DeepSpeed wheel in {dest}, found {len(wheels)}")
+    ops, torch = check(wheels[0], image, python)
+    return OpsWheel(wheels[0], ops, archs, torch, f"built here by opsbuild.py with Python {python} ({exe})")
+
+
+def wheel_key(root: Path, image: Image, venv: Path, sdist: Path, archs: str) -> str:
+    """Everything the compiled wheel depends on: the build venv (its Python and locked wheels), the
+    sdist's bytes, opsbuild.py, the ops, the CPU baseline and the archs."""
+    h = hashlib.sha256()
+    recipe = root / "pytorch_cuda_runtime" / "opsbuild.py"
+    for part in (venv.name, (venv / "ready").read_text(), hashlib.sha256(sdist.read_bytes()).hexdigest(),
+                 hashlib.sha256(recipe.read_bytes()).hexdigest(), ",".join(image.prebuilt_ops), image.cpu_arch, archs):
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()
+
+
+def compile_ops(root: Path, image: Image, venv: Path, facts: dict, archs: str, sdist: Path, aio: Path, dest: Path,
+                logfile: Path) -> None:
     lib = next((p.parent for p in aio.rglob("libaio.so*")), aio)
     env = dict(os.environ, CUDA_HOME=str(venv / "cuda"), PYTHONPATH=str(root),
                CPATH=os.pathsep.join(filter(None, [str(aio / "usr" / "include"), os.environ.get("CPATH")])),
@@ -268,13 +301,7 @@ def build(root: Path, image: Image, python: str, exe: str, archs: str, sdist: Pa
     run([str(venv / "bin" / "python"), "-m", "pytorch_cuda_runtime.opsbuild", str(sdist), "--ops", ",".join(image.prebuilt_ops),
          "--cpu-arch", image.cpu_arch, "--dist", str(dest), "--toolkit", str(facts.get("cuda_toolkit")),
          "--arch-list", archs, "--epoch", str(REPRODUCIBLE_EPOCH)], "opsbuild.py", logfile, env=env, cwd=dest.parent)
-    wheels = sorted(dest.glob("deepspeed-*.whl"))
-    if len(wheels) != 1:
-        raise CommandFailed("opsbuild.py", 1, f"expected one DeepSpeed wheel in {dest}, found {len(wheels)}")
-    ops, torch = check(wheels[0], image, python)
-    for extra in ("ops-cache-key",):
-        (dest / extra).unlink(missing_ok=True)
-    return OpsWheel(wheels[0], ops, archs, torch, f"built here by opsbuild.py with Python {python} ({exe})")
+    (dest / "ops-cache-key").unlink(missing_ok=True)  # the images' key, which this wheel (one arch list) is not under
 
 
 def strip_debug(wheel: Path) -> tuple[int, int]:

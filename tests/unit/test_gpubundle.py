@@ -268,6 +268,30 @@ def test_a_build_python_given_must_be_the_version_with_headers(tmp_path, version
         opswheel.find_python("3.12", str(tmp_path / "nothing"))
 
 
+def test_the_same_inputs_compile_once(tmp_path, monkeypatch):
+    """The second build of the same inputs takes the first one's wheel; other archs compile again."""
+    monkeypatch.setattr(opswheel.paths, "STATE_DIR", tmp_path / "state")
+    venv = tmp_path / "venv-key"
+    venv.mkdir()
+    (venv / "ready").write_text("torch==2.11.0\n")
+    monkeypatch.setattr(opswheel, "build_venv", lambda *a: venv)
+    compiled = []
+
+    def compile_ops(root, image, venv, facts, archs, sdist, aio, dest, logfile):
+        compiled.append(archs)
+        ds_wheel(dest, image, "3.12")
+        (dest / "ops-facts.json").write_text("{}")
+
+    monkeypatch.setattr(opswheel, "compile_ops", compile_ops)
+    sdist = tmp_path / "deepspeed.tar.gz"
+    sdist.write_bytes(b"sdist")
+    said: list[str] = []
+    built = [opswheel.build(ROOT, CUDA13, "3.12", "py", archs, sdist, tmp_path, tmp_path / f"d{i}", None, said.append)
+             for i, archs in enumerate(("9.0", "9.0", "8.0;9.0"))]
+    assert compiled == ["9.0", "8.0;9.0"] and "nothing compiled" in said[2]
+    assert built[0].path.read_bytes() == built[1].path.read_bytes() and built[1].path.parent == tmp_path / "d1"
+
+
 def test_a_failed_build_step_is_one_line_naming_its_log(tmp_path):
     log = tmp_path / "ops-build.log"
     with pytest.raises(CommandFailed) as e:
