@@ -392,7 +392,11 @@ def steps(c):
             c.add(step.name, SKIP, detail=why)
             continue
         try:
-            run_step(c, step)
+            try:
+                run_step(c, step)
+            except (OSError, ValueError, KeyError, subprocess.SubprocessError) as e:  # the machine, or our bug: recorded
+                c.add(f"{step.name}.error", FAIL, actual=f"{type(e).__name__}: {e}", detail="gpucheck could not run this step")
+                raise Stop(f"{step.name} ended in an error") from None
         except Stop as e:
             step.state, step.seconds = "done", None
             for rest in c.steps:

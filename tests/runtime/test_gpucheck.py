@@ -240,6 +240,16 @@ def test_a_stop_marks_the_rest_not_run(tmp_path, monkeypatch):
     assert [s.state for s in c.steps] == ["done", "not run"] and "after a did not run: no torch" in c.records[-1]["detail"]
 
 
+def test_an_error_in_a_step_is_recorded_and_stops_the_rest(tmp_path, monkeypatch):
+    def broken(c, step):
+        raise OSError(28, "No space left on device")
+
+    c = scripted(tmp_path, monkeypatch, [("a", broken), ("b", lambda c, s: None)])
+    gpucheck.steps(c)
+    assert c.records[0]["check"] == "a.error" and c.records[0]["status"] == FAIL and "No space left" in c.records[0]["actual"]
+    assert [s.state for s in c.steps] == ["done", "not run"] and "a ended in an error" in c.records[-1]["detail"]
+
+
 def test_a_stopped_run_reports_what_did_not_run_and_exits_1(tmp_path, monkeypatch):
     root = bundle(tmp_path, python="3.99")
     monkeypatch.setattr(gpucheck.banner, "query_gpus", lambda: None)
