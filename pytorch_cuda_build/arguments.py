@@ -258,12 +258,20 @@ def parser() -> argparse.ArgumentParser:
     en.add_argument("--down", action="store_true", help="stop that engine instead")
     _docker_ca(en, docker=False)
 
-    gb = sub.add_parser("gpu-bundle", help="write DIR: the row's DeepSpeed sdist, wheels, smoke suite and run.sh, to check "
-                                         "the row on a GPU machine without Docker or network (`bash DIR/run.sh` there)")
+    gb = sub.add_parser("gpu-bundle", help="write DIR: DeepSpeed with the row's ops prebuilt, libaio, wheels, smoke suite and "
+                                         "run.sh, to prove the row's GPU half on a GPU machine without Docker, network or "
+                                         "compiler (`bash DIR/run.sh` there)")
     _selection(gb)
     gb.add_argument("dir", type=Path, metavar="DIR", help="new or empty directory to write")
     gb.add_argument("--python", help="the GPU machine's Python, MAJOR.MINOR (default: the row's)")
-    gb.add_argument("--limit-mib", type=int, default=64, help="refuse a bundle larger than this (default 64)")
+    gb.add_argument("--build-python", metavar="PATH", help="the Python of that version (with its headers) that builds the "
+                    "ops wheel here (default: found: pythonX.Y or python3 on PATH, `uv python find X.Y`, pyenv's versions)")
+    gb.add_argument("--ops-wheel", type=Path, metavar="FILE", help="a DeepSpeed wheel with the row's ops built before, for "
+                    "that Python and the row's torch, instead of building one")
+    gb.add_argument("--ops-arch", default="9.0", metavar="LIST", help="TORCH_CUDA_ARCH_LIST the ops are built for "
+                    "(default 9.0: H100, H200; e.g. '8.0;9.0;10.0')")
+    gb.add_argument("--limit-mib", type=int, default=64, help="refuse a bundle that, with the repository's tracked files "
+                    "beside it, is larger than this (default 64)")
     _docker_ca(gb, docker=False)
 
     _job(sub)

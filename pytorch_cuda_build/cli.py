@@ -275,12 +275,13 @@ def cmd_engine(m: matrix.Matrix, args) -> int:
 
 
 def cmd_gpu_bundle(m: matrix.Matrix, args) -> int:
-    image = m.select(args.torch, args.cuda, args.flavor)  # DIR, --python and --limit-mib: validated
+    image = m.select(args.torch, args.cuda, args.flavor)  # DIR, --python, the wheel's source and --limit-mib: validated
     pipeline.check_inputs(ROOT, m, [image])  # the locks it reads are current
+    source = gpubundle.WheelSource(args.ops_wheel, args.build_python, args.ops_arch)
     described = gpubundle.write(ROOT, image, args.dir, args.python or image.python, ca.ca_bundle(args.ca_bundle),
-                                args.limit_mib, log)
-    print(f"{args.dir}: {image.name} for Python {described['python']}, {len(described['files'])} files, "
-          f"{described['size'] / 2**20:.1f} MiB; on the GPU machine: bash {args.dir}/run.sh")
+                                source, args.limit_mib, log)
+    print(f"{args.dir}: {image.name} for Python {described['python']}, ops prebuilt for {described['ops_wheel']['arch_list']}, "
+          f"{len(described['files'])} files, {described['size'] / 2**20:.1f} MiB; on the GPU machine: bash {args.dir}/run.sh")
     return 0
 
 

@@ -254,6 +254,7 @@ class BundleTooLarge(PipelineError):
     size: int  # bytes
     limit_mib: int
     largest: list[tuple[str, int]] = field(default_factory=list)  # (file, bytes), the biggest first
+    beside: int = 0  # bytes that travel with it: the repository's tracked files
     exit_code = 2
 
     def __post_init__(self) -> None:
@@ -261,5 +262,6 @@ class BundleTooLarge(PipelineError):
 
     def __str__(self) -> str:
         big = ", ".join(f"{name} {size / 2**20:.1f} MiB" for name, size in self.largest)
-        return (f"the bundle would be {self.size / 2**20:.1f} MiB, over the {self.limit_mib} MiB limit (--limit-mib; a GPU machine takes 64) "
-                f"(largest: {big}); nothing written")
+        with_repo = f" with the repository's {self.beside / 2**20:.1f} MiB of tracked files beside it" if self.beside else ""
+        return (f"the bundle would be {self.size / 2**20:.1f} MiB{with_repo}, over the {self.limit_mib} MiB limit (--limit-mib; "
+                f"a GPU machine takes 64) (largest: {big}); nothing written")

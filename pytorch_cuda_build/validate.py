@@ -101,6 +101,7 @@ JOB_DEFAULTS = {"runtime": lambda a: "oci" if a.scheduler == "slurm" else None}
 
 NO_MATRIX = ("engine", "sbom", "selftest", "signing-key")  # commands that never read matrix.yaml
 TORCH, CUDA, PYTHON = r"\d+\.\d+(\.\d+)?", r"\d+\.\d+", r"3\.\d+"
+OPS_ARCH = r"\d+\.\d+a?(\+PTX)?(;\d+\.\d+a?(\+PTX)?)*"  # TORCH_CUDA_ARCH_LIST, as opsbuild.py takes it
 CACHE_SPEC = r"type=[a-z]+(,.*)?"  # buildx's --cache-from/--cache-to: type=...,key=value
 
 
@@ -264,6 +265,19 @@ def _files(args: argparse.Namespace, c: Checks) -> None:
             c.run(dest, functools.partial(_writable_file, flag(dest), path, dir_ok=args.command == "job"))
     if args.command == "gpu-bundle":
         c.run("dir", lambda: gpubundle.check_target(args.dir))
+        gpu_bundle_source(c, args)
+
+
+def gpu_bundle_source(c, args) -> None:
+    """--ops-wheel, --build-python and --ops-arch: one wheel source, a file that is there, an arch list."""
+    if args.ops_wheel is not None and args.build_python is not None:
+        c.fail("build_python", "--build-python builds the ops wheel; --ops-wheel brings one built before: name one of them")
+    if args.ops_wheel is not None and not args.ops_wheel.is_file():
+        c.fail("ops_wheel", f"--ops-wheel {args.ops_wheel}: no such file")
+    if args.build_python is not None and not shutil.which(args.build_python):
+        c.fail("build_python", f"--build-python {args.build_python!r} is neither a program on PATH nor an executable file")
+    if not re.fullmatch(OPS_ARCH, args.ops_arch):
+        c.fail("ops_arch", f"--ops-arch {args.ops_arch!r}: expected TORCH_CUDA_ARCH_LIST's form, e.g. 9.0 or '8.0;9.0;10.0+PTX'")
 
 
 def _readable(path: Path, what: str, name: str) -> None:

@@ -1,5 +1,10 @@
 """Orchestrator of the smoke suite. Imports neither torch nor DeepSpeed itself:
-every library touch happens in a child process with a timeout."""
+every library touch happens in a child process with a timeout.
+
+`--gpu-only` runs only what a GPU adds (gpucheck.py's steps on a lent GPU machine): every
+family on the GPUs, none on CPU ranks (those are proven in CI), and the GPU sanity measure
+(measure.py). With one GPU the sharding families show a world of one, and the report says so.
+"""
 import argparse
 import json
 import os
@@ -15,13 +20,15 @@ from .. import manifest as mf
 from ..interrupt import Interrupted, catching
 from . import launch, nocompile, versions
 from .nocompile import empty_check
-from .results import FAIL, SKIP, read_rank_files, record, summary, table, write_report
+from .results import FAIL, INFO, SKIP, read_rank_files, record, summary, table, write_report
 
 ZERO = ["zero1", "zero1_offload", "zero2", "zero2_offload", "zero3", "zero3_offload",
         "zero3_launcher"]
 MULTI = ["collectives", "ddp"] + ZERO + ["fsdp2"]  # several ranks (torchrun/deepspeed)
 SINGLE = ["bf16", "compile"]  # one process
-FAMILIES = ["versions", "gpu", "extras"] + MULTI + SINGLE + ["nocompile"]
+GPU_ONLY = ["measure"]  # one process on GPU 0; run when named or under --gpu-only
+FAMILIES = ["versions", "gpu", "extras"] + MULTI + SINGLE + GPU_ONLY + ["nocompile"]
+DEFAULT = [f for f in FAMILIES if f not in GPU_ONLY]
 # One GPU cannot show replication or sharding: these then also run on CPU ranks.
 SHARDING = set(MULTI) - {"collectives"}
 DEFAULT_REPORT = "/tmp/pytorch-cuda-smoke/report.json"
@@ -38,29 +45,47 @@ def parse_args(argv):
     p.add_argument("--timeout", type=float, default=300, help="seconds per launched step")
     p.add_argument("--only", default="", help="comma list of: " + ",".join(FAMILIES))
     p.add_argument("--ranks", type=int, default=2, help="CPU ranks (default 2)")
+    p.add_argument("--gpu-only", action="store_true", help="only what a GPU adds: no CPU-rank runs, the GPU "
+                   "measure added; a missing GPU is a failure")
     a = p.parse_args(argv)
+    if a.gpu_only and a.cpu:
+        p.error("--gpu-only and --cpu exclude each other")
     a.manifest = a.manifest or mf.manifest_path()
-    a.only = [x.strip() for x in a.only.split(",") if x.strip()] or list(FAMILIES)
+    a.only = [x.strip() for x in a.only.split(",") if x.strip()] or list(FAMILIES if a.gpu_only else DEFAULT)
+    a.require_gpu = a.require_gpu or a.gpu_only
     bad = [x for x in a.only if x not in FAMILIES]
     if bad:
         p.error(f"unknown --only name(s) {bad}; choose from {FAMILIES}")
     return a
 
 
-def plan(only, gpus, ranks):
+def plan(only, gpus, ranks, gpu_only=False):
     """[(family, device, world)] in FAMILIES order. One GPU cannot show sharding: the
     SHARDING families then also run on `ranks` CPU ranks. The one-process families run
-    on the CPU always (Inductor's C++ path, CPU autocast), and on GPU 0 when there is one."""
+    on the CPU always (Inductor's C++ path, CPU autocast), and on GPU 0 when there is one.
+    gpu_only keeps the GPU runs alone: what CPU ranks show, CI has shown."""
     runs = []
     for fam in [f for f in FAMILIES if f in only]:
-        if fam in SINGLE:
+        if fam in GPU_ONLY:
+            runs += [(fam, "cuda", 1)] if gpus else []
+        elif fam in SINGLE:
             runs += ([(fam, "cuda", 1)] if gpus else []) + [(fam, "cpu", 1)]
         elif fam in MULTI:
             if gpus:
                 runs.append((fam, "cuda", gpus))
             if not gpus or (gpus == 1 and fam in SHARDING):
                 runs.append((fam, "cpu", ranks))
-    return runs
+    return [r for r in runs if r[1] == "cuda"] if gpu_only else runs
+
+
+def world_of_one(gpus, runs):
+    """One GPU shows no replication or sharding across ranks: say so rather than run CPU ranks."""
+    multi = sorted({f for f, d, _ in runs if d == "cuda" and f in SHARDING})
+    if gpus != 1 or not multi:
+        return []
+    return [record("world.one_gpu", INFO, "cuda x1", actual="world of one",
+                   detail=f"{', '.join(multi)} ran on one rank: replication and sharding across ranks are not shown on "
+                          "one GPU (CI shows them on CPU ranks)")]
 
 
 class Suite:
@@ -143,7 +168,7 @@ def _free_port():
 
 def launcher_cmd(family, device, world):
     mod = ["pytorch_cuda_runtime.smoke.worker", family]
-    if family in SINGLE:
+    if family in SINGLE or family in GPU_ONLY:
         return [sys.executable, "-m"] + mod
     if family == "zero3_launcher":
         ds = _bin("deepspeed")
@@ -245,7 +270,8 @@ def run_suite(suite, facts):
         suite.records += run_gpu_basics(suite, gpus, reason)
     if "extras" in args.only:
         suite.records += run_extras(suite, manifest, gpus)
-    runs = plan(args.only, gpus, args.ranks)
+    runs = plan(args.only, gpus, args.ranks, args.gpu_only)
+    suite.records += world_of_one(gpus, runs)
     if nocompile.cpu_jit_ops(runs):
         suite.records += nocompile.run_cpu_jit(suite, nocompile.cpu_jit_ops(runs))
     for family, device, world in runs:

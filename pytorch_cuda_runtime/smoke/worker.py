@@ -62,11 +62,11 @@ class Ctx:
 
 
 def _family(name):
-    from . import bf16, collectives, ddp, fsdp2, torch_compile, zero
+    from . import bf16, collectives, ddp, fsdp2, measure, torch_compile, zero
     if name in zero.VARIANTS:
         return lambda ctx: zero.run(ctx, name)
     return {"collectives": collectives.run, "ddp": ddp.run, "fsdp2": fsdp2.run,
-            "bf16": bf16.run, "compile": torch_compile.run}[name]
+            "bf16": bf16.run, "compile": torch_compile.run, "measure": measure.run}[name]
 
 
 def main(argv=None):

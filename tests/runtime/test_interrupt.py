@@ -13,10 +13,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
-
-from pytorch_cuda_runtime import gpucheck
-from pytorch_cuda_runtime.interrupt import Interrupted
 from pytorch_cuda_runtime.smoke.results import FAIL, PASS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,8 +73,9 @@ def test_a_smoke_suite_stopped_by_sigterm_reports_what_finished(tmp_path):
 def test_gpucheck_stopped_by_sigterm_stops_its_child_gently_and_reports(tmp_path):
     bundle = tmp_path / "bundle"
     bundle.mkdir()
-    (bundle / "bundle.json").write_text(json.dumps({"image": "x", "torch": "2.11.0", "torch_cuda": "13.0", "deepspeed": "0.19.8",
-                                                   "python": "3", "files": {}}))
+    (bundle / "bundle.json").write_text(json.dumps({"schema": 2, "image": "x", "torch": "2.11.0", "torch_cuda": "13.0",
+                                                   "deepspeed": "0.19.8", "python": "3", "files": {}, "ops_wheel": {
+                                                       "file": "ops/x.whl", "ops": [], "arch_list": "9.0", "torch": "2.11.0"}}))
     marker = tmp_path / "child-got-sigterm"
     child = (f"import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (open({str(marker)!r}, 'w').close(), "
              f"sys.exit(0))); {SLEEPER}")
@@ -87,11 +84,13 @@ def test_gpucheck_stopped_by_sigterm_stops_its_child_gently_and_reports(tmp_path
         from pytorch_cuda_runtime import gpucheck
         from pytorch_cuda_runtime.smoke.results import PASS
 
-        def steps(c, arch):
+        def finished(c, step):
             c.add("finished", PASS)
-            c.run("sleeper", [sys.executable, "-c", {child!r}])
 
-        gpucheck.steps = steps
+        def sleeper(c, step):
+            c.run("sleeper", [sys.executable, "-c", {child!r}], step.bound)
+
+        gpucheck.plan = lambda gpus: [gpucheck.Step("finished", finished), gpucheck.Step("sleeper", sleeper)]
         gpucheck.banner.query_gpus = lambda: None
         sys.exit(gpucheck.main(["--bundle", {str(bundle)!r}, "--report", {str(tmp_path / "r")!r}]))
     """)
@@ -102,32 +101,7 @@ def test_gpucheck_stopped_by_sigterm_stops_its_child_gently_and_reports(tmp_path
     checks = {r["check"]: r for r in json.loads((tmp_path / "r" / "report.json").read_text())["checks"]}
     assert checks["finished"]["status"] == PASS
     assert checks["interrupted"]["status"] == FAIL and checks["interrupted"]["actual"] == "SIGTERM during sleeper"
-    assert "| interrupted |" in (tmp_path / "r" / "report.md").read_text()
-
-
-def test_an_interrupted_smoke_step_still_brings_the_suites_records(tmp_path, monkeypatch):
-    c = gpucheck.Check(str(tmp_path), {"files": {}}, str(tmp_path / "r"), str(tmp_path), 60)
-    report = tmp_path / "r" / "smoke" / "report.json"
-
-    def stopped(name, cmd, timeout=None, **extra):  # the suite wrote its report, then gpucheck was stopped
-        report.parent.mkdir(parents=True)
-        report.write_text(json.dumps({"results": [{"check": "zero3.loss", "status": PASS}]}))
-        raise Interrupted(signal.SIGTERM)
-
-    monkeypatch.setattr(c, "run", stopped)
-    with pytest.raises(Interrupted):
-        gpucheck.run_smoke(c, "m.json", True, None)
-    assert c.records == [{"check": "smoke.zero3.loss", "status": PASS}]
-
-
-def test_a_previous_runs_smoke_report_is_not_taken_for_this_ones(tmp_path, monkeypatch):
-    c = gpucheck.Check(str(tmp_path), {"files": {}}, str(tmp_path / "r"), str(tmp_path), 60)
-    old = tmp_path / "r" / "smoke" / "report.json"
-    old.parent.mkdir(parents=True)
-    old.write_text(json.dumps({"results": [{"check": "old", "status": PASS}], "summary": {}}))
-    log = tmp_path / "smoke.log"
-    log.write_text("crashed\n")
-    monkeypatch.setattr(c, "run", lambda *a, **k: (1, str(log), 0.1))
-    monkeypatch.setattr(gpucheck, "loopback_env", lambda c: {})
-    assert gpucheck.run_smoke(c, "m.json", True, None) == 0
-    assert [r["check"] for r in c.records] == ["smoke.report"] and c.records[0]["status"] == FAIL
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert [(x["step"], x["state"]) for x in report["steps"]] == [("finished", "done"), ("sleeper", "cut")]
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "| interrupted |" in md and "**Cut: `sleeper`**" in md
