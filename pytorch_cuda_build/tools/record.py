@@ -282,8 +282,11 @@ def config_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
                 elif inner_a.get(k) != inner_b.get(k):
                     out.append(f"config.{k}: {inner_a.get(k)!r} -> {inner_b.get(k)!r}")
         elif key == "history":
+            # An entry's time differs wherever file times are not rewritten (the created field says
+            # so once); what a step ran (created_by: its command and build arguments) is what matters.
             ha, hb = a.get(key) or [], b.get(key) or []
-            out += [f"history[{i}]: {str(x)[:160]!r} -> {str(y)[:160]!r}" for i, (x, y) in enumerate(zip(ha, hb)) if x != y]
+            out += [f"history[{i}]: {_step(x)!r} -> {_step(y)!r}" for i, (x, y) in enumerate(zip(ha, hb))
+                    if {k: v for k, v in x.items() if k != "created"} != {k: v for k, v in y.items() if k != "created"}]
             if len(ha) != len(hb):
                 out.append(f"history: {len(ha)} -> {len(hb)} entries")
         elif key == "rootfs":
@@ -293,6 +296,10 @@ def config_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
         elif a.get(key) != b.get(key):
             out.append(f"{key}: {str(a.get(key))[:120]!r} -> {str(b.get(key))[:120]!r}")
     return out
+
+
+def _step(entry: dict[str, Any]) -> str:
+    return str({k: v for k, v in entry.items() if k != "created"})[:160]
 
 
 def lines(d: Differences, show: int = 200) -> list[str]:

@@ -172,3 +172,9 @@ def test_an_entry_that_differs_in_its_mtime_alone_is_counted_not_listed():
     d = record.compare(a, b)
     assert d.mtime_only == 1 and d.files == ["layer 0: y: content"]
     assert "time stamps only: 1 file(s) differ in mtime alone" in record.lines(d)
+
+
+def test_history_entries_are_compared_by_what_the_step_ran_not_when():
+    a = {"history": [{"created": "2026-01-01T00:00:00Z", "created_by": "RUN make"}, {"created": "x", "created_by": "COPY a /a"}]}
+    b = {"history": [{"created": "2026-11-28T18:00:00Z", "created_by": "RUN make"}, {"created": "x", "created_by": "COPY b /a"}]}
+    assert record.config_differences(a, b) == ["history[1]: \"{'created_by': 'COPY a /a'}\" -> \"{'created_by': 'COPY b /a'}\""]
