@@ -29,11 +29,12 @@ import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, Callable, Iterator, TypeVar
 
 from ..errors import ArchiveLayoutError, CommandFailed, UsageError
 
 SCHEMA = 1
+T = TypeVar("T")
 # One entry of a layer: (tar type, mode, "uid:gid", size, mtime, sha256 of a file or "-> " link target)
 Entry = tuple[str, str, str, int, int, str]
 NAMES = ("type", "mode", "owner", "size", "mtime", "content")
@@ -75,17 +76,18 @@ def entry_of(member: tarfile.TarInfo, sha256: str) -> Entry:
 
 def index_layer(layer: tarfile.TarFile) -> dict[str, Entry]:
     """path -> entry for every member of one layer tar, read as a stream."""
-    out = {}
-    for member in layer:
-        digest = ""
-        if member.isfile():
-            h, fh = hashlib.sha256(), layer.extractfile(member)
-            assert fh is not None  # a regular file has contents
-            while block := fh.read(8 * 1024 * 1024):
-                h.update(block)
-            digest = h.hexdigest()
-        out[member.name] = entry_of(member, digest)
-    return out
+    return {member.name: entry_of(member, content_sha256(layer, member)) for member in layer}
+
+
+def content_sha256(layer: tarfile.TarFile, member: tarfile.TarInfo) -> str:
+    """A regular file's sha256, read from the stream in blocks; "" for anything else."""
+    if not member.isfile():
+        return ""
+    h, fh = hashlib.sha256(), layer.extractfile(member)
+    assert fh is not None  # a regular file has contents
+    while block := fh.read(8 * 1024 * 1024):
+        h.update(block)
+    return h.hexdigest()
 
 
 # ---- reading: a record file, or a local image through `docker save`
@@ -119,10 +121,18 @@ def write(record: Record, path: Path) -> None:
 
 def from_image(ref: str, image_id: str, docker_cli: str, what: str) -> Record:
     """The record of a local image: its `docker save` stream read once."""
+    rec = read_saved(ref, docker_cli, lambda stream: read_save(stream, ref, image_id))
+    rec.what, rec.machine = what, machine()
+    return rec
+
+
+def read_saved(ref: str, docker_cli: str, reader: Callable[[IO[bytes]], T]) -> T:
+    """reader over the stream of `docker_cli save ref`; the save's own error where it failed
+    (a failed save writes nothing: its exit code says more than an empty stream)."""
     save = subprocess.Popen([docker_cli, "save", ref], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert save.stdout is not None and save.stderr is not None  # both PIPE
     try:
-        parsed: Record | ArchiveLayoutError = read_save(save.stdout, ref, image_id)
+        parsed: T | ArchiveLayoutError = reader(save.stdout)
     except ArchiveLayoutError as e:
         parsed = e
         while save.stdout.read(1 << 20):  # a good stream must end on its own, not on a broken pipe
@@ -136,7 +146,6 @@ def from_image(ref: str, image_id: str, docker_cli: str, what: str) -> Record:
         raise CommandFailed(f"{docker_cli} save {ref}", save.returncode, (err.splitlines() or [""])[-1][:300])
     if isinstance(parsed, ArchiveLayoutError):
         raise parsed
-    parsed.what, parsed.machine = what, machine()
     return parsed
 
 
@@ -298,6 +307,18 @@ def config_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return out
 
 
+def content_lines(mtime_only: int, files: list[str], show: int, more: str = "") -> list[str]:
+    """The file lines of a verdict: entries that differ in their mtime alone, counted, and the others
+    (`layer N: path: what`), the first `show` of them."""
+    out = [f"time stamps only: {mtime_only} file(s) differ in mtime alone"]
+    if files:
+        out.append(f"CONTENT DIFFERS in {len(files)} file(s):")
+        out += [f"  {line}" for line in files[:show]]
+        if len(files) > show:
+            out.append(f"  ... {len(files) - show} more{more}")
+    return out
+
+
 def _step(entry: dict[str, Any]) -> str:
     return str({k: v for k, v in entry.items() if k != "created"})[:160]
 
@@ -311,12 +332,7 @@ def lines(d: Differences, show: int = 200) -> list[str]:
     if d.config:
         out.append(f"CONFIG DIFFERS in {len(d.config)} field(s) ({d.a} -> {d.b}):")
         out += [f"  {line}" for line in d.config]
-    out.append(f"time stamps only: {d.mtime_only} file(s) differ in mtime alone")
-    if d.files:
-        out.append(f"CONTENT DIFFERS in {len(d.files)} file(s):")
-        out += [f"  {line}" for line in d.files[:show]]
-        if len(d.files) > show:
-            out.append(f"  ... {len(d.files) - show} more")
+    out += content_lines(d.mtime_only, d.files, show)
     if d.unread:
         out.append(f"layers whose files were not read (no entries on one side): {', '.join(map(str, d.unread))}")
     return out

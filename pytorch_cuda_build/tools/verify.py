@@ -9,11 +9,9 @@ wheelhouse are reused (both are pinned: the base by its recipe, every wheel by i
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import shutil
-import subprocess
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +21,9 @@ import docker.errors
 
 from .. import files
 from ..engine import docker_env
-from ..errors import ArchiveLayoutError, CommandFailed
+from ..errors import ArchiveLayoutError
 from ..stages import base, build
+from . import record
 
 Entry = tuple  # (type, mode, uid, gid, size, sha256, linkname)
 
@@ -50,24 +49,7 @@ class Comparison:
 
 def layer_index(ref: str, *, docker_cli: str) -> list[dict[str, tuple[Entry, int]]]:
     """For each layer of the image in order: path -> (entry, mtime), read from `docker_cli save`."""
-    save = subprocess.Popen([docker_cli, "save", ref], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert save.stdout is not None and save.stderr is not None  # both PIPE
-    try:
-        parsed: tuple | ArchiveLayoutError = read_save(save.stdout, ref)
-    except ArchiveLayoutError as e:
-        parsed = e  # a failed save writes nothing: its exit code says more than the empty stream
-        while save.stdout.read(1 << 20):  # and a good one must end on its own, not on a broken pipe
-            pass
-    finally:
-        save.stdout.close()
-        err = save.stderr.read().decode(errors="replace").strip()
-        save.stderr.close()
-        save.wait()
-    if save.returncode != 0:
-        raise CommandFailed(f"{docker_cli} save {ref}", save.returncode, (err.splitlines() or [""])[-1][:300])
-    if isinstance(parsed, ArchiveLayoutError):
-        raise parsed
-    order, by_name = parsed
+    order, by_name = record.read_saved(ref, docker_cli, lambda stream: read_save(stream, ref))
     missing = [name for name in order if name not in by_name]
     if missing:
         raise ArchiveLayoutError(ref, f"manifest.json lists layer {missing[0]}, which is not a tar archive in it")
@@ -112,17 +94,8 @@ def _layers(manifest: object, ref: str) -> list[str]:
 
 
 def _index(layer: tarfile.TarFile) -> dict[str, tuple[Entry, int]]:
-    out = {}
-    for f in layer:
-        digest = ""
-        if f.isfile():
-            h, fh = hashlib.sha256(), layer.extractfile(f)
-            assert fh is not None  # a regular file has contents
-            while block := fh.read(8 * 1024 * 1024):
-                h.update(block)
-            digest = h.hexdigest()
-        out[f.name] = ((f.type, f.mode, f.uid, f.gid, f.size, digest, f.linkname), int(f.mtime))
-    return out
+    return {f.name: ((f.type, f.mode, f.uid, f.gid, f.size, record.content_sha256(layer, f), f.linkname), int(f.mtime))
+            for f in layer}
 
 
 def compare(a: list[dict], b: list[dict], same_layer_ids: bool) -> Comparison:
@@ -156,12 +129,7 @@ def verdict(c: Comparison, buildkit_note: str, show: int = 200) -> str:
         lines.append("layer digests: identical (bit-for-bit)")
     else:
         lines.append(f"layer digests: differ ({buildkit_note})")
-    lines.append(f"time stamps only: {c.mtime_only} file(s) differ in mtime alone")
-    if c.content:
-        lines.append(f"CONTENT DIFFERS in {len(c.content)} file(s):")
-        lines += [f"  {d}" for d in c.content[:show]]
-        if len(c.content) > show:
-            lines.append(f"  ... {len(c.content) - show} more in verdict.txt")
+    lines += record.content_lines(c.mtime_only, c.content, show, " in verdict.txt")
     if c.kept:
         lines.append(c.kept)
     if c.reproducible:

@@ -51,7 +51,7 @@ def test_verify_saves_through_the_chosen_cli(monkeypatch):
 
         def wait(self):
             self.returncode = 1
-    monkeypatch.setattr(verify.subprocess, "Popen", Proc)
+    monkeypatch.setattr(subprocess, "Popen", Proc)  # verify saves through record.read_saved
     with pytest.raises(Exception, match="`/opt/my/docker save img` exited 1: gone"):
         verify.layer_index("img", docker_cli="/opt/my/docker")
     assert seen == [["/opt/my/docker", "save", "img"]]

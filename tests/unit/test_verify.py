@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 import tarfile
 
 import pytest
@@ -183,7 +184,7 @@ def _fake_save(monkeypatch, payload: bytes, rc: int = 0, stderr: bytes = b""):
 
         def wait(self):
             self.returncode = rc
-    monkeypatch.setattr(verify.subprocess, "Popen", Proc)
+    monkeypatch.setattr(subprocess, "Popen", Proc)  # verify saves through record.read_saved
 
 
 def test_a_layer_listed_but_absent_is_a_typed_error_not_a_key_error(monkeypatch):
