@@ -217,7 +217,18 @@ def extract_deb(data: bytes, dest: Path) -> None:
     if name is None:
         raise ResolveError("a Debian package without data.tar")
     with tarfile.open(fileobj=io.BytesIO(members[name])) as t:
-        t.extractall(dest, filter="data")
+        if hasattr(tarfile, "data_filter"):
+            t.extractall(dest, filter="data")
+            return
+        # Python 3.11.2 (Debian bookworm's, what a runner's setup-python may give) has no extraction
+        # filters: refuse what the "data" filter would (a path or a link leaving dest, devices).
+        for member in t.getmembers():
+            target = (dest / member.name).resolve()
+            link = (target.parent / member.linkname).resolve() if member.issym() else \
+                (dest / member.linkname).resolve() if member.islnk() else target
+            if not (target.is_relative_to(dest.resolve()) and link.is_relative_to(dest.resolve())) or member.isdev():
+                raise ResolveError(f"a Debian package member leaves the extraction directory: {member.name}")
+        t.extractall(dest)
 
 
 def libaio(image: Image, root: Path, cache: Path, ca: str | None) -> tuple[Path, str]:
