@@ -243,10 +243,11 @@ def creds_registry(tmp_path):
 def test_make_bundle_reads_only_the_user_s_own_or_named_credentials_with_run_containers_locked(
         creds_registry, run_containers_locked, work, user):
     """The documented script from a registry that asks for credentials, with /run/containers at
-    0700 and no XDG_RUNTIME_DIR: the user's own ~/.config/containers/auth.json is read; without it
-    the pull is anonymous and refused; a named REGISTRY_AUTH_FILE the user cannot read is refused
-    in one line before anything is written. Its own submit directory: the bundle path is the
-    documented image's, which the other tests' bundle holds."""
+    0700 and no XDG_RUNTIME_DIR: with no auth file the pull is anonymous and refused; a file named
+    in REGISTRY_AUTH_FILE (root's, readable) is read, and so is the user's own
+    ~/.config/containers/auth.json; a named file the user cannot read is refused in one line
+    before anything is written. Its own submit directory: the bundle path is the documented
+    image's, which the other tests' bundle holds."""
     d = work / "creds"
     d.mkdir()
     (d / "pytorch-cuda-2-7.sbatch").write_text(documented_script()[0])
@@ -272,7 +273,13 @@ def test_make_bundle_reads_only_the_user_s_own_or_named_credentials_with_run_con
         assert not made.exists() or not list(made.iterdir())
 
         token = base64.b64encode(f"{CREDS_USER}:{CREDS_PASSWORD}".encode()).decode()
-        auth.write_text(json.dumps({"auths": {creds_registry.host: {"auth": token}}}))
+        site = work / "site-auth.json"  # named, and root's: a site's file the user may read
+        site.write_text(json.dumps({"auths": {creds_registry.host: {"auth": token}}}))
+        site.chmod(0o644)
+        proc = make_bundle(REGISTRY_AUTH_FILE=str(site))
+        assert proc.returncode == 0, shown(proc)
+
+        auth.write_text(site.read_text())
         auth.chmod(0o600)
         os.chown(auth, user.pw_uid, user.pw_gid)
         t0 = time.monotonic()
