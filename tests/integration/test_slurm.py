@@ -14,7 +14,9 @@ Everything else is real: Slurm, munge, runc --rootless, umoci, the wrapper as in
 The user makes the bundle as the script's header says, `bash NAME.sbatch --make-bundle`, with the
 image from PYTORCH_CUDA_IMAGE_SOURCE: the default row's image by digest in the session's registry
 on 127.0.0.1, where publish pushed it (conftest.default_published), with a clean environment: no
-checkout on PYTHONPATH, no Docker.
+checkout on PYTHONPATH, no Docker, no XDG_RUNTIME_DIR (as under runuser, cron and many batch
+environments), and /run/containers at 0700, as a root podman run leaves it: skopeo, left to choose
+its auth file there, would read /run/containers/UID/auth.json and stop.
 
 The job is tests/data/k8s_replay/train.py in the submit directory: ZeRO-3 through torchrun and
 deepspeed.initialize, then FSDP2, on CPU ranks over gloo (the stand-in GPUs compute nothing), two
@@ -22,6 +24,8 @@ ranks per node because the job asked for two GPUs per node. The smoke suite's ch
 """
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import os
 import pwd
@@ -37,7 +41,8 @@ import pytest
 
 from pytorch_cuda_build.jobs import slurm as slurm_job
 
-from helpers import ROOT, needs_root, require, run_cli, shown
+from helpers import ROOT, needs_root, one_error_line, require, run_cli, shown
+from registry import LocalRegistry, require_binary
 from slurm import SlurmCluster, missing_tools
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.root]  # users, network namespaces, /etc/hosts, daemons
@@ -145,11 +150,35 @@ def as_user(user, cwd: Path, *cmd: str, env: dict[str, str] | None = None, timeo
                           timeout=timeout, cwd=cwd)
 
 
+RUN_CONTAINERS = Path("/run/containers")
+
+
 @pytest.fixture(scope="module")
-def bundle(default_published, session_registry, submit, user) -> Path:
+def run_containers_locked(user):
+    """/run/containers at 0700, root's, as a root podman run leaves it; its mode (or its absence) restored after."""
+    needs_root("/run/containers at 0700")
+    made = not RUN_CONTAINERS.exists()
+    mode = None if made else RUN_CONTAINERS.stat().st_mode & 0o7777
+    RUN_CONTAINERS.mkdir(mode=0o700, exist_ok=True)
+    RUN_CONTAINERS.chmod(0o700)
+    try:
+        probe = as_user(user, Path("/"), "test", "-x", str(RUN_CONTAINERS))
+        assert probe.returncode == 1, f"the user can enter {RUN_CONTAINERS}: the test would prove nothing\n{shown(probe)}"
+        yield RUN_CONTAINERS
+    finally:
+        if made:
+            with contextlib.suppress(OSError):  # left where something else wrote into it meanwhile
+                RUN_CONTAINERS.rmdir()
+        else:
+            RUN_CONTAINERS.chmod(mode)
+
+
+@pytest.fixture(scope="module")
+def bundle(default_published, session_registry, submit, user, run_containers_locked) -> Path:
     """The bundle, made by the user with the documented script and nothing else, from the
     session's registry on 127.0.0.1 by the digest publish pushed (as a site pulls its image; plain
-    HTTP, which the user's registries.conf allows for that registry alone)."""
+    HTTP, which the user's registries.conf allows for that registry alone), with /run/containers
+    at 0700 and no XDG_RUNTIME_DIR."""
     conf = Path(user.pw_dir) / ".config" / "containers" / "registries.conf"
     conf.parent.mkdir(parents=True, exist_ok=True)
     conf.write_text(f'[[registry]]\nlocation = "{session_registry.host}"\ninsecure = true\n')
@@ -188,6 +217,85 @@ def test_make_bundle_refuses_a_bad_source_and_leaves_nothing(submit, user):
     assert proc.returncode != 0, shown(proc)
     left = list((submit / "bundles" / user.pw_name).glob("*.new.*")) if (submit / "bundles").exists() else []
     assert not left, left
+
+
+CREDS_USER, CREDS_PASSWORD = "trainer", "pcb-creds-test"
+
+
+@pytest.fixture()
+def creds_registry(tmp_path):
+    """A registry on 127.0.0.1 behind htpasswd auth, holding a one-layer empty image (umoci new)
+    as ml/tiny:t: enough for skopeo to copy and umoci to unpack in seconds."""
+    require_binary()
+    reg = LocalRegistry(tmp_path / "registry").start(users={CREDS_USER: CREDS_PASSWORD})
+    try:
+        layout = tmp_path / "tiny"
+        for cmd in (["umoci", "init", "--layout", str(layout)], ["umoci", "new", "--image", f"{layout}:t"],
+                    ["skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"--dest-creds={CREDS_USER}:{CREDS_PASSWORD}",
+                     f"oci:{layout}:t", f"docker://{reg.host}/ml/tiny:t"]):
+            proc = _root(*cmd)
+            assert proc.returncode == 0, shown(proc)
+        yield reg
+    finally:
+        reg.stop()
+
+
+def test_make_bundle_reads_only_the_user_s_own_or_named_credentials_with_run_containers_locked(
+        creds_registry, run_containers_locked, work, user):
+    """The documented script from a registry that asks for credentials, with /run/containers at
+    0700 and no XDG_RUNTIME_DIR: with no auth file the pull is anonymous and refused; a file named
+    in REGISTRY_AUTH_FILE (root's, readable) is read, and so is the user's own
+    ~/.config/containers/auth.json; a named file the user cannot read is refused in one line
+    before anything is written. Its own submit directory: the bundle path is the documented
+    image's, which the other tests' bundle holds."""
+    d = work / "creds"
+    d.mkdir()
+    (d / "pytorch-cuda-2-7.sbatch").write_text(documented_script()[0])
+    containers = Path(user.pw_dir) / ".config" / "containers"
+    dropin, auth = containers / "registries.conf.d" / "pcb-creds.conf", containers / "auth.json"
+    dropin.parent.mkdir(parents=True, exist_ok=True)
+    dropin.write_text(f'[[registry]]\nlocation = "{creds_registry.host}"\ninsecure = true\n')
+    root_only = work / "root-only-auth.json"
+    root_only.write_text("{}")
+    root_only.chmod(0o600)
+    for p in (d, d / "pytorch-cuda-2-7.sbatch", containers.parent, containers, dropin.parent, dropin):
+        os.chown(p, user.pw_uid, user.pw_gid)
+    source = {"PYTORCH_CUDA_IMAGE_SOURCE": f"docker://{creds_registry.host}/ml/tiny:t"}
+    made = d / "bundles" / user.pw_name
+
+    def make_bundle(**env: str) -> subprocess.CompletedProcess:
+        return as_user(user, d, "bash", "pytorch-cuda-2-7.sbatch", "--make-bundle", env={**source, **env}, timeout=120)
+
+    try:
+        proc = make_bundle()
+        assert proc.returncode == 1 and "authentication required" in proc.stderr, shown(proc)
+        assert "/run/containers" not in proc.stderr, shown(proc)
+        assert not made.exists() or not list(made.iterdir())
+
+        token = base64.b64encode(f"{CREDS_USER}:{CREDS_PASSWORD}".encode()).decode()
+        site = work / "site-auth.json"  # named, and root's: a site's file the user may read
+        site.write_text(json.dumps({"auths": {creds_registry.host: {"auth": token}}}))
+        site.chmod(0o644)
+        proc = make_bundle(REGISTRY_AUTH_FILE=str(site))
+        assert proc.returncode == 0, shown(proc)
+
+        auth.write_text(site.read_text())
+        auth.chmod(0o600)
+        os.chown(auth, user.pw_uid, user.pw_gid)
+        t0 = time.monotonic()
+        proc = make_bundle()
+        assert proc.returncode == 0, shown(proc)
+        print(f"--make-bundle with the user's credentials, /run/containers at 0700: {time.monotonic() - t0:.1f} s")
+        bundles = list(made.iterdir())
+        assert len(bundles) == 1 and (bundles[0] / "config.json").is_file(), bundles
+
+        proc = make_bundle(REGISTRY_AUTH_FILE=str(root_only))
+        one_error_line(proc, 1, f"cannot read the registry credentials in {root_only} (REGISTRY_AUTH_FILE)", only_line=True)
+        assert list(made.iterdir()) == bundles  # the bundle made before is untouched, nothing new beside it
+    finally:
+        auth.unlink(missing_ok=True)
+        dropin.unlink(missing_ok=True)
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_each_node_s_container_sees_exactly_its_allocated_gpus_as_the_user(cluster, bundle, standin, user, submit):
