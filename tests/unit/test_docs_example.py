@@ -51,3 +51,9 @@ def test_the_pages_cpu_command_is_the_tests():
     assert "torchrun --nproc-per-node 2 train.py --deepspeed_config ds_config.json" in test
     for option in ('"--shm-size", "1g"', '"DS_ACCELERATOR=cpu"', '"OMP_NUM_THREADS=1"', ':/workspace/example:ro'):
         assert option in test, option
+
+
+def test_the_readmes_job_line_is_the_pages_gpu_command():
+    gpu = [b for b in fenced(PAGE.read_text(), "") if "--gpus all" in b]
+    readme = [b for b in fenced((ROOT / "README.md").read_text(), "") if "train.py --deepspeed_config" in b]
+    assert len(gpu) == 1 and readme == gpu
