@@ -135,3 +135,26 @@ def test_every_option_the_command_reference_lists_is_the_parsers():
     known = parser_defaults()
     gone = [f"{o} ({c})" for c, o, _ in option_rows() if (c, o) not in known]
     assert not gone, f"docs/cli.md lists options its command does not take: {', '.join(gone)}"
+
+
+def rendered_env_and_ports() -> tuple[set[str], set[str]]:
+    """The variables the committed Dockerfiles set (`ENV`) and the ports they declare (`EXPOSE`)."""
+    names, ports = set(), set()
+    for dockerfile in (ROOT / "images").rglob("Dockerfile"):
+        for line in dockerfile.read_text().replace("\\\n", " ").splitlines():
+            words = line.strip()
+            if words.startswith("ENV "):
+                names |= set(re.findall(r"(?:^|\s)([A-Z_][A-Z0-9_]*)=", words[4:]))
+            elif words.startswith("EXPOSE "):
+                ports |= set(words.split()[1:])
+    return names, ports
+
+
+def test_the_image_reference_names_every_variable_and_port_the_images_set():
+    names, ports = rendered_env_and_ports()
+    assert "PYTORCH_CUDA_CPU_OPS" in names and "2222" in ports
+    text = (DOCS / "image-reference.md").read_text()
+    env = text.split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    table = text.split("## Ports", 1)[1].split("\n## ", 1)[0]
+    assert not [n for n in sorted(names) if f"`{n}`" not in env], "image-reference.md's environment section lacks some"
+    assert set(re.findall(r"^\| (\d+) \|", table, re.M)) == ports
