@@ -240,7 +240,7 @@ def _environment(job: Job) -> list[str]:
         "# How long the first node's rendezvous waits for every node to join, in seconds: raise it where a",
         "# node can take longer to start (pulling or unpacking the image, a slow shared filesystem).",
         f"export PYTORCH_CUDA_RDZV_TIMEOUT={RDZV_TIMEOUT_S}",
-        f"# Every line of every rank starts with {RANK_LABEL_SHOWN}; srun --label puts the node's task number before it.",
+        f"# Every line of every rank starts with '{RANK_LABEL_SHOWN}'; srun --label puts the node's task number before it.",
         "export PYTORCH_CUDA_RANK_LABELS=1"]
 
 

@@ -961,4 +961,4 @@ def test_the_scripts_comment_shows_the_rank_prefix_the_launcher_writes():
     proc = run_cli(ROOT, "job", "--torch", "2.7", "--cuda", "12.1", "--scheduler", "slurm", "--nodes", "2", "--image",
                    "127.0.0.1:5000/ml/pytorch-cuda@sha256:" + "0123456789abcdef" * 4, "--", "train.py")
     assert proc.returncode == 0, proc.stderr
-    assert f"# Every line of every rank starts with {slurm.RANK_LABEL_SHOWN};" in proc.stdout
+    assert f"# Every line of every rank starts with '{slurm.RANK_LABEL_SHOWN}';" in proc.stdout
