@@ -57,6 +57,10 @@ GPU_WRAPPER = "/usr/local/libexec/pytorch-cuda-oci-gpus"
 CONTAINER_ID = "%n.%u.%j.%s.%t"
 
 
+# What the launch contract prefixes each rank's lines with under PYTORCH_CUDA_RANK_LABELS=1: its
+# RANK_PREFIX ("[rank${rank}]: ", torchrun's template) for rank N. tests/unit/test_job.py holds the two equal.
+RANK_LABEL_SHOWN = "[rankN]: "
+
 def oci_conf(runtime: str = NVIDIA_RUNTIME, user: str = "%u") -> list[str]:
     """oci.conf's lines: Slurm 22.05's form (user "%u"), or 23.02's and later (user "%U")."""
     rt = f"{runtime} --rootless=true --root=/tmp/runc-{user}"
@@ -270,7 +274,7 @@ def _environment(job: Job) -> list[str]:
         "# How long the first node's rendezvous waits for every node to join, in seconds: raise it where a",
         "# node can take longer to start (pulling or unpacking the image, a slow shared filesystem).",
         f"export PYTORCH_CUDA_RDZV_TIMEOUT={RDZV_TIMEOUT_S}",
-        "# Every line of every rank starts with [rank N]; srun --label puts the node's task number before it.",
+        f"# Every line of every rank starts with '{RANK_LABEL_SHOWN}'; srun --label puts the node's task number before it.",
         "export PYTORCH_CUDA_RANK_LABELS=1"]
 
 

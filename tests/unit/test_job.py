@@ -1018,3 +1018,14 @@ def test_yaml_1_2_numbers_in_the_command_stay_strings():
 def test_rendering_is_deterministic():
     job = make("kubernetes", kind="trainjob")
     assert kubernetes.render(job) == kubernetes.render(job)
+
+
+def test_the_scripts_comment_shows_the_rank_prefix_the_launcher_writes():
+    """The sbatch script's comment about rank labels shows the launcher's own prefix for rank N."""
+    from pytorch_cuda_runtime.launch.cli import RANK_PREFIX
+
+    assert slurm.RANK_LABEL_SHOWN == RANK_PREFIX.replace("${rank}", "N")
+    proc = run_cli(ROOT, "job", "--torch", "2.7", "--cuda", "12.1", "--scheduler", "slurm", "--nodes", "2", "--image",
+                   "127.0.0.1:5000/ml/pytorch-cuda@sha256:" + "0123456789abcdef" * 4, "--", "train.py")
+    assert proc.returncode == 0, proc.stderr
+    assert f"# Every line of every rank starts with '{slurm.RANK_LABEL_SHOWN}';" in proc.stdout
