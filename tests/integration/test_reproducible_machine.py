@@ -45,6 +45,9 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.engine26,
               pytest.mark.skipif(os.environ.get(ON_REQUEST) != "1",
                                  reason=f"on request ({ON_REQUEST}=1): two cold builds of the default row, about 40 min on 2 cores")]
 ROW = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
+COMMIT_ENV = "PYTORCH_CUDA_TEST_REPRODUCIBLE_COMMIT"  # default HEAD
+AGAINST_ENV = "PYTORCH_CUDA_TEST_REPRODUCIBLE_AGAINST"  # records of that commit made elsewhere, comma-separated: no machine A
+F3D6C71 = "f3d6c7146b103a3c6423f30e2740d45f7d2061c2"
 SECOND_MACHINE = ROOT / "docs/measurements/records/2.7.1-cuda12.1-runtime-f3d6c71-second-machine.json.xz"
 XFS_BYTES = 60 * 1024**3  # sparse: a cold build of the default row writes about 30 GB
 
@@ -107,9 +110,17 @@ def build_on(store: engine_current.Store, checkout: Path, state: Path, extra_env
     return image_id, ref, full
 
 
-def verify_record(checkout: Path, path: Path, ref: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+def record_of(ref: str, env: dict[str, str], path: Path) -> record.Record:
+    """`build.py record` of ref on the engine env reaches (this checkout's command: the record's
+    format is today's, whatever commit the image was built from)."""
+    proc = run_build_py(ROOT, "record", "--torch", "2.7", "--cuda", "12.1", "--image", ref, "--output", str(path), env=env, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return record.load(path)
+
+
+def verify_record(path: Path, ref: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     """`build.py verify --record`, as a user on another machine runs it: the local image against a record."""
-    return run_build_py(checkout, "verify", "--torch", "2.7", "--cuda", "12.1", "--record", str(path), "--against", ref,
+    return run_build_py(ROOT, "verify", "--torch", "2.7", "--cuda", "12.1", "--record", str(path), "--against", ref,
                         env=env, timeout=1800)
 
 
@@ -119,36 +130,35 @@ def test_two_machines_that_differ_in_all_this_one_can_vary_build_one_digest(tmp_
     a = machine("repro-a", "pcb-repa0", "172.30.216.1/24")
     b = machine("repro-b", "pcb-repb0", "172.30.217.1/24", home=xfs, cpus="0", hostname="builder-b.example", umask="077",
                 env={"TZ": "Pacific/Chatham", "LANG": "de_DE.UTF-8", "LC_ALL": "de_DE.UTF-8"})
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    commit = os.environ.get(COMMIT_ENV) or "HEAD"
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", commit], capture_output=True, text=True, check=True).stdout.strip()
+    against = [Path(p) for p in os.environ.get(AGAINST_ENV, "").split(",") if p]
     kept = ROOT / "build-results" / "reproducible-machine"  # for the measurements page, and a second machine
     kept.mkdir(parents=True, exist_ok=True)
+    name = f"{ROW.name}-{commit[:7]}"
     try:
-        id_a, ref_a, env_a = build_on(a, clone(tmp_path / "a", commit), tmp_path / "state-a", {"LANG": "C.UTF-8"}, 0o022)
-        rec_a = record.from_image(ref_a, id_a, env_a["PYTORCH_CUDA_DOCKER"], f"{ROW.name} on {a.name} at {commit}")
-        record.write(rec_a, kept / f"{ROW.name}-a.json.xz")
-        engine_current.down(a)  # one engine at a time, and one engine's data: about 35 GB each
-        shutil.rmtree(a.state, ignore_errors=True)
+        if not against:  # machine A builds here; with records of this commit from elsewhere, they stand for it
+            _, ref_a, env_a = build_on(a, clone(tmp_path / "a", commit), tmp_path / "state-a", {"LANG": "C.UTF-8"}, 0o022)
+            record_of(ref_a, env_a, kept / f"{name}-a.json.xz")
+            against = [kept / f"{name}-a.json.xz"]
+            engine_current.down(a)  # one engine at a time, and one engine's data: about 35 GB each
+            shutil.rmtree(a.state, ignore_errors=True)
         (elsewhere / "tmp").mkdir()
-        checkout_b = clone(elsewhere / "b", commit)
-        id_b, ref_b, env_b = build_on(b, checkout_b, elsewhere / "state-b",
-                                      {"TZ": "Pacific/Chatham", "LANG": "de_DE.UTF-8", "LC_ALL": "de_DE.UTF-8",
-                                       "TMPDIR": str(elsewhere / "tmp")}, 0o077)
-        # Machine B's record through the command a user runs, then B's image against A's record and
-        # against the second machine's record of f3d6c71 (an older commit: its files differ).
-        written = run_build_py(checkout_b, "record", "--torch", "2.7", "--cuda", "12.1", "--image", ref_b,
-                               "--output", str(kept / f"{ROW.name}-b.json.xz"), env=env_b, timeout=1800)
-        assert written.returncode == 0, written.stderr[-3000:]
-        rec_b = record.load(kept / f"{ROW.name}-b.json.xz")
-        diff = record.compare(rec_a, rec_b, ("machine A", "machine B"))
-        assert id_a == id_b, "\n".join([f"image digests: {id_a} vs {id_b}", *record.lines(diff)])
-        assert diff.same_image
-        same = verify_record(checkout_b, kept / f"{ROW.name}-a.json.xz", ref_b, env_b)
-        (kept / "verify-against-a.txt").write_text(same.stdout + same.stderr)
-        assert same.returncode == 0 and "verdict: THE SAME IMAGE" in same.stdout, same.stdout + same.stderr[-2000:]
-        other = verify_record(checkout_b, SECOND_MACHINE, ref_b, env_b)
-        (kept / "verify-against-second-machine-f3d6c71.txt").write_text(other.stdout + other.stderr)
-        assert other.returncode == 1 and "verdict: DIFFERENT" in other.stdout, other.stdout + other.stderr[-2000:]
-        assert re.search(r"^\s*layer \d+: \S", other.stdout, re.M), other.stdout  # the differing files, named
+        _, ref_b, env_b = build_on(b, clone(elsewhere / "b", commit), elsewhere / "state-b",
+                                   {"TZ": "Pacific/Chatham", "LANG": "de_DE.UTF-8", "LC_ALL": "de_DE.UTF-8",
+                                    "TMPDIR": str(elsewhere / "tmp")}, 0o077)
+        rec_b = record_of(ref_b, env_b, kept / f"{name}-b.json.xz")
+        for i, path in enumerate(against):  # B's image against each record, as a user runs it
+            diff = record.compare(record.load(path), rec_b, (path.name, "machine B"))
+            same = verify_record(path, ref_b, env_b)
+            (kept / f"verify-b-against-{i}.txt").write_text(f"{path}\n{same.stdout}{same.stderr}")
+            assert diff.same_image, "\n".join([f"B against {path}", *record.lines(diff)])
+            assert same.returncode == 0 and "verdict: THE SAME IMAGE" in same.stdout, same.stdout + same.stderr[-2000:]
+        if commit != F3D6C71:  # the second machine's record is of an older commit: its files differ, and are named
+            other = verify_record(SECOND_MACHINE, ref_b, env_b)
+            (kept / "verify-b-against-second-machine-f3d6c71.txt").write_text(other.stdout + other.stderr)
+            assert other.returncode == 1 and "verdict: DIFFERENT" in other.stdout, other.stdout + other.stderr[-2000:]
+            assert re.search(r"^\s*layer \d+: \S", other.stdout, re.M), other.stdout
     finally:
         for store in (a, b):
             engine_current.down(store)
