@@ -7,9 +7,9 @@ import os
 import re
 from pathlib import Path
 
+from . import matrix
 from .errors import UsageErrors
 from .jobs import kubernetes, slurm
-from .stages import matrix
 from .tools import bench, engine_current
 
 COMPRESSIONS = ("gzip", "zstd")  # publish's layer compression (registry/zstd.py)

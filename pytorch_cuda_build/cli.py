@@ -11,13 +11,13 @@ from pathlib import Path
 import docker.errors
 import requests
 
-from . import ca, console, files, inputs, jobs, pipeline, scheduler
+from . import ca, console, files, inputs, jobs, matrix, pipeline, scheduler
 from .arguments import COMMANDS, parser
 from .engine import docker_env
 from .errors import PipelineError, UsageError, UsageErrors
 from .jobs import renderers
 from .registry import sign, zstd
-from .stages import base, build, lock, matrix, publish, publish_index, render, sbom, tag
+from .stages import base, build, lock, publish, publish_index, render, sbom, tag
 from .tools import bench, engine_current, gpubundle, propose, pullcost, record, selftest, verify, verify_image
 from .validate import validate
 

@@ -1,8 +1,13 @@
 """The pipeline of the README's diagram, for one row.
 
-`build_row`: engine and base -> build (BuildKit) -> smoke + structure tests ->
-record the pass -> SBOM -> vulnerability report -> tag -> publish (with --push). Each stage is a call into the
-module named after it; this module only orders them, times them and tells the console.
+`build_row`, after the engine check, with the stages numbered as in stages/__init__.py's STAGES
+(1 lock and 2 render write committed files; check_inputs refuses a row whose files are stale):
+
+    3 base -> 4 build (BuildKit) -> 5 gate (smoke + structure tests, the pass recorded)
+    -> 6 sbom -> 7 security -> 8 tag -> 9 publish (with --push)
+
+Each stage is a call into the module named after it; this module only orders them, times them
+and tells the console.
 
 Many rows: scheduler.py, which runs this pipeline once per row, each in its own process.
 """
@@ -23,10 +28,10 @@ from . import files, paths
 from .buildkit import provenance
 from .engine import docker_env
 from .errors import BuildError, PipelineError, UsageError
+from .matrix import Image, Matrix
 from .registry import attach, sign, zstd
 from .registry import client as registry
 from .stages import base, build, gate, lock, publish, publish_index, render, sbom, security, tag
-from .stages.matrix import Image, Matrix
 
 results_dir = paths.results_dir
 

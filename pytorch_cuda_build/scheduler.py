@@ -17,8 +17,8 @@ from typing import Callable
 
 from .engine import docker_env
 from .errors import PipelineError, UsageError
+from .matrix import Image, Matrix
 from .pipeline import Options, RowResult, build_platforms, build_row, check_inputs, recorded, results_dir
-from .stages.matrix import Image, Matrix
 
 # ---- many rows -----------------------------------------------------------------
 

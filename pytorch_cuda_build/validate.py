@@ -20,12 +20,12 @@ import ssl
 from pathlib import Path
 from typing import Any, Callable
 
-from . import arguments, jobs, scheduler
+from . import arguments, jobs, matrix, scheduler
 from .engine import docker_env
 from .errors import UsageError, UsageErrors
 from .jobs import mounts
 from .registry import sign
-from .stages import matrix, publish
+from .stages import publish
 from .tools import bench, gpubundle
 
 # Given as None by the parser, so that a flag given where it does nothing can be told from

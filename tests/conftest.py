@@ -213,8 +213,9 @@ def default_rootfs(docker_client, tmp_path_factory) -> str:
     """The default row's base image (the small Debian rootfs): its ID, made with mmdebstrap as
     build.py makes it where this machine lacks it, so that a test on it never depends on a build
     that ran before it; the default build then finds it."""
+    from pytorch_cuda_build import matrix
     from pytorch_cuda_build.engine import docker_env
-    from pytorch_cuda_build.stages import base, matrix
+    from pytorch_cuda_build.stages import base
 
     row = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
     return base.ensure(docker_client, row, tmp_path_factory.mktemp("default-rootfs"), docker_cli=docker_env.build_client().argv[0])
@@ -231,7 +232,7 @@ def default_build(docker_client, tmp_path_factory):
     this build, because every later build.py run of the row writes that folder again, and the
     tested image's ID. In the whole suite, the main lane writes all of it to the lanes' file
     (tools/selftest.py), and the second lane takes it from there: one build and test a run."""
-    from pytorch_cuda_build.stages import matrix
+    from pytorch_cuda_build import matrix
     from pytorch_cuda_build.tools.selftest import BUILT_ENV, LANE_ENV, MAIN
 
     from helpers import main_lane_build, run_build_py, shown

@@ -10,8 +10,9 @@ import docker.errors
 import pytest
 import testinfra
 
+from pytorch_cuda_build import matrix
 from pytorch_cuda_build.checks import support
-from pytorch_cuda_build.stages import gate, lock, matrix, render
+from pytorch_cuda_build.stages import gate, lock, render
 
 
 def pytest_addoption(parser):

@@ -12,9 +12,9 @@ import shlex
 import pytest
 
 from pytorch_cuda_build.checks.support import run_image, shown
+from pytorch_cuda_build.matrix import REPRODUCIBLE_EPOCH
 from pytorch_cuda_build.resolve import pypi as resolve_pypi
 from pytorch_cuda_build.stages import render
-from pytorch_cuda_build.stages.matrix import REPRODUCIBLE_EPOCH
 from pytorch_cuda_runtime import ninjalogs, stack
 from pytorch_cuda_runtime.opsbuild import BEYOND, SIMD
 

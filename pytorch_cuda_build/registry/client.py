@@ -24,7 +24,7 @@ import docker.errors
 import requests
 
 from ..errors import EnvironmentProblem, PublishError, UsageError
-from ..stages.matrix import Image
+from ..matrix import Image
 
 _LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
 _PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"  # the distribution spec's path component

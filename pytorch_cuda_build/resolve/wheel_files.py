@@ -20,7 +20,7 @@ from packaging import tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from ..errors import ResolveError
-from ..stages.matrix import OS_PLATFORMS
+from ..matrix import OS_PLATFORMS
 
 _BLOCK = re.compile(r"\n(?=\S)")
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")

@@ -1,4 +1,4 @@
-"""The base of every image: a digest-pinned registry image, or a rootfs built locally.
+"""Stage 3: the base of every image: a digest-pinned registry image, or a rootfs built locally.
 
 Our build hosts reach no container registry, so the default matrix builds its Debian root
 filesystem from the Debian mirror and loads it into Docker once, named after the recipe's hash
@@ -37,9 +37,9 @@ from filelock import FileLock
 
 from .. import paths
 from ..errors import BuildError, EnvironmentProblem, UsageError
+from ..matrix import REPRODUCIBLE_EPOCH, Image
 from ..progress import log_tail
 from . import render
-from .matrix import REPRODUCIBLE_EPOCH, Image
 
 RECORD = "base.json"  # images/<image>/base.json: the identity recorded for a commit
 

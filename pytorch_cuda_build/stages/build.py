@@ -1,4 +1,4 @@
-"""Stage 5: build a candidate image with BuildKit, streaming the log.
+"""Stage 4: build a candidate image with BuildKit, streaming the log.
 
 The build context is staged from committed files only (the image's lock files and
 manifest, and the in-image package), so nothing else in the checkout can leak into
@@ -23,9 +23,9 @@ from ..buildkit import opsseed, provenance
 from ..engine import docker_env
 from ..engine.docker_env import BuildClient
 from ..errors import BuildError, EnvironmentProblem, UsageError
+from ..matrix import Image
 from ..paths import RUNTIME_PACKAGE
 from . import lock, render
-from .matrix import Image
 
 CONTEXT_FILES = ("requirements.lock", "deepspeed.lock", "toolkit.lock", "manifest.json")
 PLATFORM_FILES = ("requirements.lock", "toolkit.lock", *lock.EXTRAS_FILES)  # a platform's own, from images/<image>/linux-arm64/

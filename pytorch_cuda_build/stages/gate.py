@@ -1,4 +1,4 @@
-"""Stage 6: prove a candidate image works before any public tag points at it.
+"""Stage 5: prove a candidate image works before any public tag points at it.
 
 Two suites: the in-image smoke suite (`pytorch-cuda-smoke`: versions, collectives,
 ZeRO-3, FSDP2; on the GPUs when the daemon has an NVIDIA runtime, else on 2 CPU ranks
@@ -29,7 +29,7 @@ import requests
 
 from ..engine import docker_env
 from ..errors import EnvironmentProblem, TestFailure
-from .matrix import Image
+from ..matrix import Image
 
 SMOKE_TIMEOUT_S = int(os.environ.get("PYTORCH_CUDA_SMOKE_TIMEOUT", "2400"))
 # An image of another architecture runs under QEMU, about 12x slower (docs/arm64.md). Its gate is

@@ -1,4 +1,4 @@
-"""Stage 8: publish tested images to a registry.
+"""Stage 9: publish tested images to a registry.
 
 Only an image ID recorded as tested is pushed. Each row's immutable tag is dated:
 `<row>-<YYYYMMDD>-<lock8>`, the source commit's day (UTC) and the lock's hash, both read
@@ -43,11 +43,11 @@ import tenacity
 from ..engine import docker_env
 from ..errors import EnvironmentProblem, ImmutableTagTaken, PublishError, TagTaken, UsageError
 from ..files import write_atomic
+from ..matrix import Image
 from ..registry import zstd
 from ..registry.client import Registry, RegistryAPI, Remote, Transient, credentials
 from . import lock, render, sbom, security
 from . import tag as tags
-from .matrix import Image
 from .render import LOCK_LABEL
 
 _PUSHED_DIGEST = re.compile(r"\bdigest: (sha256:[0-9a-f]{64})\b")

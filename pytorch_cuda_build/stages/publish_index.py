@@ -1,4 +1,4 @@
-"""Stage 10, for a row built on several platforms: each platform's tested image to its part tag
+"""Stage 9, for a row built on several platforms: each platform's tested image to its part tag
 `<dated>-<arch>`, then one OCI index of the parts under the row's dated and moving tags
 (registry/index.py writes and reads the index). publish.py is the same stage for a row of one
 platform, and holds the tag rules both follow (the dated tag, immutable tags, read-back)."""
@@ -16,11 +16,11 @@ import docker.errors
 
 from ..engine import docker_env
 from ..errors import EnvironmentProblem, ImmutableTagTaken, PublishError, TagTaken, UsageError
+from ..matrix import Image
 from ..registry import index
 from ..registry.client import Registry, RegistryAPI, Transient, credentials
 from . import tag as tags
 from .build import source
-from .matrix import Image
 from .publish import CREATED_LABEL, Move, action, dated_tag, execute, learn_configs, lock_files_sha256, retrying, tested_id
 from .render import LOCK_LABEL
 

@@ -1,4 +1,4 @@
-"""Known vulnerabilities of an image: Python advisories, and Debian packages behind the
+"""Stage 7: known vulnerabilities of an image: Python advisories, and Debian packages behind the
 security suite. Written to build-results/<image>/vulnerabilities.json; publish refuses an
 image whose report lists a critical advisory that no --allow-vulnerable names.
 
@@ -36,10 +36,10 @@ from debian.debian_support import Version
 from .. import paths
 from ..errors import AdvisoryLookupError, ResolveError, UsageError, VulnerableImage
 from ..files import write_atomic
+from ..matrix import AptSource, Image
 from ..resolve import debian as resolve_debian
 from ..resolve import pypi as resolve_pypi
 from . import lock
-from .matrix import AptSource, Image
 
 PYPI = "https://pypi.org/pypi"
 # Plain HTTP, as apt uses it: the signed InRelease vouches for the index, not the transport.

@@ -29,9 +29,9 @@ from .. import files, progress
 from ..engine import docker_env
 from ..engine.docker_env import DOCKER_ENV
 from ..errors import CommandFailed, PipelineError, UsageError
+from ..matrix import Image
 from ..pipeline import results_dir
 from ..stages import build, render, tag
-from ..stages.matrix import Image
 from . import bench_report as report
 from . import pullcost
 

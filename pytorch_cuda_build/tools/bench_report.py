@@ -6,7 +6,7 @@ import json
 import statistics
 from pathlib import Path
 
-from ..stages.matrix import Image
+from ..matrix import Image
 from . import pullcost
 
 

@@ -40,9 +40,9 @@ from typing import Callable
 
 from .. import paths
 from ..errors import BundleTooLarge, CommandFailed, EnvironmentProblem, ResolveError, UsageError
+from ..matrix import Image
 from ..paths import RUNTIME_PACKAGE
 from ..stages import lock
-from ..stages.matrix import Image
 from . import opswheel
 
 LIMIT_MIB = 64

@@ -36,9 +36,9 @@ from typing import Callable
 
 from .. import paths
 from ..errors import CommandFailed, EnvironmentProblem, ResolveError, UsageError
+from ..matrix import REPRODUCIBLE_EPOCH, Image
 from ..resolve import debian
 from ..stages import lock
-from ..stages.matrix import REPRODUCIBLE_EPOCH, Image
 
 # The archs a lent machine has: H100 and H200 are sm_90. Each more arch adds its cubins to the
 # wheel and its compile time here; `--ops-arch` names others (docs/ops.md: what fits 64 MiB).

@@ -30,9 +30,9 @@ from packaging.version import Version
 from .. import files, progress
 from ..engine import docker_env
 from ..errors import EnvironmentProblem, UsageError
+from ..matrix import Image, Matrix
 from ..resolve import wheel_files
 from ..stages import build, lock
-from ..stages.matrix import Image, Matrix
 from . import engine_current
 
 REFRESHED = "certifi"  # the one package a refresh moves: no dependencies, and every TLS client's

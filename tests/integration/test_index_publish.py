@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from pytorch_cuda_build import matrix
 from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import ImmutableTagTaken, UsageError
 from pytorch_cuda_build.registry import index
 from pytorch_cuda_build.registry.client import Registry
-from pytorch_cuda_build.stages import matrix, publish, publish_index, tag
+from pytorch_cuda_build.stages import publish, publish_index, tag
 
 from helpers import ROOT, shown
 from registry import LocalRegistry

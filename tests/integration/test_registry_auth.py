@@ -8,10 +8,10 @@ import json
 
 import pytest
 
+from pytorch_cuda_build import matrix
 from pytorch_cuda_build.errors import UsageError
 from pytorch_cuda_build.registry import attach
 from pytorch_cuda_build.registry import client as registry
-from pytorch_cuda_build.stages import matrix
 
 from helpers import ROOT
 from registry import LocalRegistry, TokenIssuer, push_small_image, require_binary

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from pytorch_cuda_build.stages import matrix
+from pytorch_cuda_build import matrix
 from pytorch_cuda_build.tools import engine_current, record
 
 from helpers import ROOT, require, run_build_py

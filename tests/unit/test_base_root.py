@@ -13,9 +13,10 @@ import tarfile
 
 import pytest
 
+from pytorch_cuda_build import matrix
 from pytorch_cuda_build.errors import BuildError, EnvironmentProblem, UsageError
-from pytorch_cuda_build.stages import base, matrix
-from pytorch_cuda_build.stages.matrix import REPRODUCIBLE_EPOCH
+from pytorch_cuda_build.matrix import REPRODUCIBLE_EPOCH
+from pytorch_cuda_build.stages import base
 
 from helpers import ROOT
 

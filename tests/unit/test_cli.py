@@ -13,10 +13,10 @@ from pathlib import Path
 import certifi
 import pytest
 
-from pytorch_cuda_build import files
+from pytorch_cuda_build import files, matrix
 from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import EnvironmentProblem
-from pytorch_cuda_build.stages import build, matrix
+from pytorch_cuda_build.stages import build
 from pytorch_cuda_build.tools import bench
 
 from helpers import ROOT, one_error_line, project_copy, run_build_py, run_cli, tmpfs, tree_snapshot

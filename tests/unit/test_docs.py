@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from pytorch_cuda_build import arguments, files
+from pytorch_cuda_build import arguments, files, matrix
 from pytorch_cuda_build.errors import RenderError, UsageError
-from pytorch_cuda_build.stages import matrix, render
+from pytorch_cuda_build.stages import render
 
 from helpers import ROOT, run_cli
 

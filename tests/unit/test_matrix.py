@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from pytorch_cuda_build import matrix
 from pytorch_cuda_build.errors import MatrixError, UsageError
-from pytorch_cuda_build.stages import matrix
 
 ROOT = Path(__file__).resolve().parents[2]
 

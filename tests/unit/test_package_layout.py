@@ -13,7 +13,7 @@ PACKAGE = "pytorch_cuda_build"
 # Lowest first. A module may import its own layer and the layers below it, never above.
 LAYERS = [
     ("shared", {"errors", "files", "paths", "progress", "console", "ca"}),
-    ("matrix", {"stages.matrix"}),  # stage 1, which everything reads
+    ("model", {"matrix"}),  # matrix.yaml's rows, which every layer above reads
     ("engine", {"engine"}),
     ("helpers", {"resolve", "buildkit", "registry"}),  # the stages' helpers
     ("stages", {"stages"}),
@@ -97,7 +97,7 @@ def test_no_import_inside_a_function_without_its_reason_beside_it():
 
 
 def layer(module: str) -> int:
-    """The layer of the longest member naming the module (stages.matrix before stages)."""
+    """The layer of the longest member naming the module (jobs.mounts before jobs)."""
     inner = module.split(".", 1)[1] if "." in module else "__init__"
     keys = [".".join(inner.split(".")[:n]) for n in range(inner.count(".") + 1, 0, -1)]
     return next(i for key in keys for i, (_, members) in enumerate(LAYERS) if key in members)
@@ -131,3 +131,21 @@ def test_the_architecture_page_numbers_the_stages_as_the_package_does():
     for number, name, _ in STAGES:
         assert f"| `stages/{name}.py` | stage {number}:" in text, f"docs/architecture.md's module map: stages/{name}.py as stage {number}"
 
+
+
+def test_each_stage_module_opens_with_its_number():
+    from pytorch_cuda_build.stages import STAGES  # the package under test, read for its list
+
+    for number, name, _ in STAGES:
+        doc = ast.get_docstring(ast.parse((ROOT / PACKAGE / "stages" / f"{name}.py").read_text())) or ""
+        assert doc.startswith((f"Stage {number}:", f"Stage {number},")), f"stages/{name}.py's docstring opens with 'Stage {number}:'"
+
+
+def test_the_pipelines_diagram_numbers_the_stages_as_the_package_does():
+    from pytorch_cuda_build import pipeline  # the package under test, read for its docstring
+    from pytorch_cuda_build.stages import STAGES  # the package under test, read for its list
+
+    doc = pipeline.__doc__ or ""
+    for number, name, _ in STAGES:
+        if name != "publish_index":  # publish's other half: one box in the diagram
+            assert f"{number} {name}" in doc, f"pipeline.py's diagram names stage {number} {name}"

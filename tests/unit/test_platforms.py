@@ -9,11 +9,11 @@ from unittest import mock
 
 import pytest
 
-from pytorch_cuda_build import pipeline
+from pytorch_cuda_build import matrix, pipeline
 from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import EnvironmentProblem, UsageError
 from pytorch_cuda_build.errors import TestFailure as GateFailure
-from pytorch_cuda_build.stages import build, lock, matrix, render, tag
+from pytorch_cuda_build.stages import build, lock, render, tag
 
 from helpers import one_error_line, run_cli
 

@@ -12,9 +12,10 @@ import sys
 import docker.errors
 import pytest
 
+from pytorch_cuda_build import matrix
 from pytorch_cuda_build.errors import EnvironmentProblem, ImmutableTagTaken, PublishError, UsageError
 from pytorch_cuda_build.registry import client as registry
-from pytorch_cuda_build.stages import matrix, publish, render
+from pytorch_cuda_build.stages import publish, render
 from pytorch_cuda_build.tools import propose
 
 from helpers import ROOT, ExportingEngine, layer_tar, oci_export, run_build_py

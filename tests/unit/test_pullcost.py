@@ -7,8 +7,9 @@ import json
 
 import pytest
 
+from pytorch_cuda_build import matrix
 from pytorch_cuda_build.errors import UsageError
-from pytorch_cuda_build.stages import lock, matrix
+from pytorch_cuda_build.stages import lock
 from pytorch_cuda_build.tools import pullcost
 
 from helpers import ROOT, project_copy

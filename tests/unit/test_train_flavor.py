@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from test_matrix import VALID, load, problems
 
-from pytorch_cuda_build import paths
+from pytorch_cuda_build import matrix, paths
 from pytorch_cuda_build.buildkit import layers, opsseed
 from pytorch_cuda_build.errors import BuildError, LockError
 from pytorch_cuda_build.resolve import pypi as resolve_pypi
-from pytorch_cuda_build.stages import lock, matrix, render, security
+from pytorch_cuda_build.stages import lock, render, security
 
 from helpers import ROOT, project_copy
 

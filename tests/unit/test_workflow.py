@@ -8,8 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from pytorch_cuda_build import cli
-from pytorch_cuda_build.stages import matrix
+from pytorch_cuda_build import cli, matrix
 
 from helpers import ROOT, venv_tool
 

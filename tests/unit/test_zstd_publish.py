@@ -15,11 +15,11 @@ import tarfile
 import pytest
 import requests
 
-from pytorch_cuda_build import pipeline
+from pytorch_cuda_build import matrix, pipeline
 from pytorch_cuda_build.errors import EnvironmentProblem, ImmutableTagTaken, PublishError
 from pytorch_cuda_build.registry import client as registry
 from pytorch_cuda_build.registry import zstd
-from pytorch_cuda_build.stages import matrix, publish
+from pytorch_cuda_build.stages import publish
 
 from helpers import ROOT, ExportingEngine, layer_tar, oci_export, require
 

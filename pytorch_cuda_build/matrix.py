@@ -1,9 +1,10 @@
-"""Stage 1: load matrix.yaml, the single source of truth, in three steps.
+"""The model every layer reads: matrix.yaml, the single source of truth, loaded in three steps.
 
 parse (YAML, with line numbers) -> validate (schema, every problem at once) ->
 complete (one `Image` per row and flavor, with its name, tags and platform facts).
 Everything downstream (locks, Dockerfiles, tags, labels, README table, CI fan-out)
-derives from the `Image` objects made here.
+derives from the `Image` objects made here. It sits below the stages and their helpers, which
+import it; it imports only errors.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..errors import MatrixError, Problem, UsageError
+from .errors import MatrixError, Problem, UsageError
 
 # SOURCE_DATE_EPOCH for BuildKit: 2026-01-01T00:00:00Z, one fixed time for every build, never the
 # commit's. rewrite-timestamp clamps only the file times later than it, and a cached layer keeps
