@@ -10,7 +10,7 @@ from pathlib import Path
 from . import matrix
 from .errors import UsageErrors
 from .jobs import kubernetes, slurm
-from .tools import bench, engine_current
+from .tooling import bench, engine_current
 
 COMPRESSIONS = ("gzip", "zstd")  # publish's layer compression (registry/zstd.py)
 COMMANDS = ("build", "list", "matrix", "lock", "render", "test", "publish", "prune", "selftest", "bench", "sbom", "verify", "record", "base", "signing-key", "engine", "gpu-bundle", "job")

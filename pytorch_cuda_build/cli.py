@@ -13,12 +13,13 @@ import requests
 
 from . import ca, console, files, inputs, jobs, matrix, pipeline, scheduler
 from .arguments import COMMANDS, parser
+from .commands import gpubundle, propose, record, verify, verify_image
 from .engine import docker_env
 from .errors import PipelineError, UsageError, UsageErrors
 from .jobs import renderers
 from .registry import sign, zstd
 from .stages import base, build, lock, publish, publish_index, render, sbom, tag
-from .tools import bench, engine_current, gpubundle, propose, pullcost, record, selftest, verify, verify_image
+from .tooling import bench, engine_current, pullcost, selftest
 from .validate import validate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,7 +161,7 @@ def cmd_prune(m: matrix.Matrix, args) -> int:
 
 def cmd_verify(m: matrix.Matrix, args) -> int:
     """Each platform --platform names, in turn: its own two builds, its own verdict. With --image,
-    the published image against a rebuild of its row from this checkout (tools/verify_image.py)."""
+    the published image against a rebuild of its row from this checkout (commands/verify_image.py)."""
     if args.image:
         return verify_published(m, args)
     row = m.select(args.torch, args.cuda, args.flavor)

@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import arguments, jobs, matrix, scheduler
+from .commands import gpubundle
 from .engine import docker_env
 from .errors import UsageError, UsageErrors
 from .jobs import mounts
 from .registry import sign
 from .stages import publish
-from .tools import bench, gpubundle
+from .tooling import bench
 
 # Given as None by the parser, so that a flag given where it does nothing can be told from
 # its default; filled in once the checks pass.

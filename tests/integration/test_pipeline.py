@@ -13,7 +13,7 @@ import pytest
 
 from pytorch_cuda_build import matrix
 from pytorch_cuda_build.stages import gate, lock, render
-from pytorch_cuda_build.tools import bench
+from pytorch_cuda_build.tooling import bench
 
 from helpers import ROOT, insert_before_user, project_copy, run_build_py
 

@@ -57,7 +57,7 @@ import yaml
 
 from pytorch_cuda_build import matrix
 from pytorch_cuda_build.stages import build, publish
-from pytorch_cuda_build.tools.selftest import LEAVE_OUT_ENV
+from pytorch_cuda_build.tooling.selftest import LEAVE_OUT_ENV
 
 from helpers import ROOT, base_in_current_engine, current_engine, needs_root
 from registry import BINARY, LocalRegistry

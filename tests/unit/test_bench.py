@@ -10,7 +10,7 @@ from pytorch_cuda_build import cli
 from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import CommandFailed, UsageError
 from pytorch_cuda_build.stages import tag
-from pytorch_cuda_build.tools import bench, bench_report
+from pytorch_cuda_build.tooling import bench, bench_report
 
 from helpers import ROOT
 

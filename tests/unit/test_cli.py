@@ -17,7 +17,7 @@ from pytorch_cuda_build import files, matrix
 from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import EnvironmentProblem
 from pytorch_cuda_build.stages import build
-from pytorch_cuda_build.tools import bench
+from pytorch_cuda_build.tooling import bench
 
 from helpers import ROOT, one_error_line, project_copy, run_build_py, run_cli, tmpfs, tree_snapshot
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from pytorch_cuda_build import matrix
+from pytorch_cuda_build.commands import gpubundle, opswheel
 from pytorch_cuda_build.errors import BundleTooLarge, CommandFailed, EnvironmentProblem, ResolveError, UsageError
 from pytorch_cuda_build.resolve import debian
 from pytorch_cuda_build.stages import lock
-from pytorch_cuda_build.tools import gpubundle, opswheel
 
 from helpers import ROOT, layer_tar, missing, one_error_line, run_cli
 

@@ -19,7 +19,8 @@ LAYERS = [
     ("stages", {"stages"}),
     ("jobs", {"jobs"}),
     ("row", {"pipeline", "inputs"}),
-    ("tools", {"tools", "scheduler", "checks"}),
+    ("commands", {"commands", "scheduler", "checks"}),  # what users run beside the pipeline
+    ("tooling", {"tooling"}),  # the project's own: selftest, bench, the pull measure, the second engine
     ("cli", {"arguments", "validate", "cli", "__init__"}),
 ]
 

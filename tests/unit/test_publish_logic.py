@@ -13,10 +13,10 @@ import docker.errors
 import pytest
 
 from pytorch_cuda_build import matrix
+from pytorch_cuda_build.commands import propose
 from pytorch_cuda_build.errors import EnvironmentProblem, ImmutableTagTaken, PublishError, UsageError
 from pytorch_cuda_build.registry import client as registry
 from pytorch_cuda_build.stages import publish, render
-from pytorch_cuda_build.tools import propose
 
 from helpers import ROOT, ExportingEngine, layer_tar, oci_export, run_build_py
 
@@ -139,7 +139,7 @@ def test_publish_usage_errors_are_one_line(args, text):
 
 
 def test_a_frozen_index_proposes_only_what_was_uploaded_by_then():
-    from pytorch_cuda_build.tools import propose
+    from pytorch_cuda_build.commands import propose
 
     data = {"name": "torch", "versions": ["2.15.0", "2.15.1"], "files": [
         {"filename": "torch-2.15.0-cp311-cp311-manylinux_2_28_x86_64.whl", "upload-time": "2026-10-01T10:00:00.000Z"},

@@ -10,7 +10,7 @@ import pytest
 from pytorch_cuda_build import matrix
 from pytorch_cuda_build.errors import UsageError
 from pytorch_cuda_build.stages import lock
-from pytorch_cuda_build.tools import pullcost
+from pytorch_cuda_build.tooling import pullcost
 
 from helpers import ROOT, project_copy
 

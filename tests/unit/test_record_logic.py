@@ -1,4 +1,4 @@
-"""Image records (tools/record.py): read from a `docker save` stream, written and read back,
+"""Image records (commands/record.py): read from a `docker save` stream, written and read back,
 and compared with another record, naming the differing layers and files. No daemon."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from pytorch_cuda_build.commands import record
 from pytorch_cuda_build.errors import ArchiveLayoutError, UsageError
-from pytorch_cuda_build.tools import record
 
 EPOCH = 1767225600
 

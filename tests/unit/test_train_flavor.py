@@ -288,7 +288,7 @@ def test_tebuild_refuses_an_extension_that_needs_the_driver(tmp_path):
 
 
 def test_a_train_bundle_carries_liger_and_torchao_and_says_why_not_te_and_fa4(tmp_path):
-    from pytorch_cuda_build.tools import gpubundle
+    from pytorch_cuda_build.commands import gpubundle
 
     manifest = gpubundle.bundle_manifest(lock.image_dir(ROOT, TRAIN) / "manifest.json", ["liger-kernel", "torchao"])
     assert manifest["extras"] == {"liger-kernel": "0.8.5", "torchao": "0.18.0"}

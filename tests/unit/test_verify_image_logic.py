@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 
 from pytorch_cuda_build import matrix
+from pytorch_cuda_build.commands import verify_image
 from pytorch_cuda_build.errors import BuildError, UsageError
 from pytorch_cuda_build.jobs import ImageRef
-from pytorch_cuda_build.tools import verify_image
 
 from helpers import ROOT
 
