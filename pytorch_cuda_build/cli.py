@@ -15,7 +15,7 @@ from . import ca, console, files, inputs, jobs, matrix, pipeline, scheduler
 from .arguments import COMMANDS, parser
 from .commands import gpubundle, propose, record, verify, verify_image
 from .engine import docker_env
-from .errors import PipelineError, UsageError, UsageErrors
+from .errors import NotReady, PipelineError, UsageErrors
 from .jobs import renderers
 from .registry import sign, zstd
 from .stages import base, build, lock, publish, publish_index, render, sbom, tag
@@ -102,9 +102,6 @@ def cmd_publish(m: matrix.Matrix, args) -> int:
     images = list(m.images) if args.all else [m.select(args.torch, args.cuda, args.flavor)]
     several = [i for i in images if len(i.platforms) > 1]
     images = [i for i in images if len(i.platforms) == 1]
-    if args.sign_key and several:  # before anything is pushed
-        raise UsageError(f"--sign-key signs single-platform rows' images; {several[0].name} is an index of "
-                         f"{', '.join(several[0].platforms)}, which publish does not sign yet")
     backoff = publish.retry_backoff()
     common = {"push": args.push, "ca_bundle": ca.ca_bundle(args.ca_bundle), "attempts": args.retries, "backoff": backoff, "log": log}
     if args.merge:
@@ -181,8 +178,6 @@ def cmd_verify(m: matrix.Matrix, args) -> int:
 
 def cmd_base(m: matrix.Matrix, args) -> int:
     row = m.select(args.torch, args.cuda, args.flavor)
-    if row.os.kind == "registry":
-        raise UsageError(f"{row.name}'s base is the registry image {row.os.image}: it is pulled, never built")
     for image in pipeline.platforms(row, args.platform):
         docker_env.ensure_emulation(image.platform, log)
         c, bc = docker_env.ensure_engine(log), docker_env.build_client(args.docker)
@@ -218,7 +213,7 @@ def _image_id(c, ref: str) -> str:
     try:
         return str(c.images.get(ref).id)
     except docker.errors.ImageNotFound:
-        raise UsageError(f"no local image {ref}: build the row first, or name one with --against/--image") from None
+        raise NotReady(f"no local image {ref}: build the row first, or name one with --against/--image", ref=ref) from None
 
 
 def cmd_record(m: matrix.Matrix, args) -> int:

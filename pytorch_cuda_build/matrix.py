@@ -19,7 +19,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import MatrixError, Problem, UsageError
+from .errors import BadFile, MatrixError, NoSuchRow, Problem
 
 # SOURCE_DATE_EPOCH for BuildKit: 2026-01-01T00:00:00Z, one fixed time for every build, never the
 # commit's. rewrite-timestamp clamps only the file times later than it, and a cached layer keeps
@@ -427,30 +427,30 @@ class Matrix:
     extras: tuple[str, ...] = ()  # the train flavor's extras, in matrix.yaml's order
 
     def select(self, torch: str | None, cuda: str | None, flavor: str = "runtime") -> Image:
-        """The one image a `--torch/--cuda/--flavor` selection names, or a UsageError listing what exists."""
+        """The one image a `--torch/--cuda/--flavor` selection names, or NoSuchRow listing what exists."""
         if torch is None:
-            raise UsageError("--torch is required (e.g. --torch 2.7); `build.py list` shows the matrix")
+            raise NoSuchRow("--torch is required (e.g. --torch 2.7); `build.py list` shows the matrix", name="--torch")
         if flavor not in FLAVORS:
-            raise UsageError(f"unknown --flavor {flavor!r}; allowed: {', '.join(FLAVORS)}")
+            raise NoSuchRow(f"unknown --flavor {flavor!r}; allowed: {', '.join(FLAVORS)}", name="--flavor")
         same_torch = [i for i in self.images if torch in (i.torch, i.torch_minor)]
         if not same_torch:
             known = sorted({i.torch_minor for i in self.images}, key=Version)
-            raise UsageError(f"no row for torch {torch}; torch versions in {self.path.name}: {', '.join(known)}")
+            raise NoSuchRow(f"no row for torch {torch}; torch versions in {self.path.name}: {', '.join(known)}", name="--torch")
         hits = [i for i in same_torch if i.flavor == flavor and (cuda is None and i.default or i.cuda == cuda)]
         if cuda is None and not hits:
             hits = [i for i in same_torch if i.flavor == flavor]
             if len(hits) == 1:
                 return hits[0]
-            raise UsageError(f"torch {torch} has no default row; pick --cuda from: {_choices(same_torch)}")
+            raise NoSuchRow(f"torch {torch} has no default row; pick --cuda from: {_choices(same_torch)}", name="--cuda")
         if not hits:
-            raise UsageError(f"no row for torch {torch} with CUDA {cuda} ({flavor}); rows for torch {torch}: {_choices(same_torch)}")
+            raise NoSuchRow(f"no row for torch {torch} with CUDA {cuda} ({flavor}); rows for torch {torch}: {_choices(same_torch)}", name="--cuda")
         return hits[0]
 
     def by_name(self, name: str) -> Image:
         for image in self.images:
             if image.name == name:
                 return image
-        raise UsageError(f"no image named {name!r} in {self.path.name}")
+        raise NoSuchRow(f"no image named {name!r} in {self.path.name}", name=name)
 
 
 def _choices(images: list[Image]) -> str:
@@ -495,7 +495,7 @@ def parse(path: Path) -> tuple[Any, dict]:
     try:
         text = path.read_text()
     except OSError as e:
-        raise UsageError(f"cannot read matrix file {path}: {e.strerror}") from None
+        raise BadFile(f"cannot read matrix file {path}: {e.strerror}", path=path) from None
     try:
         node = yaml.compose(text, Loader=_NoDuplicateKeys)
         data = yaml.load(text, Loader=_NoDuplicateKeys)

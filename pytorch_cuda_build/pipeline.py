@@ -27,7 +27,7 @@ from filelock import FileLock, Timeout
 from . import files, paths
 from .buildkit import provenance
 from .engine import docker_env
-from .errors import BuildError, PipelineError, UsageError
+from .errors import BuildError, NoSuchRow, NotReady, PipelineError
 from .matrix import Image, Matrix
 from .registry import attach, sign, zstd
 from .registry import client as registry
@@ -131,8 +131,8 @@ def platforms(image: Image, wanted: str | None) -> list[Image]:
     for p in names:
         if p not in image.platforms:
             why = (" (linux/arm64 needs torch's aarch64 CUDA wheels: on PyPI from 2.11 on)" if p == "linux/arm64" else "")
-            raise UsageError(f"{image.name} is locked for {', '.join(image.platforms)} only, not {p}{why}; "
-                             f"matrix.yaml's `platforms:` lists a row's platforms")
+            raise NoSuchRow(f"{image.name} is locked for {', '.join(image.platforms)} only, not {p}{why}; "
+                             f"matrix.yaml's `platforms:` lists a row's platforms", name="--platform")
     return [image.on(p) for p in names]
 
 
@@ -385,7 +385,7 @@ def test_image(root: Path, image: Image, ref: str, require_gpu: bool, log: Calla
     try:
         image_id = c.images.get(ref).id
     except Exception:
-        raise UsageError(f"no image {ref} on this daemon; build it first (python build.py --torch {image.torch_minor} --cuda {image.cuda})") from None
+        raise NotReady(f"no image {ref} on this daemon; build it first (python build.py --torch {image.torch_minor} --cuda {image.cuda})", ref=ref) from None
     assert image_id is not None  # docker-py types Model.id optional; an image the engine lists has one
     code = gate.code_hash(root)
     report = gate.run(c, root, image, image_id, results_dir(root, image), require_gpu, log, matrix_path=matrix_path)

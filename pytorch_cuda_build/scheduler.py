@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from .engine import docker_env
-from .errors import PipelineError, UsageError
+from .errors import NoSuchRow, PipelineError
 from .matrix import Image, Matrix
 from .pipeline import Options, RowResult, build_platforms, build_row, check_inputs, recorded, results_dir
 
@@ -26,7 +26,7 @@ from .pipeline import Options, RowResult, build_platforms, build_row, check_inpu
 def select_rows(m: Matrix, torch: str | None, cuda: str | None, flavor: str) -> list[Image]:
     images = [i for i in m.images if i.flavor == flavor and torch in (None, i.torch, i.torch_minor) and cuda in (None, i.cuda)]
     if not images:
-        raise UsageError(f"no rows match --torch {torch} --cuda {cuda} --flavor {flavor}")
+        raise NoSuchRow(f"no rows match --torch {torch} --cuda {cuda} --flavor {flavor}", name="--torch")
     return images
 
 

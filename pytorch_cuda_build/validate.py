@@ -18,12 +18,12 @@ import re
 import shutil
 import ssl
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from . import arguments, jobs, matrix, scheduler
 from .commands import gpubundle
 from .engine import docker_env
-from .errors import UsageError, UsageErrors
+from .errors import BadFile, BadValue, UsageError, UsageErrors
 from .jobs import mounts
 from .registry import sign
 from .stages import publish
@@ -134,7 +134,8 @@ class Checks:
         self.failed.update(dests)
 
     def run(self, dests: tuple[str, ...] | str, check: Callable[[], object]) -> None:
-        """check() where none of dests has failed; a UsageError it raises is kept as a problem."""
+        """check() where none of dests has failed; a UsageError it raises is kept as a problem, and
+        so is a BadValue or BadFile of the parsers it calls (the same rule, met before anything is touched)."""
         dests = (dests,) if isinstance(dests, str) else dests
         if not self.ok(*dests):
             return
@@ -143,7 +144,7 @@ class Checks:
         except UsageErrors as e:
             self.problems += e.problems
             self.failed.update(dests)
-        except UsageError as e:
+        except (UsageError, BadValue, BadFile) as e:
             self.fail(dests, str(e))
 
 
@@ -421,10 +422,27 @@ def _row(args: argparse.Namespace, c: Checks, path: Path) -> None:
     """The row --torch, --cuda and --flavor name is in the matrix (build --all: at least one row
     matches them). Read only: the matrix loader's own problems come back as they are. Every
     command with --torch picks a row with it (arguments._selection)."""
+    if args.command == "publish" and args.all and args.sign_key is not None:
+        c.run(("all", "sign_key", "matrix"), lambda: _signed_rows(matrix.load(path).images))
     if not getattr(args, "torch", None) or (args.command == "publish" and args.all):
         return
     if args.command == "build" and args.all:
         c.run(("torch", "cuda", "flavor", "matrix", "all"),
               lambda: scheduler.select_rows(matrix.load(path), args.torch, args.cuda, args.flavor))
-    else:
-        c.run(("torch", "cuda", "flavor", "matrix"), lambda: matrix.load(path).select(args.torch, args.cuda, args.flavor))
+        return
+    c.run(("torch", "cuda", "flavor", "matrix"), lambda: matrix.load(path).select(args.torch, args.cuda, args.flavor))
+    if not c.ok("torch", "cuda", "flavor", "matrix"):
+        return
+    row = matrix.load(path).select(args.torch, args.cuda, args.flavor)
+    if args.command == "publish" and args.sign_key is not None:
+        c.run("sign_key", lambda: _signed_rows([row]))
+    if args.command == "base" and row.os.kind == "registry":
+        c.fail("torch", f"{row.name}'s base is the registry image {row.os.image}: it is pulled, never built")
+
+
+def _signed_rows(rows: Iterable[matrix.Image]) -> None:
+    """publish --sign-key signs images, not indexes: no row of several platforms among those published."""
+    several = [i for i in rows if len(i.platforms) > 1]
+    if several:
+        raise UsageError(f"--sign-key signs single-platform rows' images; {several[0].name} is an index of "
+                         f"{', '.join(several[0].platforms)}, which publish does not sign yet")

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator, TypeVar
 
-from ..errors import ArchiveLayoutError, CommandFailed, UsageError
+from ..errors import ArchiveLayoutError, BadFile, CommandFailed
 
 SCHEMA = 1
 T = TypeVar("T")
@@ -93,7 +93,7 @@ def content_sha256(layer: tarfile.TarFile, member: tarfile.TarInfo) -> str:
 # ---- reading: a record file, or a local image through `docker save`
 
 def load(path: Path) -> Record:
-    """A record from FILE (.json.xz or .json); UsageError naming the file when it is not one."""
+    """A record from FILE (.json.xz or .json); BadFile naming the file when it is not one."""
     try:
         raw = path.read_bytes()
         doc = json.loads(lzma.decompress(raw) if path.suffix == ".xz" else raw)
@@ -102,9 +102,9 @@ def load(path: Path) -> Record:
         return Record(str(doc.get("manifest") or ""), str(doc["config"]), dict(doc["config_json"]), layers,
                       str(doc.get("what", "")), dict(doc.get("machine") or {}))
     except FileNotFoundError:
-        raise UsageError(f"{path}: no such record file") from None
+        raise BadFile(f"{path}: no such record file", path=path) from None
     except (OSError, lzma.LZMAError, ValueError, KeyError, TypeError, IndexError) as e:
-        raise UsageError(f"{path}: not an image record ({type(e).__name__}: {e})") from None
+        raise BadFile(f"{path}: not an image record ({type(e).__name__}: {e})", path=path) from None
 
 
 def _entry(e: list[Any]) -> Entry:

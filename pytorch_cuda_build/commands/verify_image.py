@@ -29,7 +29,7 @@ from typing import Callable
 
 from .. import files
 from ..engine import docker_env
-from ..errors import PipelineError, UsageError
+from ..errors import BadValue, ImageUnfit, NotReady, PipelineError, RegistryMismatch
 from ..jobs import ImageRef
 from ..registry.client import Registry, RegistryAPI, credentials
 from ..stages import base, build, publish, render
@@ -67,7 +67,7 @@ def api_for(ref: ImageRef, ca: str | None) -> tuple[RegistryAPI, str]:
     """A reader of ref's registry, and the repository's path under its namespace."""
     host, path = ref.split()
     if host is None or "/" not in path:
-        raise UsageError(f"--image {ref}: expected HOST[:PORT]/NAMESPACE/NAME@sha256:<64 hex>, a registry's image")
+        raise BadValue(f"--image {ref}: expected HOST[:PORT]/NAMESPACE/NAME@sha256:<64 hex>, a registry's image", name="--image")
     namespace, name = path.rsplit("/", 1)
     reg = Registry(host, namespace)
     return RegistryAPI(reg, credentials(reg), ca), name
@@ -76,9 +76,9 @@ def api_for(ref: ImageRef, ca: str | None) -> tuple[RegistryAPI, str]:
 def read_published(api: RegistryAPI, name: str, ref: ImageRef, platform: str) -> Published:
     raw = api.raw(name, ref.digest)
     if raw is None:
-        raise UsageError(f"{ref} is not in the registry (manifest unknown)")
+        raise RegistryMismatch(f"{ref} is not in the registry (manifest unknown)", ref=ref)
     if "sha256:" + hashlib.sha256(raw).hexdigest() != ref.digest:
-        raise UsageError(f"the registry served {ref} as bytes of another digest")
+        raise RegistryMismatch(f"the registry served {ref} as bytes of another digest", ref=ref)
     doc = json.loads(raw)
     manifest = ref.digest
     if doc.get("mediaType") in INDEX_TYPES or "manifests" in doc:
@@ -87,15 +87,15 @@ def read_published(api: RegistryAPI, name: str, ref: ImageRef, platform: str) ->
                  if {k: (m.get("platform") or {}).get(k) for k in want} == want]
         if not found:
             have = sorted({"/".join(str((m.get("platform") or {}).get(k)) for k in ("os", "architecture")) for m in doc["manifests"]})
-            raise UsageError(f"{ref} is an index without {platform} (it has {', '.join(have)}); give --platform")
+            raise RegistryMismatch(f"{ref} is an index without {platform} (it has {', '.join(have)}); give --platform", ref=ref)
         manifest = found[0]["digest"]
         doc = json.loads(api.raw(name, manifest) or b"{}")
     config_digest = (doc.get("config") or {}).get("digest")
     if not config_digest:
-        raise UsageError(f"{ref} is not an image manifest")
+        raise RegistryMismatch(f"{ref} is not an image manifest", ref=ref)
     config_raw = api.config(name, manifest)
     if "sha256:" + hashlib.sha256(config_raw).hexdigest() != config_digest:
-        raise UsageError(f"the registry served {ref}'s config as bytes of another digest")
+        raise RegistryMismatch(f"the registry served {ref}'s config as bytes of another digest", ref=ref)
     config = json.loads(config_raw)
     return Published(ref, manifest, config_digest, config, f"{config.get('os')}/{config.get('architecture')}")
 
@@ -105,15 +105,15 @@ def row_of(matrix, published: Published, revision: str):
     labels = published.labels
     want, name = labels.get(REVISION_LABEL, ""), labels.get(ROW_LABEL, "")
     if not want or not name:
-        raise UsageError(f"{published.ref} has no {REVISION_LABEL} and {ROW_LABEL} labels: not an image build.py made")
+        raise ImageUnfit(f"{published.ref} has no {REVISION_LABEL} and {ROW_LABEL} labels: not an image build.py made", ref=published.ref)
     if revision != want:
         said = "has uncommitted changes" if revision == f"{want}-dirty" else f"is at {revision}"
-        raise UsageError(f"this checkout {said}, but {published.ref} was built from {want}: git checkout {want}")
+        raise ImageUnfit(f"this checkout {said}, but {published.ref} was built from {want}: git checkout {want}", ref=published.ref)
     row = next((i for i in matrix.images if i.name == name), None)
     if row is None:
-        raise UsageError(f"{published.ref} names row {name}, which this checkout's matrix.yaml does not have")
+        raise ImageUnfit(f"{published.ref} names row {name}, which this checkout's matrix.yaml does not have", ref=published.ref)
     if published.platform not in row.platforms:
-        raise UsageError(f"{published.ref} is for {published.platform}, which row {name} is not built for")
+        raise ImageUnfit(f"{published.ref} is for {published.platform}, which row {name} is not built for", ref=published.ref)
     return row.on(published.platform)
 
 
@@ -134,7 +134,7 @@ def read_local(ref: str, docker_cli: str) -> Local:
         archive = Path(tmp) / "image.tar"
         proc = subprocess.run([docker_cli, "save", "--output", str(archive), ref], capture_output=True, text=True)
         if proc.returncode != 0:
-            raise UsageError(f"cannot read the local image {ref}: {(proc.stderr.strip().splitlines() or [''])[-1]}")
+            raise NotReady(f"cannot read the local image {ref}: {(proc.stderr.strip().splitlines() or [''])[-1]}", ref=ref)
         with tarfile.open(archive) as tar:
             manifest_file = tar.extractfile("manifest.json")
             assert manifest_file is not None  # docker save writes regular files

@@ -23,7 +23,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UsageError
+from ..errors import BadFile, BadValue, NotReady
 from .mounts import Mount, parse_all
 
 LAUNCH = "pytorch-cuda-launch"
@@ -63,20 +63,20 @@ def parse_image(text: str, what: str = "--image") -> ImageRef:
     m = REFERENCE.fullmatch(text or "")
     if not m:
         hint = "" if "@sha256:" in (text or "") else " (a tag can move between submission and pull; pin the digest)"
-        raise UsageError(f"{what} takes an image pinned by digest, REPO@sha256:<64 hex>, not {text!r}{hint}")
+        raise BadValue(f"{what} takes an image pinned by digest, REPO@sha256:<64 hex>, not {text!r}{hint}", name=what)
     return ImageRef(m["repo"], m["digest"])
 
 
 def published(results: Path, row: str) -> ImageRef:
-    """The row's reference from its published record, or a UsageError saying how to get one."""
+    """The row's reference from its published record, or NotReady saying how to get one."""
     record = results / "published.json"
     try:
         data = json.loads(record.read_text())
     except FileNotFoundError:
-        raise UsageError(f"{row} has no published record ({record}): publish it first (publish --push), "
-                         "or give --image REPO@sha256:...") from None
+        raise NotReady(f"{row} has no published record ({record}): publish it first (publish --push), "
+                         "or give --image REPO@sha256:...", ref=record) from None
     except (OSError, ValueError) as e:
-        raise UsageError(f"cannot read {record}: {e}") from None
+        raise BadFile(f"cannot read {record}: {e}", path=record) from None
     return parse_image(f"{data.get('repository', '')}@{data.get('digest', '')}", f"{record}'s repository@digest")
 
 
@@ -84,7 +84,7 @@ def shm_mib(text: str) -> int:
     """A /dev/shm size, 16Gi or 512Mi (G and M read as Gi and Mi), in MiB."""
     m = SIZE.fullmatch(text)
     if not m:
-        raise UsageError(f"--shm-size takes a size like 16Gi or 512Mi, not {text!r}")
+        raise BadValue(f"--shm-size takes a size like 16Gi or 512Mi, not {text!r}", name="--shm-size")
     return int(m["n"]) * (1024 if m["unit"].startswith("G") else 1)
 
 
@@ -196,7 +196,7 @@ def memory_mib(text: str) -> int:
     """--memory-per-node, 64Gi or 512Mi (G and M read as Gi and Mi, as --shm-size), in MiB."""
     m = SIZE.fullmatch(text)
     if not m:
-        raise UsageError(f"--memory-per-node takes a size like 64Gi or 512Mi, not {text!r}")
+        raise BadValue(f"--memory-per-node takes a size like 64Gi or 512Mi, not {text!r}", name="--memory-per-node")
     return int(m["n"]) * (1024 if m["unit"].startswith("G") else 1)
 
 
@@ -206,5 +206,5 @@ def deadline_seconds(text: str) -> int:
     seconds = 0 if not m else int(m["bare"]) if m["bare"] else \
         sum(int(m[unit] or 0) * factor for unit, factor in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)))
     if seconds < 1:
-        raise UsageError(f"--deadline takes a duration of at least 1s like 24h, 90m, 1h30m, 2d or seconds (3600), not {text!r}")
+        raise BadValue(f"--deadline takes a duration of at least 1s like 24h, 90m, 1h30m, 2d or seconds (3600), not {text!r}", name="--deadline")
     return seconds

@@ -36,7 +36,7 @@ import docker.errors
 from filelock import FileLock
 
 from .. import paths
-from ..errors import BuildError, EnvironmentProblem, UsageError
+from ..errors import BuildError, EnvironmentProblem, NotReady
 from ..matrix import REPRODUCIBLE_EPOCH, Image
 from ..progress import log_tail
 from . import render
@@ -258,8 +258,8 @@ def record(root: Path, matrix, image: Image, found: dict, revision: str) -> list
     """Write found as the recorded identity of this base on image's platform, in the base.json
     of every row that shares it (same base name and platform); the paths written."""
     if not found.get("diff_id") or not found.get("mirror"):
-        raise UsageError(f"nothing to record: the base {render.base_ref(image)} was not built by this checkout's "
-                         "build.py, so its mirror state is unknown (build.py base --rebuild --record)")
+        raise NotReady(f"nothing to record: the base {render.base_ref(image)} was not built by this checkout's "
+                         "build.py, so its mirror state is unknown (build.py base --rebuild --record)", ref=render.base_ref(image))
     # The config's digest is the image ID on a classic store: computed, so one record serves both stores.
     config_digest = "sha256:" + hashlib.sha256(image_config(image, found["diff_id"])).hexdigest()
     entry = {"diff_id": found["diff_id"], "image_id": found["image_id"], "store": found["store"], "mirror": found["mirror"],

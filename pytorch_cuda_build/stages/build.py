@@ -22,7 +22,7 @@ from .. import progress
 from ..buildkit import opsseed, provenance
 from ..engine import docker_env
 from ..engine.docker_env import BuildClient
-from ..errors import BuildError, EnvironmentProblem, UsageError
+from ..errors import BuildError, EnvironmentProblem
 from ..matrix import Image
 from ..paths import RUNTIME_PACKAGE
 from . import lock, render
@@ -163,10 +163,10 @@ def check_cache_options(bc: BuildClient, cache_from: tuple[str, ...], cache_to: 
     """Cache import and export are buildx's; export also needs a builder that can write one: the
     containerd store, or a docker-container builder (the docker driver refuses it on the classic store)."""
     if (cache_from or cache_to) and bc.argv[1:2] != ("buildx",):
-        raise UsageError(f"--cache-from and --cache-to need buildx, and {bc.description} has none "
+        raise EnvironmentProblem(f"--cache-from and --cache-to need buildx, and {bc.description} has none "
                          "(Docker 20.10's built-in BuildKit); use a current engine (python3 build.py engine)")
     if cache_to and getattr(bc, "export", "load") != "oci" and getattr(bc, "driver", None) in (None, "docker"):
-        raise UsageError(f"--cache-to needs the containerd image store or a docker-container builder ({bc.description} "
+        raise EnvironmentProblem(f"--cache-to needs the containerd image store or a docker-container builder ({bc.description} "
                          "uses the docker driver on the classic store, which cannot export a cache)")
     # Each spec's form was checked with the other arguments (validate.py), before this client was probed.
 

@@ -15,7 +15,7 @@ import docker
 import docker.errors
 
 from ..engine import docker_env
-from ..errors import EnvironmentProblem, ImmutableTagTaken, PublishError, TagTaken, UsageError
+from ..errors import EnvironmentProblem, ImageUnfit, ImmutableTagTaken, NotReady, PublishError, TagTaken
 from ..matrix import Image
 from ..registry import index
 from ..registry.client import Registry, RegistryAPI, Transient, credentials
@@ -42,13 +42,13 @@ def tested(c: docker.DockerClient, row: Image) -> list[PlatformImage]:
         try:
             img = c.images.get(ref)
         except docker.errors.ImageNotFound:
-            raise UsageError(f"{row.name} has no {platform} image here (no {ref}); build and test every platform first: {build_cmd}") from None
+            raise NotReady(f"{row.name} has no {platform} image here (no {ref}); build and test every platform first: {build_cmd}", ref=ref) from None
         arch = img.attrs.get("Architecture")
         if arch != image.arch:
-            raise UsageError(f"{ref} is a {arch} image, not {platform} (a build for one platform moved the row's tags); {build_cmd}")
+            raise ImageUnfit(f"{ref} is a {arch} image, not {platform} (a build for one platform moved the row's tags); {build_cmd}", ref=ref)
         assert img.id is not None  # docker-py types Model.id optional; an image the engine lists has one
         if tags.passed(img.id) is None:
-            raise UsageError(f"{ref} ({img.id[:19]}) never passed its tests here; nothing pushed ({build_cmd})")
+            raise NotReady(f"{ref} ({img.id[:19]}) never passed its tests here; nothing pushed ({build_cmd})", ref=ref)
         out.append(PlatformImage(image, img.id))
     return out
 
@@ -59,8 +59,8 @@ def _parts(c: docker.DockerClient, images: list[PlatformImage], compression: str
     dated = {dated_tag(p.image, c.images.get(p.image_id).labels, tags.own_ref(p.image)) for p in images}
     if len(dated) != 1:
         row = images[0].image
-        raise UsageError(f"{row.name}'s platform images come from other commits or locks ({', '.join(sorted(dated))}); "
-                         f"build them together: python build.py --torch {row.torch} --cuda {row.cuda} --platform all")
+        raise ImageUnfit(f"{row.name}'s platform images come from other commits or locks ({', '.join(sorted(dated))}); "
+                         f"build them together: python build.py --torch {row.torch} --cuda {row.cuda} --platform all", ref=row.name)
     day = dated.pop()
     by_manifest = docker_env.image_store(c) == "containerd"
     return day, [Move(p.image, p.image_id, f"{day}-{p.image.arch}", True, by_manifest=by_manifest, compression=compression)

@@ -28,7 +28,7 @@ from typing import Callable
 from .. import files, progress
 from ..engine import docker_env
 from ..engine.docker_env import DOCKER_ENV
-from ..errors import CommandFailed, PipelineError, UsageError
+from ..errors import BadValue, CommandFailed, NoSuchRow, NotReady, PipelineError
 from ..matrix import Image
 from ..pipeline import results_dir
 from ..stages import build, render, tag
@@ -49,9 +49,9 @@ def check_consent(only: set[str], yes: bool) -> None:
     wanted = [m for m in EMPTIES_CACHE if m in only]
     if wanted and not yes:
         rest = ",".join(m for m in MEASURES if m not in EMPTIES_CACHE)
-        raise UsageError(f"cold builds (the {' and '.join(wanted)} measure{'s' if len(wanted) > 1 else ''}) need an empty build cache, "
+        raise BadValue(f"cold builds (the {' and '.join(wanted)} measure{'s' if len(wanted) > 1 else ''}) need an empty build cache, "
                          "and emptying it (`docker builder prune --all`) removes every entry of this daemon's build cache, "
-                         f"other projects' too; pass --yes to allow that, or leave them out: --only {rest}")
+                         f"other projects' too; pass --yes to allow that, or leave them out: --only {rest}", name="--yes")
 
 
 def _run(cmd: list[str], timeout: float | None = None, **kw) -> subprocess.CompletedProcess:
@@ -349,7 +349,7 @@ def platforms(c, image: Image, root: Path, bc, out_dir: Path, log: Callable[[str
     their gates' smoke runs, and the arm64 image's size against its floor, measured now.
     Written to out_dir/arm64.{json,md}."""
     if "linux/arm64" not in image.platforms:
-        raise UsageError(f"{image.name} is not built for linux/arm64 (its platforms: {', '.join(image.platforms)})")
+        raise NoSuchRow(f"{image.name} is not built for linux/arm64 (its platforms: {', '.join(image.platforms)})", name="--platform")
     arm = image.on("linux/arm64")
     r: dict = {"image": image.name, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
                "host": docker_env.host_platform()}
@@ -357,8 +357,8 @@ def platforms(c, image: Image, root: Path, bc, out_dir: Path, log: Callable[[str
         r[p] = _platform_figures(results_dir(root, image.on(p)))
     ref = tag.own_ref(arm)
     if r["linux/arm64"] is None or tag.current(c, arm).get(ref, None) is None and not _exists(c, ref):
-        raise UsageError(f"no built and tagged linux/arm64 image of {image.name} ({ref}); build it first: "
-                         f"python build.py --torch {image.torch} --cuda {image.cuda} --platform linux/arm64")
+        raise NotReady(f"no built and tagged linux/arm64 image of {image.name} ({ref}); build it first: "
+                         f"python build.py --torch {image.torch} --cuda {image.cuda} --platform linux/arm64", ref=ref)
     log("bench: the arm64 image against its floor (base stage + /opt/venv, measured under emulation)")
     with tempfile.TemporaryDirectory(prefix="pytorch-cuda-bench-") as tmp:
         build.stage_context(root, arm, Path(tmp))
@@ -492,7 +492,7 @@ def parse_only(text: str | None) -> set[str]:
         return set(MEASURES)
     only = {x.strip() for x in text.split(",") if x.strip()}
     if not only or only - set(MEASURES):
-        raise UsageError(f"--only takes a comma list of {','.join(MEASURES)}, not {text!r}")
+        raise BadValue(f"--only takes a comma list of {','.join(MEASURES)}, not {text!r}", name="--only")
     return only
 
 
@@ -505,7 +505,7 @@ def run(c, m, image: Image, root: Path, only: set[str], runs: int, cold_runs: in
     ref = image.refs()[0]
     # The cold builds make their own image; the other measures read the built and tested one.
     if not (every and only <= {*OWN_BUILDS, "cold"}) and tag.current(c, image)[ref] is None:
-        raise UsageError(f"no image {ref}; build it first")
+        raise NotReady(f"no image {ref}; build it first", ref=ref)
     if not every:
         return report.markdown(banner(image, ref, runs, root / "build-results" / "bench", docker_cli=docker_env.docker_cli(docker)))
     bc = docker_env.build_client(docker)

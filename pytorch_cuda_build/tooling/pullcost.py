@@ -29,7 +29,7 @@ from packaging.version import Version
 
 from .. import files, progress
 from ..engine import docker_env
-from ..errors import EnvironmentProblem, UsageError
+from ..errors import BadFile, BadValue, EnvironmentProblem, NoSuchRow
 from ..matrix import Image, Matrix
 from ..resolve import wheel_files
 from ..stages import build, lock
@@ -45,7 +45,7 @@ def rows(m: Matrix, first: int | None = None) -> list[Image]:
     other. first (--pull-rows): only the first that many, for a run that must fit a few hours."""
     found = sorted((i for i in m.images if i.cuda_major == "13" and i.flavor == "runtime"), key=lambda i: Version(i.torch))
     if first is not None and not 2 <= first <= len(found):
-        raise UsageError(f"--pull-rows takes 2 to {len(found)} (the matrix's CUDA 13 rows), not {first}")
+        raise BadValue(f"--pull-rows takes 2 to {len(found)} (the matrix's CUDA 13 rows), not {first}", name="--pull-rows")
     return found[:first]
 
 
@@ -151,7 +151,7 @@ def layout_copy(root: Path, dest: Path, layout: str, docker: dict, log: Callable
         text = m.read_text()
         text, n = re.subn(r"^  layers: \{[^}\n]*\}$", "  layers: {own_layer_min_mb: null}", text, flags=re.M)
         if n != 1:
-            raise UsageError("matrix.yaml's defaults have no one-line `layers: {...}` for the pull measure to replace")
+            raise BadFile("matrix.yaml's defaults have no one-line `layers: {...}` for the pull measure to replace", path="matrix.yaml")
         m.write_text(text)
     _buildpy(copy, ["render"], docker, log)
     return copy
@@ -285,11 +285,11 @@ def measure(c, m: Matrix, root: Path, bc, ca: str | None, log: Callable[[str], N
     if getattr(bc, "export", "load") != "oci":
         # Without rewrite-timestamp a layer's tar keeps the build's time on the directories of its
         # mount points (/etc, /run/secrets, /tmp): every build is another blob, and nothing is shared.
-        raise UsageError(f"the pull measure needs an engine that rewrites file times ({bc.description} does not): "
+        raise EnvironmentProblem(f"the pull measure needs an engine that rewrites file times ({bc.description} does not): "
                          "a containerd image store with buildx >= 0.13, e.g. eval \"$(python3 build.py engine)\"")
     chosen = rows(m, first)
     if len(chosen) < 2:
-        raise UsageError("the pull measure needs at least two CUDA 13 rows in the matrix")
+        raise NoSuchRow("the pull measure needs at least two CUDA 13 rows in the matrix", name="--pull-rows")
     docker = {docker_env.DOCKER_ENV: bc.argv[0]}
     index = wheel_files.Index(chosen[0].index, ca)
     names = [i.name for i in chosen]

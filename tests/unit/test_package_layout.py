@@ -150,3 +150,16 @@ def test_the_pipelines_diagram_numbers_the_stages_as_the_package_does():
     for number, name, _ in STAGES:
         if name != "publish_index":  # publish's other half: one box in the diagram
             assert f"{number} {name}" in doc, f"pipeline.py's diagram names stage {number} {name}"
+
+
+# Bad input to a command is found by validation, before anything is touched; what later steps
+# find has a class of its own in errors.py (BadValue, BadFile, NotReady, ImageUnfit, ...).
+VALIDATION = {"validate", "arguments"}
+
+
+def test_only_validation_makes_usage_errors():
+    made = [f"{path.relative_to(ROOT)}:{node.lineno}" for name, path in modules().items()
+            if name.split(".", 1)[-1] not in VALIDATION
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("UsageError", "UsageErrors")]
+    assert not made, f"UsageError made outside validation (raise the finding's own class from errors.py): {made}"
