@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 from filelock import FileLock, Timeout
 
@@ -38,9 +38,10 @@ results_dir = paths.results_dir
 
 
 
-@dataclass
+@dataclass(frozen=True)
 class Options:
-    """What a row's run takes from the command line."""
+    """What a row's run takes from the command line (arguments.BuildOptions, with the registry
+    parsed and the CA bundle found)."""
 
     docker: str | None = None
     ca_path: str | None = None
@@ -61,18 +62,6 @@ class Options:
     def cache_args(self, image: Image) -> list[str]:
         return [a for flag, specs in (("--cache-from", self.cache_from), ("--cache-to", self.cache_to))
                 for spec in specs for a in (flag, spec.replace("{image}", image.local_name))]
-
-    def argv(self) -> list[str]:
-        """The same options for a child `build.py build`."""
-        out = [f"--{f.replace('_', '-')}" for f in ("no_test", "retest", "no_cache", "require_gpu") if getattr(self, f)]
-        out += ["--docker", self.docker] if self.docker else []
-        out += ["--ca-bundle", self.ca_path] if self.ca_path else []
-        # --retries and --allow-vulnerable go with --push only (validate refuses them alone)
-        out += ["--push", "--registry", str(self.registry), "--retries", str(self.retries)] if self.registry else []
-        out += [a for v in self.allow_vulnerable for a in ("--allow-vulnerable", v)] if self.registry else []
-        out += ["--compression", self.compression] if self.registry and self.compression != "gzip" else []
-        out += [a for flag, specs in (("--cache-from", self.cache_from), ("--cache-to", self.cache_to)) for v in specs for a in (flag, v)]
-        return out
 
 
 @dataclass
@@ -376,6 +365,41 @@ def after_push(moves: list[publish.Move], reg: registry.Registry, ca_path: str |
             lines.append(f"signed {where}/{mv.image.repository}@{mv.after.digest} as :{mv.tag}: {path} "
                          f"(serve {signatures} as the registry's lookaside)")
     return lines
+
+
+def publish_command(root: Path, images: list[Image], opts: Options, push: bool, platform: str | None, merge: bool,
+                    sign_key: Path | None, signatures: Path, log: Callable[[str], None]) -> Iterator[str]:
+    """`build.py publish`, its lines as they come. A row on one platform: its image under its
+    tags. A row on several: one index under its tags, of the images here (platform `all`) or of
+    the parts in the registry (merge); or, by default, this host's part only (CI's per-platform builds)."""
+    assert opts.registry is not None  # publish always has one: validated
+    reg = opts.registry
+    several = [i for i in images if len(i.platforms) > 1]
+    images = [i for i in images if len(i.platforms) == 1]
+    backoff = publish.retry_backoff()
+    common: dict[str, Any] = {"push": push, "ca_bundle": opts.ca_path, "attempts": opts.retries, "backoff": backoff, "log": log}
+    if merge:
+        for row in several:
+            yield "\n".join(publish_index.merge_index(root, row, reg, **common))
+        return
+    c = docker_env.ensure_engine(log)
+    if opts.compression == "zstd":  # before the registry is contacted, or a row screened
+        zstd.check_engine(c)
+    common["compression"] = opts.compression
+    allowed = set(opts.allow_vulnerable)
+    for row in several:
+        parts = [row.on(p) for p in row.platforms] if platform == "all" else platforms(row, None)
+        publish.screen(c, parts, lambda i: results_dir(root, i), allowed)
+        lines = (publish_index.publish_index(c, row, reg, **common) if platform == "all"
+                 else publish_index.publish_part(c, parts[0], reg, **common))
+        yield "\n".join(lines)
+    if not images:
+        return
+    publish.screen(c, images, lambda i: results_dir(root, i), allowed)
+    moves = publish_rows(c, images, reg, push, opts.ca_path, opts.retries, log, lambda i: results_dir(root, i), opts.compression)
+    yield "\n".join(publish.table(moves, reg, push))
+    if push:
+        yield from after_push(moves, reg, opts.ca_path, lambda i: results_dir(root, i), sign_key, signatures)
 
 
 def test_image(root: Path, image: Image, ref: str, require_gpu: bool, log: Callable[[str], None], matrix_path: Path | None = None) -> tuple[str, str]:

@@ -18,9 +18,9 @@ import re
 import shutil
 import ssl
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
-from . import arguments, jobs, matrix, scheduler
+from . import arguments, jobs, matrix, scheduler, spec
 from .commands import gpubundle
 from .engine import docker_env
 from .errors import BadFile, BadValue, UsageError, UsageErrors
@@ -28,10 +28,6 @@ from .jobs import mounts
 from .registry import sign
 from .stages import publish
 from .tooling import bench
-
-# Given as None by the parser, so that a flag given where it does nothing can be told from
-# its default; filled in once the checks pass.
-DEFAULTS: dict[str, Any] = {"jobs": 1, "retries": 4, "cold_runs": 1, "compression": "gzip", "qos": "burstable"}
 
 # (command, flag, the flag it needs, what it is for): the first does nothing without the second.
 NEEDS = [
@@ -162,9 +158,9 @@ def validate(args: argparse.Namespace, default_matrix: Path | None = None) -> ar
         _row(args, c, args.matrix or default_matrix)
     if c.problems:
         raise UsageErrors(c.problems)
-    for dest, value in DEFAULTS.items():
-        if hasattr(args, dest) and getattr(args, dest) is None:
-            setattr(args, dest, value)
+    # Options declared later=True (arguments.py) are None when not given, so that a flag given where it
+    # does nothing can be told from its default: filled in now that the checks passed.
+    spec.fill_defaults(arguments.COMMAND_OPTIONS[args.command], args)
     return args
 
 
@@ -187,9 +183,9 @@ def _values(args: argparse.Namespace, c: Checks) -> None:
         if not re.fullmatch(r"[A-Za-z0-9][\w.:-]*", vid):
             c.fail("allow_vulnerable", f"--allow-vulnerable takes an advisory ID (e.g. GHSA-xxxx-xxxx-xxxx, PYSEC-2024-1), not {vid!r}")
     for dest in ("cache_from", "cache_to"):
-        for spec in getattr(args, dest, []):
-            if not re.fullmatch(CACHE_SPEC, spec):
-                c.fail(dest, f"{flag(dest)} {spec!r} is not buildx's type=...,key=value form (e.g. type=registry,ref=HOST/NS/cache:{{image}})")
+        for text in getattr(args, dest, []):
+            if not re.fullmatch(CACHE_SPEC, text):
+                c.fail(dest, f"{flag(dest)} {text!r} is not buildx's type=...,key=value form (e.g. type=registry,ref=HOST/NS/cache:{{image}})")
     if args.command == "bench" and args.only is not None:
         c.run("only", lambda: bench.parse_only(args.only))
     if args.command == "job":
@@ -217,9 +213,9 @@ def _job_values(args: argparse.Namespace, c: Checks) -> None:
     c.run("shm_size", lambda: jobs.shm_mib(args.shm_size))
     if args.socket_ifname is not None and not re.fullmatch(IFNAME, args.socket_ifname):
         c.fail("socket_ifname", f"--socket-ifname takes NCCL_SOCKET_IFNAME's form (eth0, ^docker,lo, =ib0), not {args.socket_ifname!r}")
-    for spec in args.rdma:
-        if not re.fullmatch(RDMA, spec):
-            c.fail("rdma", f"--rdma takes RESOURCE=COUNT, a device resource and a count of at least 1 (e.g. rdma/ib=1), not {spec!r}")
+    for text in args.rdma:
+        if not re.fullmatch(RDMA, text):
+            c.fail("rdma", f"--rdma takes RESOURCE=COUNT, a device resource and a count of at least 1 (e.g. rdma/ib=1), not {text!r}")
     for dest, suffix in (("bundle", ""), ("sif", ".sif")):
         value = getattr(args, dest)
         if value is not None and not (re.fullmatch(SHARED_PATH, value) and value.endswith(suffix)):
@@ -332,7 +328,7 @@ def _combinations(args: argparse.Namespace, c: Checks) -> None:
     if command == "publish" or (command == "build" and args.push):
         # Its form only: no network. For build it is --push's registry: not asked for where --push was refused.
         # The address's form does not depend on --retries: checked even where --retries was refused.
-        retries = (args.retries if c.ok("retries") else None) or DEFAULTS["retries"]
+        retries = (args.retries if c.ok("retries") else None) or arguments.BuildOptions.retries
         c.run(("registry", "push"), lambda: publish.registry(args.registry, retries))
         c.run(("push",), publish.retry_backoff)
     if command == "publish" and args.platform not in (None, "all", docker_env.host_platform()):

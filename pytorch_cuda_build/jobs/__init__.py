@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BadFile, BadValue, NotReady
-from .mounts import Mount, parse_all
+from .mounts import Mount
 
 LAUNCH = "pytorch-cuda-launch"
 LAUNCH_PATH = "/usr/local/bin/pytorch-cuda-launch"  # srun's PATH replaces the image's inside containers
@@ -157,39 +157,6 @@ def target(job: Job, output: Path | None) -> Path | None:
 
 def default_name(torch: str) -> str:
     return "pytorch-cuda-" + torch.replace(".", "-")
-
-
-def from_args(args, row: str, image: ImageRef) -> Job:
-    """The Job that validated arguments describe; its argv is their canonical form, for the header."""
-    slurm = args.scheduler == "slurm"
-    name = args.name or default_name(args.torch)
-    argv = ["job", "--torch", args.torch, *(["--cuda", args.cuda] if args.cuda else []),
-            *(["--flavor", args.flavor] if args.flavor != "runtime" else []), "--scheduler", args.scheduler,
-            *(["--runtime", args.runtime or "oci"] if slurm else ["--kind", args.kind]),
-            "--nodes", str(args.nodes), *(["--gpus-per-node", str(args.gpus_per_node)] if args.gpus_per_node else [])]
-    for dest in ("image", "name", "bundle", "sif", "namespace", "cluster_runtime", "socket_ifname"):
-        if getattr(args, dest, None):
-            argv += ["--" + dest.replace("_", "-"), getattr(args, dest)]
-    argv += [a for r in args.rdma for a in ("--rdma", r)]
-    mounts = parse_all(args.mount)
-    argv += [a for m in mounts for a in ("--mount", str(m))]
-    argv += ["--workdir", args.workdir] if args.workdir else []
-    argv += [*(["--cpus-per-node", str(args.cpus_per_node)] if args.cpus_per_node else []),
-             *(["--memory-per-node", args.memory_per_node] if args.memory_per_node else []),
-             *(["--qos", args.qos] if args.qos == "guaranteed" else []),
-             *[a for s in args.image_pull_secret for a in ("--image-pull-secret", s)],
-             *(["--deadline", args.deadline] if args.deadline else [])]
-    argv += [*(["--shm-size", args.shm_size] if args.shm_size != "16Gi" else []),
-             *(["--network", args.network] if args.network != "auto" else []), "--", *args.script]
-    return Job(scheduler=args.scheduler, name=name, row=row, image=image, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-               command=tuple(args.script), shm_mib=shm_mib(args.shm_size), network=args.network,
-               socket_ifname=args.socket_ifname, argv=tuple(argv), runtime=(args.runtime or "oci") if slurm else "",
-               bundle=args.bundle, sif=args.sif, kind=args.kind,
-               rdma=tuple((r.split("=")[0], int(r.split("=")[1])) for r in args.rdma),
-               namespace=args.namespace, cluster_runtime=args.cluster_runtime, mounts=mounts, workdir=args.workdir,
-               cpus=args.cpus_per_node, memory_mib=memory_mib(args.memory_per_node) if args.memory_per_node else None,
-               qos=args.qos or "burstable", pull_secrets=tuple(args.image_pull_secret),
-               deadline_s=deadline_seconds(args.deadline) if args.deadline else None)
 
 
 def memory_mib(text: str) -> int:

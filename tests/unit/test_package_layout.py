@@ -14,6 +14,7 @@ PACKAGE = "pytorch_cuda_build"
 LAYERS = [
     ("shared", {"errors", "files", "paths", "progress", "console", "ca"}),
     ("model", {"matrix"}),  # matrix.yaml's rows, which every layer above reads
+    ("spec", {"spec"}),  # how a command's options are declared once (arguments.py, jobs/options.py declare them)
     ("engine", {"engine"}),
     ("helpers", {"resolve", "buildkit", "registry"}),  # the stages' helpers
     ("stages", {"stages"}),

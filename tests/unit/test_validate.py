@@ -16,7 +16,7 @@ import filelock
 import pytest
 import requests
 
-from pytorch_cuda_build import arguments, files, pipeline
+from pytorch_cuda_build import arguments, files, matrix
 from pytorch_cuda_build import validate as stage
 from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.registry import client as registry
@@ -420,11 +420,12 @@ def test_good_arguments_pass_and_are_completed(monkeypatch, argv, completed):
 def test_a_child_of_all_gets_arguments_that_validate(tmp_path, monkeypatch, registry):
     """--all's rows run as `build.py build ... --result-json F` with the parent's options: those must pass too."""
     monkeypatch.delenv("PYTORCH_CUDA_REGISTRY", raising=False)
-    opts = pipeline.Options(ca_path=certifi.where(), no_test=registry is None, no_cache=True, registry=registry, retries=2,
-                            allow_vulnerable=("GHSA-x",) if registry else (), cache_from=("type=registry,ref=r/c",),
-                            compression="zstd" if registry else "gzip")
-    argv = ["--matrix", str(ROOT / "matrix.yaml"), "build", "--torch", "2.7", "--cuda", "12.1", "--flavor", "runtime",
-            "--result-json", str(tmp_path / "result.json"), *opts.argv(), "--quiet"]
+    opts = arguments.BuildOptions(matrix=ROOT / "matrix.yaml", all=True, jobs=2, no_test=registry is None, no_cache=True,
+                                  push=registry is not None, registry=str(registry) if registry else None, retries=2 if registry else 4,
+                                  allow_vulnerable=("GHSA-x",) if registry else (), cache_from=("type=registry,ref=r/c",),
+                                  compression="zstd" if registry else "gzip", quiet=True)
+    row = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
+    argv = opts.child_argv(row, tmp_path / "result.json", certifi.where())
     stage.validate(arguments.parser().parse_args(argv))
 
 
