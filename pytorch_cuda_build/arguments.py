@@ -144,11 +144,11 @@ class ListOptions(Command):
 @dataclass(frozen=True)
 class MatrixOptions(Command):
     NAME: ClassVar[str] = "matrix"
-    HELP: ClassVar[str] = "the matrix for machines: --json rows for a CI fan-out, --propose new torch releases"
+    HELP: ClassVar[str] = "the matrix for machines: --json rows for the GitHub workflow's fan-out, --propose new torch releases"
     GROUPS: ClassVar[dict[str, bool]] = {"mode": True}
 
     json: bool = flag("every row and platform with its tags, build arguments and runner, as JSON", group="mode")
-    indexes: bool = flag("the rows built on several platforms, whose images CI merges into one index, as JSON", group="mode")
+    indexes: bool = flag("the rows built on several platforms, whose images the GitHub workflow merges into one index, as JSON", group="mode")
     propose: bool = flag("candidate rows for torch releases on the index that the matrix lacks (network)", group="mode")
     ca_bundle: str | None = spec.ca_bundle()
 
@@ -165,7 +165,7 @@ class PublishOptions(Command):
     platform: str | None = spec.platform("all: one image index of each row's platforms, every one built and tested here (build --platform "
                                          "all); default: this host's platform: its image, or for a row on several platforms its part "
                                          "<dated>-<arch>")
-    merge: bool = flag("a row on several platforms: one index of the parts each platform's build published (CI's merge job)")
+    merge: bool = flag("a row on several platforms: one index of the parts each platform's build published (the GitHub workflow's merge job)")
     registry: str | None = _registry()
     push: bool = flag("push for real; without it, print what would move")
     retries: int = _retries()
