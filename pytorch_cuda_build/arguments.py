@@ -8,7 +8,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from . import spec
 from .errors import UsageErrors
@@ -27,11 +27,11 @@ class _Parser(argparse.ArgumentParser):
     left None, or as given) instead of ending the parse: validate() reports it with every other
     problem of the command line at once, and skips the checks that read it."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._bad: dict[str, str] = {}
 
-    def parse_known_args(self, args=None, namespace=None):
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:  # type: ignore[override]
         self._bad = {}
         ns, extras = super().parse_known_args(args, namespace)
         # A subcommand's parser ran inside this one and copied its namespace, BAD included, into ns.
@@ -39,14 +39,14 @@ class _Parser(argparse.ArgumentParser):
         setattr(ns, BAD, self._bad)
         return ns, extras
 
-    def _get_value(self, action, arg_string):
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
         try:
             return super()._get_value(action, arg_string)
         except argparse.ArgumentError as e:
             self._bad.setdefault(action.dest, f"{e} (see --help)")
             return None
 
-    def _check_value(self, action, value):
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
         if isinstance(action, argparse._SubParsersAction):
             return super()._check_value(action, value)
         if action.dest in self._bad:  # its type refused it already
@@ -57,7 +57,7 @@ class _Parser(argparse.ArgumentParser):
             self._bad[action.dest] = f"{e} (see --help)"
             return None
 
-    def error(self, message: str):  # each problem one line, exit 2, like every other bad input
+    def error(self, message: str) -> NoReturn:  # each problem one line, exit 2, like every other bad input
         raise UsageErrors([*self._bad.values(), f"{message} (see --help)"])
 
 

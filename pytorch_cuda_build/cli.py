@@ -251,7 +251,7 @@ def cmd_selftest(m: matrix.Matrix, args: a.SelftestOptions) -> int:
     return selftest.run(ROOT, list(args.pytest_args))
 
 
-def _terminated(signum, frame):
+def _terminated(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 

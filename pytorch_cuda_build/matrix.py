@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import yaml
 from packaging.requirements import InvalidRequirement, Requirement
@@ -48,7 +48,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _version(what: str, parts: tuple[int, int], local: bool = False, exact: bool = True):
+def _version(what: str, parts: tuple[int, int], local: bool = False, exact: bool = True) -> Callable[[Any], str]:
     """A validator: a final release (PEP 440, no pre, post or dev part) of parts[0] to
     parts[1] numbers, a local part (+cu128) only where `local`. `exact`: written as PEP 440
     writes it, since the text becomes image names and tags; else digits and dots (NVIDIA
@@ -479,7 +479,7 @@ def _line_map(node: yaml.Node, path: tuple[Any, ...] = (), out: dict | None = No
 class _NoDuplicateKeys(yaml.SafeLoader):
     """A repeated key in a mapping is an error, not a silent overwrite."""
 
-    def construct_mapping(self, node, deep=False):
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)

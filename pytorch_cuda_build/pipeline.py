@@ -20,12 +20,14 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
+import docker
 from filelock import FileLock, Timeout
 
 from . import files, paths
 from .buildkit import provenance
+from .console import Quiet
 from .engine import docker_env
 from .errors import BuildError, NoSuchRow, NotReady, PipelineError
 from .matrix import Image, Matrix
@@ -125,7 +127,7 @@ def platforms(image: Image, wanted: str | None) -> list[Image]:
     return [image.on(p) for p in names]
 
 
-def build_platforms(root: Path, images: list[Image], opts: Options, console) -> list[RowResult]:
+def build_platforms(root: Path, images: list[Image], opts: Options, console: Quiet) -> list[RowResult]:
     """One row on one or more platforms. With several, each is built and tested first and no
     tag moves until every one has passed; then the others' tags move, this host's last, so
     that on a store that keeps one platform per tag, the tag names what this host runs."""
@@ -141,7 +143,7 @@ def build_platforms(root: Path, images: list[Image], opts: Options, console) -> 
     return proven
 
 
-def build_row(root: Path, image: Image, opts: Options, console, hold_tags: bool = False) -> RowResult:
+def build_row(root: Path, image: Image, opts: Options, console: Quiet, hold_tags: bool = False) -> RowResult:
     """The row's pipeline: its engine first, so a daemon that does not answer fails at once with
     its own error rather than after waiting on another build; then the rest under two locks. Two
     runs of one row from this checkout would write one build-results/<row>; two on one daemon
@@ -167,7 +169,7 @@ def results_lock_path(root: Path, image: Image) -> Path:
 
 
 @contextlib.contextmanager
-def _held(path: Path, waiting: str, console):
+def _held(path: Path, waiting: str, console: Quiet) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     held = FileLock(str(path))
     try:
@@ -182,13 +184,13 @@ def _held(path: Path, waiting: str, console):
 
 
 class _Row:
-    def __init__(self, root: Path, image: Image, opts: Options, console, result: RowResult | None = None) -> None:
+    def __init__(self, root: Path, image: Image, opts: Options, console: Quiet, result: RowResult | None = None) -> None:
         self.root, self.image, self.opts, self.console = root, image, opts, console
         self.results = results_dir(root, image)
         self.result = result or RowResult(image.local_name, ok=False)
 
     @contextlib.contextmanager
-    def stage(self, name: str):
+    def stage(self, name: str) -> Iterator[None]:
         self.console.stage_start(name)
         t0 = time.monotonic()
         try:
@@ -198,7 +200,7 @@ class _Row:
             self.result.seconds[name] = round(self.result.seconds.get(name, 0.0) + secs, 1)
             self.console.stage_end(name, secs)
 
-    def engine(self):
+    def engine(self) -> tuple[docker.DockerClient, docker_env.BuildClient]:
         """The daemon (it answers) and the client to build with; before any lock is waited on."""
         with self.stage("engine"):
             c = docker_env.ensure_engine(self.console.log)
@@ -207,7 +209,7 @@ class _Row:
             build.check_disk(docker_env.root_dir(c))
         return c, bc
 
-    def run(self, c, bc, hold_tags: bool = False) -> RowResult:
+    def run(self, c: docker.DockerClient, bc: docker_env.BuildClient, hold_tags: bool = False) -> RowResult:
         """Build, test, SBOM and vulnerabilities; then tags and publish, unless hold_tags (the
         caller moves them once every platform of the row has passed: promote)."""
         image, opts, log = self.image, self.opts, self.console.log
@@ -232,7 +234,7 @@ class _Row:
         self.result.ok = True
         return self.result if hold_tags else self.promote(c)
 
-    def promote(self, c, publish: bool = True) -> RowResult:
+    def promote(self, c: docker.DockerClient, publish: bool = True) -> RowResult:
         image, opts, log = self.image, self.opts, self.console.log
         image_id = self.result.image_id
         with self.stage("tag"):
@@ -248,7 +250,7 @@ class _Row:
                     log(line)
         return self.result
 
-    def build(self, c, bc, base_id: str) -> str:
+    def build(self, c: docker.DockerClient, bc: docker_env.BuildClient, base_id: str) -> str:
         log_path = self.results / "build.log"
         self.console.log(f"building {self.image.name} for {self.image.platform}{' (emulated)' if docker_env.emulated(self.image.platform) else ''} "
                          f"with {bc.description} (log: {log_path})")
@@ -267,7 +269,7 @@ class _Row:
                     raise docker_env.lost("the build") from None
                 raise
 
-    def test(self, c, image_id: str) -> None:
+    def test(self, c: docker.DockerClient, image_id: str) -> None:
         code = gate.code_hash(self.root)  # hashed before the run: the record names the code that ran
         prior = None if self.opts.retest else tag.reusable_pass(image_id, self.opts.require_gpu, code)
         if prior:
@@ -286,7 +288,7 @@ class _Row:
 
 
 @contextlib.contextmanager
-def following_smoke(c, image_id: str, console):
+def following_smoke(c: docker.DockerClient, image_id: str, console: Quiet) -> Iterator[None]:
     """Show the smoke container's steps as they finish. Display only: gate.run is the gate,
     and anything going wrong here (no container yet, the daemon busy) is ignored."""
     if not console.follows_smoke:
@@ -295,14 +297,14 @@ def following_smoke(c, image_id: str, console):
     stop = threading.Event()
 
     def follow() -> None:
-        filters = {"label": [f"{gate.RUN_LABEL}={gate.RUN_ID}", "pytorch-cuda.test=smoke"]}
+        filters: dict[str, str | list[str] | bool] = {"label": [f"{gate.RUN_LABEL}={gate.RUN_ID}", "pytorch-cuda.test=smoke"]}
         seen: set[str] = set()
         while not stop.is_set():
             try:
                 for container in c.containers.list(filters=filters):
                     # list() inspects each container: the image ID is "Image" there ("ImageID" only in a sparse list)
                     if container.id not in seen and image_id in (container.attrs.get("Image"), container.attrs.get("ImageID")):
-                        seen.add(container.id)
+                        seen.add(str(container.id))
                         _stream_lines(container.logs(stream=True, follow=True), console.smoke, stop)
             except Exception:
                 pass
@@ -315,7 +317,7 @@ def following_smoke(c, image_id: str, console):
         stop.set()
 
 
-def _stream_lines(chunks, sink: Callable[[str], None], stop: threading.Event) -> None:
+def _stream_lines(chunks: Iterable[bytes | str], sink: Callable[[str], None], stop: threading.Event) -> None:
     pending = ""
     for chunk in chunks:
         pending += chunk.decode(errors="replace") if isinstance(chunk, bytes) else chunk
@@ -326,7 +328,7 @@ def _stream_lines(chunks, sink: Callable[[str], None], stop: threading.Event) ->
             return
 
 
-def publish_rows(c, images: list[Image], reg: registry.Registry, push: bool, ca_path: str | None, retries: int,
+def publish_rows(c: docker.DockerClient, images: list[Image], reg: registry.Registry, push: bool, ca_path: str | None, retries: int,
                  log: Callable[[str], None], results: Callable[[Image], Path], compression: str = "gzip") -> list[publish.Move]:
     """Publish tested rows; with push, record where each went in build-results/<image>/published.json."""
     backoff = publish.retry_backoff()

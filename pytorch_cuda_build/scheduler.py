@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from .console import Quiet
 from .engine import docker_env
 from .errors import NoSuchRow, PipelineError
 from .matrix import Image, Matrix
@@ -82,7 +83,7 @@ class RowProcesses:
                 proc.kill()
 
 
-def schedule(images: list[Image], worker: Callable[[Image], RowResult], jobs: int, console,
+def schedule(images: list[Image], worker: Callable[[Image], RowResult], jobs: int, console: Quiet,
              log_path: Callable[[Image], Path], stop: Callable[[], None] = lambda: None) -> list[RowResult]:
     """Run worker on every row, `jobs` at once; the results in the rows' order.
 
@@ -129,7 +130,7 @@ def failures(results: list[RowResult]) -> PipelineError | None:
     return PipelineError(f"{len(failed)} of {len(results)} rows failed: {', '.join(failed)} (each row's run.log under build-results/)")
 
 
-def build_many(root: Path, m: Matrix, images: list[Image], jobs: int, console, child_argv: ChildArgv) -> list[RowResult]:
+def build_many(root: Path, m: Matrix, images: list[Image], jobs: int, console: Quiet, child_argv: ChildArgv) -> list[RowResult]:
     """Every row of images through its own pipeline, `jobs` at a time."""
     check_inputs(root, m, images)
     docker_env.ensure_engine(console.log)
@@ -137,7 +138,7 @@ def build_many(root: Path, m: Matrix, images: list[Image], jobs: int, console, c
     return schedule(images, worker, jobs, console, worker.log_path, worker.stop)
 
 
-def build(root: Path, m: Matrix, images: list[Image], on: list[Image], opts: Options, console, *, every: bool, jobs: int,
+def build(root: Path, m: Matrix, images: list[Image], on: list[Image], opts: Options, console: Quiet, *, every: bool, jobs: int,
           child_argv: ChildArgv, result_json: Path | None) -> list[RowResult]:
     """`build`: every row of images as child processes (--all), or one row, on each of its
     platforms `on` (one: recorded to result_json for a parent scheduler)."""

@@ -266,7 +266,7 @@ def _files(args: argparse.Namespace, c: Checks) -> None:
         gpu_bundle_source(c, args)
 
 
-def gpu_bundle_source(c, args) -> None:
+def gpu_bundle_source(c: Checks, args: argparse.Namespace) -> None:
     """--ops-wheel, --build-python and --ops-arch: one wheel source, a file that is there, an arch list."""
     if args.ops_wheel is not None and args.build_python is not None:
         c.fail("build_python", "--build-python builds the ops wheel; --ops-wheel brings one built before: name one of them")

@@ -27,10 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import docker
+
 from .. import files
 from ..engine import docker_env
 from ..errors import BadValue, ImageUnfit, NotReady, PipelineError, RegistryMismatch
 from ..jobs import ImageRef
+from ..matrix import Image, Matrix
 from ..registry.client import Registry, RegistryAPI, credentials
 from ..stages import base, build, publish, render
 from . import record
@@ -100,7 +103,7 @@ def read_published(api: RegistryAPI, name: str, ref: ImageRef, platform: str) ->
     return Published(ref, manifest, config_digest, config, f"{config.get('os')}/{config.get('architecture')}")
 
 
-def row_of(matrix, published: Published, revision: str):
+def row_of(matrix: Matrix, published: Published, revision: str) -> Image:
     """The row the labels name, on the image's platform; the checkout must be the labels' commit."""
     labels = published.labels
     want, name = labels.get(REVISION_LABEL, ""), labels.get(ROW_LABEL, "")
@@ -198,7 +201,7 @@ def compare(api: RegistryAPI, name: str, published: Published, local: Local, doc
                            "verdict: DIFFERENT: " + ("the files above differ" if differing else "the config differs, the layers are the same")])
 
 
-def base_for(c, api: RegistryAPI, image, published: Published, results: Path, docker_cli: str, root: Path, log: Callable[[str], None]) -> str:
+def base_for(c: docker.DockerClient, api: RegistryAPI, image: Image, published: Published, results: Path, docker_cli: str, root: Path, log: Callable[[str], None]) -> str:
     """The base the image names, here: this machine's (built from the recipe if absent), else the
     registry's copy publish pushed; NotRebuilt where neither is that base."""
     want = published.labels.get(publish.BASE_LABEL, "")
@@ -221,7 +224,7 @@ def base_for(c, api: RegistryAPI, image, published: Published, results: Path, do
         raise NotRebuilt(f"the image's base {want[:19]} is neither the one rebuilt here from the recipe ({have[:19]}: the mirror "
                          f"may have moved, see build-results) nor in the registry ({remote}: "
                          f"{(pulled.stderr.strip().splitlines() or ['not found'])[-1]})")
-    got = c.images.get(remote).id
+    got = str(c.images.get(remote).id)
     if got != want:
         raise NotRebuilt(f"{remote} is {got[:19]}, not the image's base {want[:19]} (a base pulled onto another image store "
                          "has another ID: rebuild on the store the image was built on)")
@@ -229,7 +232,7 @@ def base_for(c, api: RegistryAPI, image, published: Published, results: Path, do
     return got
 
 
-def rebuild(c, bc, api: RegistryAPI, image, published: Published, root: Path, results: Path, ca: str | None, log: Callable[[str], None]) -> str:
+def rebuild(c: docker.DockerClient, bc: docker_env.BuildClient, api: RegistryAPI, image: Image, published: Published, root: Path, results: Path, ca: str | None, log: Callable[[str], None]) -> str:
     """The row rebuilt without cache, ops compiled, on the image's base; its local reference."""
     try:
         base_id = base_for(c, api, image, published, results, bc.argv[0], root, log)
@@ -245,8 +248,8 @@ def rebuild(c, bc, api: RegistryAPI, image, published: Published, root: Path, re
     return ref
 
 
-def run(root: Path, matrix, ref: ImageRef, platform: str, against: str | None, docker: str | None, ca: str | None,
-        log: Callable[[str], None], check_inputs, results_of) -> Verdict:
+def run(root: Path, matrix: Matrix, ref: ImageRef, platform: str, against: str | None, docker: str | None, ca: str | None,
+        log: Callable[[str], None], check_inputs: Callable[[Image], None], results_of: Callable[[Image], Path]) -> Verdict:
     """The whole check: read the published image, take its row from this checkout (its inputs
     checked by check_inputs), rebuild it (or take `against`), compare, and write the lines to
     results_of(image)/verify-image/verdict.txt."""

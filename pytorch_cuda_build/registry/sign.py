@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import BadFile, BadValue, CommandFailed, EnvironmentProblem
+from .client import RegistryAPI
 
 PASSPHRASE_ENV = "PYTORCH_CUDA_SIGN_PASSPHRASE"
 HOME = "gnupg"  # the key's own GnuPG home, inside the folder signing-key writes
@@ -118,7 +119,7 @@ def policy(public_key: Path, repository: str) -> dict:
                                                     "signedIdentity": {"type": "matchRepository"}}]}}}
 
 
-def sign(api, name: str, digest: str, tag: str, folder: Path, signatures: Path) -> Path:
+def sign(api: RegistryAPI, name: str, digest: str, tag: str, folder: Path, signatures: Path) -> Path:
     """Sign name@digest (in api's registry) under the identity name:tag, into the lookaside
     directory signatures; the manifest is copied onto the tag it already has, so nothing in the
     registry changes. The signature file's path."""

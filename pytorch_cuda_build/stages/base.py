@@ -37,7 +37,7 @@ from filelock import FileLock
 
 from .. import paths
 from ..errors import BuildError, EnvironmentProblem, NotReady
-from ..matrix import REPRODUCIBLE_EPOCH, Image
+from ..matrix import REPRODUCIBLE_EPOCH, Image, Matrix
 from ..progress import log_tail
 from . import render
 
@@ -254,7 +254,7 @@ def describe(ref: str, found: dict) -> str:
     return "\n".join(lines)
 
 
-def record(root: Path, matrix, image: Image, found: dict, revision: str) -> list[Path]:
+def record(root: Path, matrix: Matrix, image: Image, found: dict, revision: str) -> list[Path]:
     """Write found as the recorded identity of this base on image's platform, in the base.json
     of every row that shares it (same base name and platform); the paths written."""
     if not found.get("diff_id") or not found.get("mirror"):

@@ -16,7 +16,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
+
+import docker
 
 from .. import progress
 from ..buildkit import opsseed, provenance
@@ -287,7 +289,7 @@ def failed_step(log_path: Path) -> str:
     return "docker build"
 
 
-def prune(bc: BuildClient, c, repository: str, keep_storage: str) -> int:
+def prune(bc: BuildClient, c: docker.DockerClient, repository: str, keep_storage: str) -> int:
     """Remove the candidate tags and dangling images, bound the build cache; how many tags went."""
     removed = 0
     for img in c.images.list(name=f"{repository}-candidate"):
@@ -306,7 +308,7 @@ def prune(bc: BuildClient, c, repository: str, keep_storage: str) -> int:
     return removed
 
 
-def prune_ops_seed(c, rows: Iterable[str]) -> tuple[int, int]:
+def prune_ops_seed(c: docker.DockerClient, rows: Iterable[str]) -> tuple[int, int]:
     """Drop the host's ops-seed entries no image names (how many, their bytes). An image names its
     entry while it is a row of the matrix (its next --no-cache build takes the entry, even with
     the image removed), or while an image tagged with its name is on the daemon (a row of another
@@ -321,14 +323,14 @@ class Timer:
     def __init__(self) -> None:
         self.stages: dict[str, float] = {}
 
-    def __call__(self, name: str):
+    def __call__(self, name: str) -> Any:
         timer = self
 
         class _Span:
-            def __enter__(self):
+            def __enter__(self) -> None:
                 self.t0 = time.monotonic()
 
-            def __exit__(self, *exc):
+            def __exit__(self, *exc: object) -> None:
                 timer.stages[name] = timer.stages.get(name, 0.0) + time.monotonic() - self.t0
 
         return _Span()

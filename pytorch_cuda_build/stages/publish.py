@@ -32,7 +32,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import docker
 import docker.auth
@@ -365,9 +365,12 @@ def retry_backoff() -> float:
     return value
 
 
+T = TypeVar("T")
+
+
 def retrying(attempts: int, backoff: float, log: Callable[[str], None]) -> Callable:
     """retry(fn, what): fn again on a Transient failure, with exponential backoff, each retry logged."""
-    def retry(fn: Callable, what: str):
+    def retry(fn: Callable[[], T], what: str) -> T:
         def before_sleep(state: tenacity.RetryCallState) -> None:
             assert state.outcome is not None and state.next_action is not None  # both set before a sleep
             log(f"{what} failed: {state.outcome.exception()}; attempt {state.attempt_number + 1}/{attempts} in {state.next_action.sleep:.0f}s")

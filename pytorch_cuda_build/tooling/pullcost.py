@@ -24,6 +24,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable
 
+import docker
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
@@ -119,7 +120,7 @@ class Registry:
         self.__exit__()
         raise EnvironmentProblem(f"docker-registry did not answer on {self.host}; see {self.dir / 'registry.log'}")
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(timeout=30)
@@ -195,7 +196,7 @@ def refresh_lock(copy: Path, image: Image, index: wheel_files.Index) -> str:
     return str(version)
 
 
-def build_and_push(c, copy: Path, image: Image, reg: Registry, repo: str, tag_: str, docker: dict, docker_cli: str, log: Callable[[str], None]) -> float:
+def build_and_push(c: docker.DockerClient, copy: Path, image: Image, reg: Registry, repo: str, tag_: str, docker: dict, docker_cli: str, log: Callable[[str], None]) -> float:
     """The row built in the copy (no tests: only its layers are measured), pushed; the build's seconds."""
     log(f"bench pull: building {image.name} ({repo}:{tag_})")
     seconds = _buildpy(copy, ["--torch", image.torch, "--cuda", image.cuda, "--no-test", "--quiet"], docker, log)
@@ -227,7 +228,7 @@ def rebuilt(log_path: Path, dockerfile: Path) -> dict:
 KEEP_CACHE = "8GB"
 
 
-def _bound_cache(bc) -> None:
+def _bound_cache(bc: docker_env.BuildClient) -> None:
     proc = subprocess.run([bc.argv[0], "builder", "prune", "--force", "--filter", "type=regular", "--keep-storage", KEEP_CACHE],
                           capture_output=True, text=True, env={**os.environ, **bc.env})
     if proc.returncode != 0:
@@ -280,7 +281,7 @@ def timed_pull(ref: str, ca: str | None, log: Callable[[str], None]) -> float:
 # ---- the measure ------------------------------------------------------------------------------
 
 
-def measure(c, m: Matrix, root: Path, bc, ca: str | None, log: Callable[[str], None], work: Path | None = None, first: int | None = None) -> dict:
+def measure(c: docker.DockerClient, m: Matrix, root: Path, bc: docker_env.BuildClient, ca: str | None, log: Callable[[str], None], work: Path | None = None, first: int | None = None) -> dict:
     """Both layouts built, pushed and read back; the figures and the pull times. first: --pull-rows."""
     if getattr(bc, "export", "load") != "oci":
         # Without rewrite-timestamp a layer's tar keeps the build's time on the directories of its
