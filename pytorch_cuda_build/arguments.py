@@ -97,14 +97,11 @@ def _compression() -> Any:
 # ---- the commands, in `build.py --help`'s order --------------------------------------------
 
 @dataclass(frozen=True)
-class BuildOptions(Command):
+class BuildOptions(spec.Rows):
     NAME: ClassVar[str] = "build"
     HELP: ClassVar[str] = "build, test and tag one row (the default command), or many with --all"
     GROUPS: ClassVar[dict[str, bool]] = {"shown": False}
 
-    torch: str | None = spec.torch()
-    cuda: str | None = spec.cuda()
-    flavor: str = spec.flavor()
     all: bool = flag("every row (of --torch, if given): each built, tested and tagged as on its own")
     platform: str | None = spec.platform()
     jobs: int = opt(1, "with --all: rows built at once (default 1; shared layers are built once)", type=spec.positive_int, later=True)
@@ -154,13 +151,10 @@ class MatrixOptions(Command):
 
 
 @dataclass(frozen=True)
-class PublishOptions(Command):
+class PublishOptions(spec.Rows):
     NAME: ClassVar[str] = "publish"
     HELP: ClassVar[str] = "push tested images and their tags to a registry (dry run without --push)"
 
-    torch: str | None = spec.torch()
-    cuda: str | None = spec.cuda()
-    flavor: str = spec.flavor()
     all: bool = flag("every row of the matrix (each must be built and tested)")
     platform: str | None = spec.platform("all: one image index of each row's platforms, every one built and tested here (build --platform "
                                          "all); default: this host's platform: its image, or for a row on several platforms its part "
@@ -188,13 +182,10 @@ class SigningKeyOptions(Command):
 
 
 @dataclass(frozen=True)
-class LockOptions(Command):
+class LockOptions(spec.Rows):
     NAME: ClassVar[str] = "lock"
     HELP: ClassVar[str] = "resolve rows into images/<image>/ lock files (network)"
 
-    torch: str | None = spec.torch()
-    cuda: str | None = spec.cuda()
-    flavor: str = spec.flavor()
     check: bool = flag("fail if any lock is stale (offline)")
     upgrade: bool = flag("re-resolve and print the version changes")
     check_security: bool = flag("list locked Python packages with advisories and Debian pins behind the security suite; "
@@ -214,27 +205,21 @@ class RenderOptions(Command):
 
 
 @dataclass(frozen=True)
-class ImageTestOptions(Command):
+class ImageTestOptions(spec.Row):
     NAME: ClassVar[str] = "test"
     HELP: ClassVar[str] = "run the smoke and structure tests against a built image"
 
-    torch: str | None = spec.torch(required=True)
-    cuda: str | None = spec.cuda()
-    flavor: str = spec.flavor()
     image: str | None = opt(None, "image reference or ID to test (default: the row's own tag)")
     platform: str | None = spec.platform()
     require_gpu: bool = flag()
 
 
 @dataclass(frozen=True)
-class VerifyOptions(Command):
+class VerifyOptions(spec.Rows):
     NAME: ClassVar[str] = "verify"
     HELP: ClassVar[str] = ("build a row twice without cache and compare the images file by file; with --image, rebuild a published "
                            "image's row from this checkout and compare")
 
-    torch: str | None = spec.torch()
-    cuda: str | None = spec.cuda()
-    flavor: str = spec.flavor()
     image: str | None = opt(None, "a published image, HOST[:PORT]/NAMESPACE/NAME@sha256:<64 hex>: its labels name the commit and the "
                                   "row; exit 0 same, 1 different, 2 bad input, 3 not rebuildable here")
     against: str | None = opt(None, "with --image or --record: compare with this local image instead of rebuilding (--record: default "
@@ -249,14 +234,11 @@ class VerifyOptions(Command):
 
 
 @dataclass(frozen=True)
-class RecordOptions(Command):
+class RecordOptions(spec.Row):
     NAME: ClassVar[str] = "record"
     HELP: ClassVar[str] = ("write a local image's record for another machine to compare its build with: the image and config "
                            "digests, the config, every layer's files (xz-compressed JSON)")
 
-    torch: str | None = spec.torch(required=True)
-    cuda: str | None = spec.cuda()
-    flavor: str = spec.flavor()
     image: str | None = opt(None, "local image reference or ID (default: the row's own tag)")
     output: Path | None = opt(None, "where to write it, a new .json.xz (default: build-results/<image>/record.json.xz)", type=Path,
                               metavar="FILE")
@@ -265,14 +247,11 @@ class RecordOptions(Command):
 
 
 @dataclass(frozen=True)
-class BaseOptions(Command):
+class BaseOptions(spec.Row):
     NAME: ClassVar[str] = "base"
     HELP: ClassVar[str] = ("build (or, --rebuild, build anew) a row's local base and say whether it is the recorded one: its "
                            "diff_id, image ID and the mirror state it came from")
 
-    torch: str | None = spec.torch(required=True)
-    cuda: str | None = spec.cuda()
-    flavor: str = spec.flavor()
     rebuild: bool = flag("build the base anew even if this machine has it")
     record: bool = flag("write its identity to images/<image>/base.json of every row that shares this base")
     platform: str | None = spec.platform()
@@ -290,13 +269,10 @@ class SbomOptions(Command):
 
 
 @dataclass(frozen=True)
-class BenchOptions(Command):
+class BenchOptions(spec.Row):
     NAME: ClassVar[str] = "bench"
     HELP: ClassVar[str] = "measure (never assert): --full for size, build times and banner, else the banner only"
 
-    torch: str | None = spec.torch(required=True)
-    cuda: str | None = spec.cuda()
-    flavor: str = spec.flavor()
     runs: int = opt(10, "repetitions of the quick measurements (default 10)", type=spec.positive_int)
     full: bool = flag("every benchmark; report in bench/ (hours on 2 cores: cold builds, two naive images, the matrix and pull "
                       "measures; --only picks some; empties the build cache for the cold builds)")
@@ -329,14 +305,11 @@ class EngineOptions(Command):
 
 
 @dataclass(frozen=True)
-class GpuBundleOptions(Command):
+class GpuBundleOptions(spec.Row):
     NAME: ClassVar[str] = "gpu-bundle"
     HELP: ClassVar[str] = ("write DIR: DeepSpeed with the row's ops prebuilt, libaio, wheels, smoke suite and run.sh, to prove the "
                            "row's GPU half on a GPU machine without Docker, network or compiler (`bash DIR/run.sh` there)")
 
-    torch: str | None = spec.torch(required=True)
-    cuda: str | None = spec.cuda()
-    flavor: str = spec.flavor()
     dir: Path = opt(Path(), "new or empty directory to write", type=Path, kind="positional", metavar="DIR")
     python: str | None = opt(None, "the GPU machine's Python, MAJOR.MINOR (default: the row's)")
     build_python: str | None = opt(None, "the Python of that version (with its headers) that builds the ops wheel here (default: "

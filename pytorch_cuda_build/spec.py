@@ -202,3 +202,19 @@ def docker() -> Any:
 
 def ca_bundle(help: str = "CA bundle for HTTPS (default: pip's configured cert)") -> Any:
     return opt(None, help)
+
+
+@dataclass(frozen=True)
+class Rows(Command):
+    """A command that picks rows: --torch (every row without it, where the command allows), --cuda, --flavor."""
+
+    torch: str | None = torch()
+    cuda: str | None = cuda()
+    flavor: str = flavor()
+
+
+@dataclass(frozen=True)
+class Row(Rows):
+    """A command that works on one row: --torch required."""
+
+    torch: str | None = torch(required=True)

@@ -29,7 +29,7 @@ code and data:
 
 
 @dataclass(frozen=True)
-class JobOptions(spec.Command):
+class JobOptions(spec.Row):
     NAME: ClassVar[str] = "job"
     HELP: ClassVar[str] = ("write a multi-node job that runs SCRIPT through the image's launch contract: an sbatch "
                            "script (--scheduler slurm) or manifests (--scheduler kubernetes), image pinned by digest")
@@ -38,9 +38,6 @@ class JobOptions(spec.Command):
                        "`job --torch 2.7 --scheduler slurm --nodes 2 --gpus-per-node 8 -- train.py --lr 1e-4`.",
         "epilog": EPILOG, "formatter_class": argparse.RawDescriptionHelpFormatter}
 
-    torch: str | None = spec.torch(required=True)
-    cuda: str | None = spec.cuda()
-    flavor: str = spec.flavor()
     scheduler: str | None = opt(None, "what runs the job", required=True, choices=("slurm", "kubernetes"))
     nodes: int | None = opt(None, "nodes (pods), one launch per node", required=True, type=spec.positive_int)
     gpus_per_node: int = opt(0, "GPUs each node requests, one rank each (default 0: none requested, the contract decides)",
