@@ -28,7 +28,6 @@ HOST_FILES = ("/etc/hosts", "/etc/resolv.conf")
 
 
 def patch(config, shm_mib, binds):
-    # type: (dict, int, list) -> dict
     """config.json with the changes above; binds are (SRC, DST, read_only). The input is left as it was."""
     out = json.loads(json.dumps(config))
     if not out.get("linux", {}).get("uidMappings"):
@@ -51,7 +50,6 @@ def patch(config, shm_mib, binds):
 
 
 def parse_bind(text):
-    # type: (str) -> tuple
     """SRC:DST:ro or SRC:DST:rw, both absolute."""
     parts = text.rsplit(":", 2)
     if len(parts) != 3 or not (parts[0].startswith("/") and parts[1].startswith("/") and parts[2] in ("ro", "rw")):
@@ -60,7 +58,6 @@ def parse_bind(text):
 
 
 def write(path, config):
-    # type: (str, dict) -> None
     """Whole or not at all: a temporary file beside it, then a rename."""
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".config.json.")
     with os.fdopen(fd, "w") as f:
@@ -70,7 +67,6 @@ def write(path, config):
 
 
 def main(argv):
-    # type: (list) -> None
     if len(argv) < 2:
         raise SystemExit("usage: python3 - BUNDLE SHM_MIB [SRC:DST:ro|rw]...")
     path = os.path.join(argv[0], "config.json")
