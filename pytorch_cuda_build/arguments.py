@@ -101,6 +101,20 @@ class BuildOptions(spec.Rows):
     NAME: ClassVar[str] = "build"
     HELP: ClassVar[str] = "build, test and tag one row (the default command), or many with --all"
     GROUPS: ClassVar[dict[str, bool]] = {"shown": False}
+    NEEDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("jobs", "all", "it is how many rows --all builds at once"),
+        ("retries", "push", "it counts attempts per registry call, and only --push calls a registry"),
+        ("allow_vulnerable", "push", "it lets --push publish past an advisory, and without --push nothing is published"),
+        ("compression", "push", "it is how --push compresses the layers it pushes, and without --push nothing is pushed"))
+    CLASHES: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("dry_run", "all", "a dry run prints one row's plan"),
+        ("platform", "all", "--all builds every row for this host's platform; --platform picks one row's platforms"),
+        *[("dry_run", other, "a dry run only prints the plan: nothing is built, tested, cached or pushed")
+          for other in ("push", "no_test", "retest", "no_cache", "require_gpu", "cache_from", "cache_to")],
+        ("no_test", "retest", "--no-test skips the tests that --retest would run again"),
+        ("no_test", "require_gpu", "--require-gpu is about the tests, which --no-test skips"),
+        ("no_test", "push", "--no-test sets no tag, so --push has nothing to publish"),
+        ("all", "result_json", "each row of --all writes its own result"))
 
     all: bool = flag("every row (of --torch, if given): each built, tested and tagged as on its own")
     platform: str | None = spec.platform()
@@ -143,6 +157,9 @@ class MatrixOptions(Command):
     NAME: ClassVar[str] = "matrix"
     HELP: ClassVar[str] = "the matrix for machines: --json rows for the GitHub workflow's fan-out, --propose new torch releases"
     GROUPS: ClassVar[dict[str, bool]] = {"mode": True}
+    CLASHES: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("json", "ca_bundle", "--json is offline and uses no CA"),
+        ("indexes", "ca_bundle", "--indexes is offline and uses no CA"))
 
     json: bool = flag("every row and platform with its tags, build arguments and runner, as JSON", group="mode")
     indexes: bool = flag("the rows built on several platforms, whose images the GitHub workflow merges into one index, as JSON", group="mode")
@@ -154,6 +171,15 @@ class MatrixOptions(Command):
 class PublishOptions(spec.Rows):
     NAME: ClassVar[str] = "publish"
     HELP: ClassVar[str] = "push tested images and their tags to a registry (dry run without --push)"
+    NEEDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("sign_key", "push", "it signs what --push pushes, and without --push nothing is pushed"),
+        ("signatures", "sign_key", "it is where --sign-key's signatures go"))
+    CLASHES: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("all", "cuda", "--all takes every row; --cuda picks among one --torch's rows"),
+        ("merge", "platform", "--merge makes the index of every platform from the registry's parts"),
+        ("merge", "allow_vulnerable", "--merge pushes no image, only the index of parts each build published"),
+        ("merge", "compression", "--merge pushes no image, only the index of the parts each build published, "
+                                 "compressed as they were pushed"))
 
     all: bool = flag("every row of the matrix (each must be built and tested)")
     platform: str | None = spec.platform("all: one image index of each row's platforms, every one built and tested here (build --platform "
@@ -185,6 +211,15 @@ class SigningKeyOptions(Command):
 class LockOptions(spec.Rows):
     NAME: ClassVar[str] = "lock"
     HELP: ClassVar[str] = "resolve rows into images/<image>/ lock files (network)"
+    NEEDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("record", "check_security", "it writes what --check-security finds"),
+        ("security_snapshot", "check_security", "it answers --check-security's questions instead of the network"))
+    CLASHES: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("check", "upgrade", "--check only reads the locks (offline); --upgrade re-resolves and rewrites them"),
+        ("check_security", "check", "--check-security only reads the locks; run it apart from --check and --upgrade"),
+        ("check_security", "upgrade", "--check-security only reads the locks; run it apart from --check and --upgrade"),
+        ("check", "ca_bundle", "--check is offline and uses no CA"),
+        ("security_snapshot", "ca_bundle", "the snapshot answers instead of the network, which is the only use of a CA"))
 
     check: bool = flag("fail if any lock is stale (offline)")
     upgrade: bool = flag("re-resolve and print the version changes")
@@ -272,6 +307,11 @@ class SbomOptions(Command):
 class BenchOptions(spec.Row):
     NAME: ClassVar[str] = "bench"
     HELP: ClassVar[str] = "measure (never assert): --full for size, build times and banner, else the banner only"
+    NEEDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("only", "full", "it picks --full's measures"),
+        ("cold_runs", "full", "it counts --full's cold builds"),
+        ("yes", "full", "only --full empties the build cache"),
+        ("pull_rows", "full", "it picks the rows of --full's pull measure"))
 
     runs: int = opt(10, "repetitions of the quick measurements (default 10)", type=spec.positive_int)
     full: bool = flag("every benchmark; report in bench/ (hours on 2 cores: cold builds, two naive images, the matrix and pull "
@@ -298,6 +338,7 @@ class EngineOptions(Command):
     NAME: ClassVar[str] = "engine"
     HELP: ClassVar[str] = ("bring up a current Docker Engine (26, buildx) beside this host's; prints the environment that points "
                            "build.py at it (root)")
+    CLASHES: ClassVar[tuple[tuple[str, str, str], ...]] = (("down", "ca_bundle", "stopping the engine downloads nothing"),)
 
     store: str = opt("containerd", "image store: containerd (default, Docker 29's) or classic", choices=tuple(engine_current.STORES))
     down: bool = flag("stop that engine instead")

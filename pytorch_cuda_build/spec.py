@@ -69,6 +69,10 @@ class Command:
     HELP: ClassVar[str] = ""
     PARSER: ClassVar[dict[str, Any]] = {}  # add_parser's description, epilog, formatter_class
     GROUPS: ClassVar[dict[str, bool]] = {}  # mutually exclusive group -> required
+    # The rules that read two of its options (validate.py checks them, each problem one line):
+    NEEDS: ClassVar[tuple[tuple[str, str, str], ...]] = ()  # (option, the option it needs, what it is for)
+    CLASHES: ClassVar[tuple[tuple[str, str, str], ...]] = ()  # (option, option, why they do not go together)
+    ONLY_WITH: ClassVar[tuple[tuple[str, str, tuple[str, ...], str], ...]] = ()  # (option, other, its values, why)
 
     matrix: Path | None = opt(None, "matrix file (default: the project's matrix.yaml)", type=Path, kind="global")
 

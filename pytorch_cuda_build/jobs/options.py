@@ -37,6 +37,29 @@ class JobOptions(spec.Row):
         "description": "After `--`, SCRIPT [ARGS] as `pytorch-cuda-launch` takes them, e.g.\n"
                        "`job --torch 2.7 --scheduler slurm --nodes 2 --gpus-per-node 8 -- train.py --lr 1e-4`.",
         "epilog": EPILOG, "formatter_class": argparse.RawDescriptionHelpFormatter}
+    CLASHES: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("cluster_runtime", "rdma", "a TrainJob cannot add IPC_LOCK to a ClusterTrainingRuntime's container (Trainer v2.1's "
+                                    "podTemplateOverrides carry no capabilities); without --cluster-runtime the job brings its own runtime"),
+        ("cluster_runtime", "deadline", "Trainer v2.1's TrainJob has no deadline and its podTemplateOverrides carry none: the "
+                                        "ClusterTrainingRuntime's own Job template decides; without --cluster-runtime the job brings its own runtime"))
+    ONLY_WITH: ClassVar[tuple[tuple[str, str, tuple[str, ...], str], ...]] = (
+        ("kind", "scheduler", ("kubernetes",), "it picks a Kubernetes resource; Slurm runs an sbatch script"),
+        ("runtime", "scheduler", ("slurm",), "a Kubernetes node's own container runtime runs the pods"),
+        *[(dest, "scheduler", ("slurm",), "it is a Slurm runtime's image") for dest in ("bundle", "sif")],
+        ("bundle", "runtime", ("oci",), "only Slurm's OCI support runs a bundle"),
+        ("sif", "runtime", ("apptainer",), "only Apptainer runs a .sif"),
+        ("rdma", "scheduler", ("kubernetes",), "it requests a Kubernetes device resource; under Slurm NCCL finds InfiniBand itself"),
+        ("namespace", "scheduler", ("kubernetes",), "Slurm has no namespaces"),
+        ("cluster_runtime", "kind", ("trainjob",), "only a TrainJob refers to a training runtime"),
+        ("cpus_per_node", "scheduler", ("kubernetes",), "it sets a Kubernetes pod's CPU request; the sbatch script takes whole nodes "
+                                                        "(--exclusive)"),
+        ("memory_per_node", "scheduler", ("kubernetes",), "it sets a Kubernetes pod's memory request; under Slurm, sbatch's --mem "
+                                                          "on its command line does"),
+        ("qos", "scheduler", ("kubernetes",), "it picks a Kubernetes pod's QoS class; the sbatch script takes whole nodes (--exclusive)"),
+        ("deadline", "scheduler", ("kubernetes",), "it sets a Kubernetes job's activeDeadlineSeconds; under Slurm, sbatch's --time "
+                                                   "on its command line does"),
+        ("image_pull_secret", "scheduler", ("kubernetes",), "it names a Kubernetes Secret; under Slurm each runtime "
+                                                            "pulls with its own credentials (enroot, Apptainer, skopeo)"))
 
     scheduler: str | None = opt(None, "what runs the job", required=True, choices=("slurm", "kubernetes"))
     nodes: int | None = opt(None, "nodes (pods), one launch per node", required=True, type=spec.positive_int)

@@ -10,6 +10,7 @@ import io
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -23,10 +24,14 @@ from helpers import ROOT
 
 @dataclass(frozen=True)
 class WithNewOptions(arguments.BuildOptions):
-    """build, plus two options no file of the package names: a flag and a number validation defaults."""
+    """build, plus two options no file of the package names: a flag and a number validation defaults,
+    which does nothing without the flag."""
 
-    preflight_only: bool = spec.flag("check the engine and the registry, then stop")
-    preflight_wait: int = spec.opt(30, "seconds to wait for the engine (default 30)", type=spec.positive_int, later=True)
+    NEEDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        *arguments.BuildOptions.NEEDS, ("engine_wait", "stop_after_engine", "it is how long --stop-after-engine waits"))
+
+    stop_after_engine: bool = spec.flag("check the engine and the registry, then stop")
+    engine_wait: int = spec.opt(30, "seconds to wait for the engine (default 30)", type=spec.positive_int, later=True)
 
 
 def _help(argv: list[str]) -> str:
@@ -41,21 +46,24 @@ def test_a_new_option_is_one_declaration_and_its_handlers_use(monkeypatch):
     its type checked by validation with every other problem), validation fills its default, the
     handler gets it typed, and a child of --all gets it back."""
     monkeypatch.setitem(arguments.COMMAND_OPTIONS, "build", WithNewOptions)
-    assert "--preflight-only" in _help(["build", "--help"]) and "seconds to wait for the engine" in _help(["build", "--help"])
+    assert "--stop-after-engine" in _help(["build", "--help"]) and "seconds to wait for the engine" in _help(["build", "--help"])
 
-    parsed = stage.validate(arguments.parser().parse_args(["build", "--torch", "2.7", "--preflight-only"]), ROOT / "matrix.yaml")
+    parsed = stage.validate(arguments.parser().parse_args(["build", "--torch", "2.7", "--stop-after-engine"]), ROOT / "matrix.yaml")
     options = arguments.options(parsed, matrix=ROOT / "matrix.yaml")
-    assert isinstance(options, WithNewOptions) and options.preflight_only is True and options.preflight_wait == 30  # the handler's use
+    assert isinstance(options, WithNewOptions) and options.stop_after_engine is True and options.engine_wait == 30  # the handler's use
 
     with pytest.raises(UsageErrors) as refused:  # a bad value: one line among the others, before anything is touched
-        stage.validate(arguments.parser().parse_args(["build", "--torch", "two", "--preflight-wait", "0"]))
-    assert refused.value.problems == ["argument --preflight-wait: must be at least 1, not 0 (see --help)",
+        stage.validate(arguments.parser().parse_args(["build", "--torch", "two", "--engine-wait", "0"]))
+    assert refused.value.problems == ["argument --engine-wait: must be at least 1, not 0 (see --help)",
                                       "--torch takes a torch version like 2.7 or 2.7.1, not 'two'"]
+    with pytest.raises(UsageErrors) as refused:  # its rule, declared with it
+        stage.validate(arguments.parser().parse_args(["build", "--torch", "2.7", "--engine-wait", "5"]))
+    assert refused.value.problems == ["--engine-wait needs --stop-after-engine: it is how long --stop-after-engine waits"]
 
-    child = dataclasses.replace(options, all=True, preflight_wait=5).child_argv(
+    child = dataclasses.replace(options, all=True, engine_wait=5).child_argv(
         matrix.load(ROOT / "matrix.yaml").select("2.7", "12.6"), Path("r.json"), None)
-    assert "--preflight-only" in child and child[child.index("--preflight-wait") + 1] == "5"
-    assert not [p for p in (ROOT / "pytorch_cuda_build").rglob("*.py") if "preflight_wait" in p.read_text()]
+    assert "--stop-after-engine" in child and child[child.index("--engine-wait") + 1] == "5"
+    assert not [p for p in (ROOT / "pytorch_cuda_build").rglob("*.py") if "engine_wait" in p.read_text()]
 
 
 @pytest.mark.parametrize("options", [
