@@ -371,10 +371,11 @@ def _row(args: argparse.Namespace, c: Checks, path: Path) -> None:
         c.run(("torch", "cuda", "flavor", "matrix", "all"),
               lambda: scheduler.select_rows(matrix.load(path), args.torch, args.cuda, args.flavor))
         return
-    c.run(("torch", "cuda", "flavor", "matrix"), lambda: matrix.load(path).select(args.torch, args.cuda, args.flavor))
-    if not c.ok("torch", "cuda", "flavor", "matrix"):
+    picked: list[matrix.Image] = []  # the matrix read once
+    c.run(("torch", "cuda", "flavor", "matrix"), lambda: picked.append(matrix.load(path).select(args.torch, args.cuda, args.flavor)))
+    if not picked:
         return
-    row = matrix.load(path).select(args.torch, args.cuda, args.flavor)
+    row = picked[0]
     if args.command == "publish" and args.sign_key is not None:
         c.run("sign_key", lambda: _signed_rows([row]))
     if args.command == "base" and row.os.kind == "registry":

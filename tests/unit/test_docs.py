@@ -5,6 +5,7 @@ the module map names every module, and the matrix table has one source, `render`
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import shlex
@@ -128,7 +129,11 @@ def test_every_documented_command_parses(where, argv, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # the docs' relative paths are the checkout's
     monkeypatch.setenv(sign.PASSPHRASE_ENV, "the user's")
     monkeypatch.setattr(sign, "check_key", lambda folder: "F" * 40)  # a key the user made with signing-key
+    monkeypatch.setattr(matrix, "load", _loaded)  # matrix.yaml read once for all the commands, not once each
     validate.validate(parsed, ROOT / "matrix.yaml")  # a UsageError names what is wrong
+
+
+_loaded = functools.lru_cache(matrix.load)
 
 
 # What the docs write for the user to fill in, and a value of that form.
