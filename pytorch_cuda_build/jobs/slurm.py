@@ -57,6 +57,10 @@ GPU_WRAPPER = "/usr/local/libexec/pytorch-cuda-oci-gpus"
 CONTAINER_ID = "%n.%u.%j.%s.%t"
 
 
+# What the launch contract prefixes each rank's lines with under PYTORCH_CUDA_RANK_LABELS=1: its
+# RANK_PREFIX ("[rank${rank}]: ", torchrun's template) for rank N. tests/unit/test_job.py holds the two equal.
+RANK_LABEL_SHOWN = "[rankN]: "
+
 def oci_conf(runtime: str = NVIDIA_RUNTIME, user: str = "%u") -> list[str]:
     """oci.conf's lines: Slurm 22.05's form (user "%u"), or 23.02's and later (user "%U")."""
     rt = f"{runtime} --rootless=true --root=/tmp/runc-{user}"
@@ -87,13 +91,14 @@ def _make_bundle(job: Job) -> list[str]:
             "  for tool in $NEEDS; do",
             '    command -v "$tool" >/dev/null || { echo "error: --make-bundle needs $tool on PATH" >&2; exit 1; }',
             "  done",
+            *_registry_credentials(),
             '  NEW="$BUNDLE.new.$$"',
             "  # whole or absent: a failed step leaves nothing half-made",
             "  trap 'chmod -R u+w \"$NEW\" \"$NEW.oci\" 2>/dev/null || true; rm -rf \"$NEW\" \"$NEW.oci\"' EXIT",
             '  mkdir -p "$(dirname "$BUNDLE")"',
             '  case "$SOURCE" in',
             '    oci:*) LAYOUT="${SOURCE#oci:}" ;;',
-            '    *) skopeo copy "$SOURCE" "oci:$NEW.oci:image"; LAYOUT="$NEW.oci:image" ;;',
+            '    *) skopeo copy "$CREDS" "$SOURCE" "oci:$NEW.oci:image"; LAYOUT="$NEW.oci:image" ;;',
             "  esac",
             '  umoci --log error unpack --rootless --image "$LAYOUT" "$NEW"',
             f"  python3 - \"$NEW\" {job.shm_mib} {binds} <<'PY'",
@@ -104,6 +109,34 @@ def _make_bundle(job: Job) -> list[str]:
             '  echo "bundle: $BUNDLE"',
             "  exit 0",
             "fi"]
+
+
+# The user's own auth files, in containers-auth.json(5)'s order (its legacy ~/.dockercfg left out).
+USER_AUTH_FILES = ('${XDG_RUNTIME_DIR:+"$XDG_RUNTIME_DIR/containers/auth.json"}',
+                   '"${XDG_CONFIG_HOME:-${HOME:-}/.config}/containers/auth.json"', '"${HOME:-}/.docker/config.json"')
+
+
+def _registry_credentials() -> list[str]:
+    """CREDS, skopeo's credentials option: the file REGISTRY_AUTH_FILE names, else the first of the
+    user's own auth files that exists, else none (anonymous). Always named: left to itself where
+    XDG_RUNTIME_DIR is unset (runuser, cron, many batch environments), skopeo 1.9 first reads
+    /run/containers/UID/auth.json, and stops when it cannot (a root podman leaves /run/containers
+    at 0700). A file that is not the user's is never read unless named: an XDG_RUNTIME_DIR or HOME
+    inherited from another user (su without -l) points at theirs. Checked before anything is
+    written, and only where skopeo runs."""
+    return ["  # skopeo's credentials (the header says which), always named: it then never looks in /run/containers",
+            '  case "$SOURCE" in oci:*) ;; *)',
+            '    AUTH="${REGISTRY_AUTH_FILE:-}"',
+            '    if [ -z "$AUTH" ]; then',
+            f"      for f in {' '.join(USER_AUTH_FILES)}; do",
+            '        if [ -O "$f" ]; then AUTH="$f"; break; fi',
+            "      done",
+            "    fi",
+            '    if [ -z "$AUTH" ]; then CREDS=--src-no-creds',
+            '    elif [ -f "$AUTH" ] && [ -r "$AUTH" ]; then CREDS="--src-authfile=$AUTH"',
+            '    else echo "error: --make-bundle cannot read the registry credentials in $AUTH${REGISTRY_AUTH_FILE:+ (REGISTRY_AUTH_FILE)}" >&2; exit 1',
+            "    fi ;;",
+            "  esac"]
 
 
 def sbatch_escape(value: str) -> str:
@@ -168,6 +201,11 @@ def _prepare_oci(job: Job) -> list[str]:
                 "/etc/resolv.conf, and the submit directory" + (" and each --mount" if job.mounts else "") + " bound. "
                 "A rootless bundle maps its maker's uid, so bundles are per user, under bundles/USER/. The binds "
                 "are the bundle's own: make it again when the submit directory or the --mount list changes.", WIDTH, break_on_hyphens=False),
+            *textwrap.wrap(
+                "Registry credentials: the file REGISTRY_AUTH_FILE names, else the first of your own "
+                "$XDG_RUNTIME_DIR/containers/auth.json, ~/.config/containers/auth.json and ~/.docker/config.json "
+                "that exists, else none (an anonymous pull). No other file is read, so the step works where "
+                "XDG_RUNTIME_DIR is unset (cron, runuser, batch jobs).", WIDTH, break_on_hyphens=False),
             "/etc/slurm/oci.conf on every node (Slurm 22.05; from 23.02 on, /tmp/runc-%U keys it by uid):",
             *[f"  {line}" for line in OCI_CONF],
             *textwrap.wrap(
@@ -236,7 +274,7 @@ def _environment(job: Job) -> list[str]:
         "# How long the first node's rendezvous waits for every node to join, in seconds: raise it where a",
         "# node can take longer to start (pulling or unpacking the image, a slow shared filesystem).",
         f"export PYTORCH_CUDA_RDZV_TIMEOUT={RDZV_TIMEOUT_S}",
-        "# Every line of every rank starts with [rank N]; srun --label puts the node's task number before it.",
+        f"# Every line of every rank starts with '{RANK_LABEL_SHOWN}'; srun --label puts the node's task number before it.",
         "export PYTORCH_CUDA_RANK_LABELS=1"]
 
 

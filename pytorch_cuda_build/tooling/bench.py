@@ -202,7 +202,7 @@ def full(c: docker.DockerClient, m: Matrix, image: Image, root: Path, bc: docker
     row = ["--torch", image.torch, "--cuda", image.cuda, "--flavor", image.flavor]
     ref = image.refs()[0]
     r: dict = {"image": image.name, "runs": runs, "cold_runs": cold_runs, "cpus": os.cpu_count(),
-               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": build.source(root).revision}
     partial = out_dir / "report.partial.json"
     save = lambda: report.save_partial(partial, r)  # noqa: E731 - a long run keeps what it measured if a later step fails
     if "cold" in only:
@@ -354,7 +354,7 @@ def platforms(c: docker.DockerClient, image: Image, root: Path, bc: docker_env.B
         raise NoSuchRow(f"{image.name} is not built for linux/arm64 (its platforms: {', '.join(image.platforms)})", name="--platform")
     arm = image.on("linux/arm64")
     r: dict = {"image": image.name, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
-               "host": docker_env.host_platform()}
+               "host": docker_env.host_platform(), "commit": build.source(root).revision}
     for p in image.platforms:
         r[p] = _platform_figures(results_dir(root, image.on(p)))
     ref = tag.own_ref(arm)

@@ -45,7 +45,7 @@ def platforms_markdown(r: dict) -> str:
         v = (r.get(p) or {}).get(key)
         return "not measured (cached)" if v is None and r.get(p) else "not measured" if v is None else f"{v:.0f} s"
     lines = [f"# arm64 beside amd64: {r['image']}", "",
-             f"Measured {r['date']} on this {r['host']} machine ({r['cpus']} CPUs), by `python3 build.py bench --full --only arm64 "
+             f"Measured {r['date']} {pullcost.at_commit(r)} on this {r['host']} machine ({r['cpus']} CPUs), by `python3 build.py bench --full --only arm64 "
              f"--torch {r['image'].split('-')[0]}`: build step times from each platform's last build that built, the gate's "
              "smoke run, and the arm64 image's size measured now. linux/arm64 ran under QEMU (user-mode emulation).", "",
              "| figure | linux/amd64 (native) | linux/arm64 (emulated) |", "|---|---|---|"]
@@ -91,8 +91,9 @@ def merge_previous(path: Path, r: dict, only: set[str], complete: bool) -> dict:
     if (old.get("image") != r["image"] and not row_free) or complete:
         return r
     first = old.get("measured_first", old["date"])
-    merged = {**old, **r, "image": old["image"], "date": first, "measured_first": first,
-              "updated": [*old.get("updated", []), {"date": r["date"], "measures": sorted(only)}]}
+    # the first run's date and commit stay the report's; each later one is listed with its own
+    merged = {**old, **r, "image": old["image"], "date": first, "commit": old.get("commit"), "measured_first": first,
+              "updated": [*old.get("updated", []), {"date": r["date"], "commit": r.get("commit"), "measures": sorted(only)}]}
     # Two measures fill "size": size (the image, its floor) and cold (the naive images).
     merged["size"] = {**old.get("size", {}), **r.get("size", {})}
     return merged
@@ -103,9 +104,10 @@ def row_stats(d: dict) -> str:
 
 
 def report_markdown(r: dict) -> str:
-    lines = [f"# Benchmark: {r['image']}", "", f"Measured {r['date']} on this machine ({r['cpus']} CPUs), by "
+    lines = [f"# Benchmark: {r['image']}", "", f"Measured {r['date']} {pullcost.at_commit(r)} on this machine ({r['cpus']} CPUs), by "
              "`python3 build.py bench --full`. Medians over repeated runs; ratios come from the same run.", ""]
-    lines += [f"Re-measured {u['date']}: {', '.join(u['measures'])} (the other figures are from the first run)." for u in r.get("updated", [])]
+    lines += [f"Re-measured {u['date']} {pullcost.at_commit(u)}: {', '.join(u['measures'])} (the other figures are from the first run)."
+              for u in r.get("updated", [])]
     if r.get("updated"):
         lines.append("")
     lines += ["| measure | result | target | met |", "|---|---|---|---|"]

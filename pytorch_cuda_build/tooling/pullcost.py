@@ -281,6 +281,12 @@ def timed_pull(ref: str, ca: str | None, log: Callable[[str], None]) -> float:
 # ---- the measure ------------------------------------------------------------------------------
 
 
+def at_commit(r: dict) -> str:
+    """Where a report's date says what it measured: "at commit X" (build.source's revision), or,
+    for a report written before the tools recorded it, that it was not recorded."""
+    return f"at commit {r['commit']}" if r.get("commit") else "(commit not recorded)"
+
+
 def measure(c: docker.DockerClient, m: Matrix, root: Path, bc: docker_env.BuildClient, ca: str | None, log: Callable[[str], None], work: Path | None = None, first: int | None = None) -> dict:
     """Both layouts built, pushed and read back; the figures and the pull times. first: --pull-rows."""
     if getattr(bc, "export", "load") != "oci":
@@ -295,7 +301,8 @@ def measure(c: docker.DockerClient, m: Matrix, root: Path, bc: docker_env.BuildC
     index = wheel_files.Index(chosen[0].index, ca)
     names = [i.name for i in chosen]
     manifests: dict[str, dict[str, dict]] = {}
-    r: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(), "engine": bc.description,
+    r: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": build.source(root).revision,
+               "cpus": os.cpu_count(), "engine": bc.description,
                "rows": names, "of_rows": len(rows(m)), "build_s": {}, "pull_s": {}}
     with tempfile.TemporaryDirectory(prefix="pytorch-cuda-pull-", dir=work) as tmp:
         for layout in LAYOUTS:
@@ -343,7 +350,7 @@ def markdown(r: dict) -> str:
     n, of = len(r["rows"]), r.get("of_rows", len(r["rows"]))
     command = "python3 build.py bench --full --only pull" + (f" --pull-rows {n}" if n < of else "")
     which = "the CUDA 13 rows" if n == of else f"the first {n} of the matrix's {of} CUDA 13 rows"
-    lines = [f"Measured {r['date']} on this machine ({r['cpus']} CPUs, {r['engine']}), by `{command}` "
+    lines = [f"Measured {r['date']} {at_commit(r)} on this machine ({r['cpus']} CPUs, {r['engine']}), by `{command}` "
              f"(any --torch: it measures these rows): {which} ({', '.join(r['rows'])}) and a refresh of {first} that moves "
              f"{r['refreshed']} to {r['refreshed_to']}, built with every wheel in one layer and with the matrix's layout, each "
              "pushed to a registry of its own on 127.0.0.1 (gzip). Bytes are compressed blob sizes from the registry's manifests; "

@@ -7,7 +7,8 @@ torch and compiles nothing. It must print its plan, verify the files, install th
 image's torch, load the four ops under DeepSpeed's `cuda` accelerator with an empty
 TORCH_EXTENSIONS_DIR, skip every step that needs a GPU with that reason, write the report after each
 step, and, killed (SIGKILL) in the middle of a step, leave a report that names that step. The image is
-the session's default one (shared, never built here); the two runs take about a minute together.
+the session's default one (shared, never built here). Measured in the image on 2026-11-28 (2 cores, load 10
+from other builds): the wheel's export and the bundle 22 s, the rehearsal 73 s, the killed run 36 s.
 """
 from __future__ import annotations
 
@@ -28,10 +29,7 @@ from pytorch_cuda_build.stages import build
 
 from helpers import ROOT, run_build_py, run_image, shown
 
-ON_REQUEST = "PYTORCH_CUDA_TEST_GPU_BUNDLE"
-# On request until it has passed once against a built default image (docs/testing.md).
-pytestmark = [pytest.mark.docker, pytest.mark.network,
-              pytest.mark.skipif(os.environ.get(ON_REQUEST) != "1", reason=f"on request ({ON_REQUEST}=1): not yet run against a built default image")]
+pytestmark = [pytest.mark.docker, pytest.mark.network]
 
 DEFAULT = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
 

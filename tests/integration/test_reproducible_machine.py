@@ -18,10 +18,17 @@ ops seed and state directory of its own:
 
 What cannot vary on one machine: the CPU's model and flags, the kernel. The record of a build on
 another machine compares those (`build.py verify --record`).
+
+With machine B's image still on its engine, the commands a user runs prove the records: `build.py
+record` writes B's record, `verify --record` of B's image against A's record says THE SAME IMAGE
+(exit 0), and against the second machine's record of f3d6c71 (docs/measurements/records/) says
+DIFFERENT and names the files (exit 1). Records and both verdicts stay in
+build-results/reproducible-machine/.
 """
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -39,6 +46,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.engine26,
               pytest.mark.skipif(os.environ.get(ON_REQUEST) != "1",
                                  reason=f"on request ({ON_REQUEST}=1): two cold builds of the default row, about 40 min on 2 cores")]
 ROW = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
+SECOND_MACHINE = ROOT / "docs/measurements/records/2.7.1-cuda12.1-runtime-f3d6c71-second-machine.json.xz"
 XFS_BYTES = 60 * 1024**3  # sparse: a cold build of the default row writes about 30 GB
 
 
@@ -83,7 +91,9 @@ def clone(dest: Path, commit: str) -> Path:
     return dest
 
 
-def build_on(store: engine_current.Store, checkout: Path, state: Path, extra_env: dict[str, str], umask: int) -> tuple[str, record.Record]:
+def build_on(store: engine_current.Store, checkout: Path, state: Path, extra_env: dict[str, str], umask: int) -> tuple[str, str, dict[str, str]]:
+    """The default row built cold on store's engine: its image ID, its candidate ref and the environment
+    that reaches that engine."""
     env = engine_current.up(store, None, log=lambda m: None)
     full = {**os.environ, **env, **extra_env, "PYTORCH_CUDA_STATE": str(state)}
     old = os.umask(umask)
@@ -95,7 +105,13 @@ def build_on(store: engine_current.Store, checkout: Path, state: Path, extra_env
     ref = f"{ROW.repository}-candidate:{ROW.local_name}"
     image_id = subprocess.run([env["PYTORCH_CUDA_DOCKER"], "image", "inspect", "--format", "{{.Id}}", ref], env=full,
                               capture_output=True, text=True, check=True).stdout.strip()
-    return image_id, record.from_image(ref, image_id, env["PYTORCH_CUDA_DOCKER"], f"{ROW.name} on {store.name}")
+    return image_id, ref, full
+
+
+def verify_record(checkout: Path, path: Path, ref: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`build.py verify --record`, as a user on another machine runs it: the local image against a record."""
+    return run_build_py(checkout, "verify", "--torch", "2.7", "--cuda", "12.1", "--record", str(path), "--against", ref,
+                        env=env, timeout=1800)
 
 
 def test_two_machines_that_differ_in_all_this_one_can_vary_build_one_digest(tmp_path, xfs):
@@ -105,21 +121,35 @@ def test_two_machines_that_differ_in_all_this_one_can_vary_build_one_digest(tmp_
     b = machine("repro-b", "pcb-repb0", "172.30.217.1/24", home=xfs, cpus="0", hostname="builder-b.example", umask="077",
                 env={"TZ": "Pacific/Chatham", "LANG": "de_DE.UTF-8", "LC_ALL": "de_DE.UTF-8"})
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    kept = ROOT / "build-results" / "reproducible-machine"  # for the measurements page, and a second machine
+    kept.mkdir(parents=True, exist_ok=True)
     try:
-        id_a, rec_a = build_on(a, clone(tmp_path / "a", commit), tmp_path / "state-a", {"LANG": "C.UTF-8"}, 0o022)
+        id_a, ref_a, env_a = build_on(a, clone(tmp_path / "a", commit), tmp_path / "state-a", {"LANG": "C.UTF-8"}, 0o022)
+        rec_a = record.from_image(ref_a, id_a, env_a["PYTORCH_CUDA_DOCKER"], f"{ROW.name} on {a.name} at {commit}")
+        record.write(rec_a, kept / f"{ROW.name}-a.json.xz")
         engine_current.down(a)  # one engine at a time, and one engine's data: about 35 GB each
         shutil.rmtree(a.state, ignore_errors=True)
         (elsewhere / "tmp").mkdir()
-        id_b, rec_b = build_on(b, clone(elsewhere / "b", commit), elsewhere / "state-b",
-                               {"TZ": "Pacific/Chatham", "LANG": "de_DE.UTF-8", "LC_ALL": "de_DE.UTF-8",
-                                "TMPDIR": str(elsewhere / "tmp")}, 0o077)
-        kept = ROOT / "build-results" / "reproducible-machine"  # for the measurements page, and a second machine
-        kept.mkdir(parents=True, exist_ok=True)
-        for name, rec in (("a", rec_a), ("b", rec_b)):
-            record.write(rec, kept / f"{ROW.name}-{name}.json.xz")
+        checkout_b = clone(elsewhere / "b", commit)
+        id_b, ref_b, env_b = build_on(b, checkout_b, elsewhere / "state-b",
+                                      {"TZ": "Pacific/Chatham", "LANG": "de_DE.UTF-8", "LC_ALL": "de_DE.UTF-8",
+                                       "TMPDIR": str(elsewhere / "tmp")}, 0o077)
+        # Machine B's record through the command a user runs, then B's image against A's record and
+        # against the second machine's record of f3d6c71 (an older commit: its files differ).
+        written = run_build_py(checkout_b, "record", "--torch", "2.7", "--cuda", "12.1", "--image", ref_b,
+                               "--output", str(kept / f"{ROW.name}-b.json.xz"), env=env_b, timeout=1800)
+        assert written.returncode == 0, written.stderr[-3000:]
+        rec_b = record.load(kept / f"{ROW.name}-b.json.xz")
         diff = record.compare(rec_a, rec_b, ("machine A", "machine B"))
         assert id_a == id_b, "\n".join([f"image digests: {id_a} vs {id_b}", *record.lines(diff)])
         assert diff.same_image
+        same = verify_record(checkout_b, kept / f"{ROW.name}-a.json.xz", ref_b, env_b)
+        (kept / "verify-against-a.txt").write_text(same.stdout + same.stderr)
+        assert same.returncode == 0 and "verdict: THE SAME IMAGE" in same.stdout, same.stdout + same.stderr[-2000:]
+        other = verify_record(checkout_b, SECOND_MACHINE, ref_b, env_b)
+        (kept / "verify-against-second-machine-f3d6c71.txt").write_text(other.stdout + other.stderr)
+        assert other.returncode == 1 and "verdict: DIFFERENT" in other.stdout, other.stdout + other.stderr[-2000:]
+        assert re.search(r"^\s*layer \d+: \S", other.stdout, re.M), other.stdout  # the differing files, named
     finally:
         for store in (a, b):
             engine_current.down(store)

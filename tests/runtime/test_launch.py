@@ -304,6 +304,15 @@ def test_an_arbitrary_uid_uses_the_image_home_where_group_0_may_write():
     assert got.env["HOME"] == "/home/trainer"
 
 
+def test_a_writable_home_given_is_kept_even_where_the_image_home_is_writable():
+    # docs/ops.md: the CPU ops are found prebuilt only where HOME is /home/trainer; a uid in group 0
+    # started with a writable HOME of its own (Apptainer's bind, HOME=/scratch/alice) keeps it.
+    got = plan(["train.py"], {"HOME": "/scratch/alice"},
+               machine(uid=1000700000, passwd_home=None, writable=("/scratch/alice", "/home/trainer", "/tmp")))
+    assert got.env["HOME"] == "/scratch/alice"
+    assert got.env["XDG_CACHE_HOME"] == "/scratch/alice/.cache"
+
+
 def test_tmpdir_is_preferred_for_the_fallback_home():
     env = {"HOME": "/nonexistent", "TMPDIR": "/scratch/job1"}
     got = plan(["train.py"], env, machine(uid=2000, passwd_home="/home/alice", writable=("/scratch/job1", "/tmp")))

@@ -65,14 +65,19 @@ def test_matrix_row_is_met_only_when_one_row_ran_the_shared_step():
 
 def test_a_partial_run_keeps_the_other_figures_and_says_when(tmp_path):
     path = tmp_path / "report.json"
-    first = {"image": "x", "date": "monday", "cpus": 2, "runs": 5, "rebuild_nochange_s": bench_report.stats([1.0])}
+    first = {"image": "x", "date": "monday", "commit": "aaa1111", "cpus": 2, "runs": 5, "rebuild_nochange_s": bench_report.stats([1.0])}
     path.write_text(bench.json.dumps(first))
-    later = {"image": "x", "date": "tuesday", "cpus": 2, "runs": 5, "rebuild_nochange_s": bench_report.stats([2.0]),
+    later = {"image": "x", "date": "tuesday", "commit": "bbb2222", "cpus": 2, "runs": 5, "rebuild_nochange_s": bench_report.stats([2.0]),
              "matrix": {"rows": ["a"], "jobs": 1, "seconds": 1.0, "cpu_busy": 0.5, "locked_wheels_step_s": {"a": [1.0]}}}
     merged = bench_report.merge_previous(path, later, {"rebuild", "matrix"}, complete=False)
     assert merged["rebuild_nochange_s"]["median"] == 2.0 and "matrix" in merged
-    assert merged["date"] == "monday" and merged["updated"] == [{"date": "tuesday", "measures": ["matrix", "rebuild"]}]
-    assert "Re-measured tuesday: matrix, rebuild" in bench_report.report_markdown(merged)
+    assert merged["date"] == "monday" and merged["commit"] == "aaa1111"
+    assert merged["updated"] == [{"date": "tuesday", "commit": "bbb2222", "measures": ["matrix", "rebuild"]}]
+    md = bench_report.report_markdown(merged)
+    assert "Measured monday at commit aaa1111 on this machine" in md
+    assert "Re-measured tuesday at commit bbb2222: matrix, rebuild" in md
+    # a report written before the tools recorded the commit says so
+    assert "Measured monday (commit not recorded) on" in bench_report.report_markdown({**merged, "commit": None})
     # the cold measure's naive image sizes join the size measure's, never replace them
     path.write_text(bench.json.dumps({**first, "size": {"image": 6, "floor": 5}}))
     merged = bench_report.merge_previous(path, {**later, "size": {"naive": 3}}, {"cold"}, complete=False)
@@ -83,7 +88,7 @@ def test_a_partial_run_keeps_the_other_figures_and_says_when(tmp_path):
     # the pull measure builds its own rows: it joins the report, whichever --torch it ran with
     merged = bench_report.merge_previous(path, {"image": "y", "date": "wednesday", "cpus": 2, "pull": {"rows": ["a", "b"]}}, {"pull"}, complete=False)
     assert merged["image"] == "x" and merged["pull"] == {"rows": ["a", "b"]} and merged["rebuild_nochange_s"]["median"] == 1.0
-    assert merged["updated"][-1] == {"date": "wednesday", "measures": ["pull"]}
+    assert merged["updated"][-1] == {"date": "wednesday", "commit": None, "measures": ["pull"]}
 
 
 def test_busy_fraction_from_proc_stat_samples():
@@ -216,6 +221,7 @@ def test_arm64_report_puts_the_platforms_side_by_side_and_says_what_was_not_meas
                          "python_env_s": 396.3, "ops_s": 2400.0, "cpu_ops_s": 600.0, "apt_s": 166.0, "smoke_s": 500.0,
                          "smoke_checks": {"PASS": 9, "FAIL": 0, "SKIPPED": 1}},
          "size": {"image": 10.3e9, "base_os_python": 0.4e9, "locked_env": 9.8e9, "floor": 10.2e9, "ratio_to_floor": 10.3 / 10.2}}
+    assert "Measured 2026-11-25 12:00 UTC at commit abc1234 on this" in bench_report.platforms_markdown({**r, "commit": "abc1234"})
     text = bench_report.platforms_markdown(r)
     assert "| build: the steps that ran (steps from the cache not counted) | not measured | 3600 s |" in text
     assert "|   of which the DeepSpeed op compile (nvcc) | not measured | 2400 s |" in text

@@ -26,6 +26,8 @@ from helpers import ROOT, run_cli
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.rglob("*.md"))
 README = ROOT / "README.md"
+# Pages outside docs/ that a user reads beside the README: their links and commands are checked as its are.
+ROOT_PAGES = [README, ROOT / "SECURITY.md", ROOT / "CONTRIBUTING.md"]
 # `python3 build.py ARGS`, up to what ends a command in prose: the end of inline code or of the
 # line, a table cell, the `)` of "$(...)", or a shell comment.
 COMMAND = re.compile(r"\bpython3? build\.py((?:[ \t][^`\n|)#]*)?)")
@@ -71,10 +73,11 @@ def test_the_readme_is_short():
     assert len(README.read_text().splitlines()) <= 200
 
 
-def test_the_readmes_links_reach_pages_and_anchors(site):
-    links = re.findall(r"\]\(([^)\s]+)\)", README.read_text())
+@pytest.mark.parametrize("page", ROOT_PAGES, ids=lambda p: p.name)
+def test_the_root_pages_links_reach_pages_and_anchors(site, page):
+    links = re.findall(r"\]\(([^)\s]+)\)", page.read_text())
     local = [link for link in links if not re.match(r"[a-z]+:", link)]
-    assert local, "the README links into the docs"
+    assert local, f"{page.name} links into the docs"
     for link in local:
         path, _, anchor = link.partition("#")
         assert (ROOT / path).is_file(), link
@@ -83,11 +86,17 @@ def test_the_readmes_links_reach_pages_and_anchors(site):
             if html.parent.name == "index":
                 html = html.parent.parent / "index.html"
             assert f'id="{anchor}"' in html.read_text(), link
+        elif path.endswith(".md") and anchor:  # a page outside docs/: its headings, as GitHub makes their anchors
+            assert anchor in [slug(h) for h in re.findall(r"^#+ (.+)$", (ROOT / path).read_text(), re.M)], link
+
+
+def slug(heading: str) -> str:
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
 def documented_commands() -> list[tuple[str, list[str]]]:
     found = []
-    for path in [README, *PAGES]:
+    for path in [*ROOT_PAGES, *PAGES]:
         for m in COMMAND.finditer(path.read_text()):
             found.append((f"{path.relative_to(ROOT)}: python3 build.py{m.group(1)}", shlex.split(m.group(1))))
     return found
@@ -122,6 +131,10 @@ def test_every_documented_command_parses(where, argv, tmp_path, monkeypatch):
         if argv[n - 1] in ("--record", "--ops-wheel") and not value.startswith("-") and not (ROOT / value).exists():
             argv[n] = str(tmp_path / value)
             (tmp_path / value).write_text("")
+    if {"-h", "--help"} & set(argv):
+        with pytest.raises(SystemExit, match="^0$"):
+            arguments.parser().parse_args(with_command(argv))
+        return
     parsed = arguments.parser().parse_args(with_command(argv))
     if where.startswith("docs/measurements/"):
         assert not getattr(parsed, arguments.BAD), getattr(parsed, arguments.BAD)
@@ -150,8 +163,8 @@ def dry_runs() -> list[tuple[str, str | None, str]]:
     """Each row that a documented build line (one row, not --all) names."""
     rows = set()
     for _, argv in COMMANDS:
-        if not argv:
-            continue  # `python3 build.py` named in prose, not a command
+        if not argv or {"-h", "--help"} & set(argv):
+            continue  # `python3 build.py` named in prose, not a command; or a --help, which plans nothing
         try:
             args = arguments.parser().parse_args(with_command(argv))
         except UsageError:

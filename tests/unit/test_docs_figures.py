@@ -10,6 +10,12 @@ together with the paragraph just above it, its caption), outside fenced code and
   `measurements/`), or says "estimate"/"estimated" (with its basis), or "not recorded";
 - no block holds a commit hash, "today", or "as of <date>".
 
+And the record states the figure: each figure of a block that links records is found, with its
+value and unit (376 s is 376.0 s; 16 min 8 s is 16 min and 8 s; "| layers | 34 |" states 34
+layers), in one of them: in the section its anchor names (up to the next heading of that level),
+or in the whole file without an anchor. That part must carry a date or a commit. A record must be
+a file in this repository, and an anchor must name one of its headings.
+
 A figure is a number with a unit of time (ms, s, min, h, seconds, minutes, hours), of size (KB to
 TB, KiB to TiB), a ratio (1.013x, 12x, 61%), a count of measured things (1596 passed, 32 layers,
 29 checks), or a date (2026-11-25). A number after a bound (<=, >=, <, >, "at least", "at most",
@@ -24,7 +30,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-USER_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # docs/measurements/ are the records
+USER_PAGES = [ROOT / "README.md", ROOT / "SECURITY.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]  # docs/measurements/ are the records
 
 FENCE = re.compile(r"^\s*(```|~~~)")
 INLINE_CODE = re.compile(r"(`+)(?:(?!\1).)+?\1")
@@ -221,3 +227,144 @@ def test_every_figure_on_a_user_page_has_a_record():
     assert not bad, ("a figure on a user page links its record (bench/ or docs/measurements/) or says it is an "
                      "estimate and from what; dates, commits and the story of a run belong in docs/measurements/\n"
                      + "\n".join(bad))
+
+
+# --- the record states the figure -------------------------------------------------------------
+
+HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
+COUNT_FIRST = re.compile(rf"\b({COUNTED})\s*[:|]\s*({NUMBER})")
+DATED = re.compile(r"(?<![\w/])20\d\d-\d\d-\d\d(?![\w/])")
+UNITS = {"sec": "s", "second": "s", "seconds": "s", "minute": "min", "minutes": "min", "hour": "h", "hours": "h"}
+
+
+def normal(figure: str) -> tuple[str, str]:
+    """(value, unit) of a figure as FIGURE finds it: '1,596 passed' -> ('1596', 'passed'), '2 min' -> ('2', 'min')."""
+    if DATED.fullmatch(figure):
+        return figure, "date"
+    m = re.match(rf"({NUMBER})\s*(.*)$", figure)
+    assert m, figure
+    value, unit = m.group(1).replace(",", ""), m.group(2).strip()
+    return f"{float(value):g}", UNITS.get(unit, unit)  # 376 s is 376.0 s; 6.5 GB is not 6.49 GB
+
+
+def stated(text: str) -> set[tuple[str, str]]:
+    """Every figure a record's text states, inline code and bounds included: a record may quote a log."""
+    text = re.sub(r"`+", " ", HTML_COMMENT.sub(" ", text))
+    found = {normal(m.group(0)) for m in FIGURE.finditer(text)}
+    # a count named before its number, as a record's table or a tool's output gives it: "| layers | 34 |", "layers: 34"
+    found |= {(f"{float(n.replace(',', '')):g}", word) for word, n in COUNT_FIRST.findall(text)}
+    return found
+
+
+def section(text: str, anchor: str) -> str | None:
+    """The part of a Markdown file under the heading whose anchor (mkdocs' slug) is `anchor`, up to the
+    next heading of its level or above; None when no heading has that anchor."""
+    from markdown.extensions.toc import slugify
+
+    lines, start, level = text.splitlines(), None, 0
+    for i, line in enumerate(lines):
+        m = HEADING.match(line)
+        if not m:
+            continue
+        if start is not None and len(m.group(1)) <= level:
+            return "\n".join(lines[start:i])
+        if start is None and slugify(m.group(2), "-") == anchor:
+            start, level = i, len(m.group(1))
+    return "\n".join(lines[start:]) if start is not None else None
+
+
+def record(page: Path, target: str, root: Path = ROOT) -> tuple[str, str | None]:
+    """(the record as a path in the repo, its text or the anchored part of it; None where it is not in
+    the repo, or the anchor names no heading there)."""
+    path, _, anchor = target.partition("#")
+    if re.match(r"[a-z]+:", path):
+        return target, None  # a record elsewhere (a URL) is no record in the repo
+    file = (page.parent / path).resolve() if path else page
+    try:
+        rel = str(file.relative_to(root))
+    except ValueError:
+        return target, None
+    if file.is_dir():
+        file = file / "README.md"
+    if not file.is_file():
+        return rel, None
+    text = file.read_text(errors="replace")
+    return rel + (f"#{anchor}" if anchor else ""), section(text, anchor) if anchor else text
+
+
+def unstated(page: Path, text: str, root: Path = ROOT) -> list[tuple[int, str]]:
+    """(line number, what is wrong) for each figure of a block that cites records none of which states it
+    with a date or a commit, and for each cited record that is not in the repo."""
+    found = []
+    for start, lines in blocks(text):
+        joined = HTML_COMMENT.sub(" ", " ".join(lines))
+        targets = [t for t in LINK_TARGET.findall(joined) if RECORD.search(t)]
+        if not targets:
+            continue
+        records = [record(page, t, root) for t in targets]
+        for where, body in records:
+            if body is None:
+                found.append((start, f"record {where} is not in the repo (or its anchor names no heading)"))
+        texts = [body for _, body in records if body and (DATED.search(body) or HASH.search(body))]
+        held = set().union(*map(stated, texts)) if texts else set()
+        for offset, line in enumerate(lines):
+            for figure in figures(line):
+                if normal(figure) not in held:
+                    found.append((start + offset, f"figure {figure!r}: not stated in {', '.join(w for w, _ in records)}"))
+    return found
+
+
+def test_every_figure_on_a_user_page_is_stated_by_its_record():
+    bad = [f"{page.relative_to(ROOT)}:{number}: {what}"
+           for page in USER_PAGES for number, what in unstated(page, page.read_text())]
+    assert not bad, ("a figure on a user page is stated, with its value and unit, by the dated record (or the "
+                     "record's section, by its anchor) that its block links\n" + "\n".join(bad))
+
+
+
+RECORDS = """# Builds
+
+## 2026-11-23, Docker 20.10
+
+- cold build 875 s (14.6 min); image 6.50 GB; the suite: 1,596 passed
+- `prebuilt for cuda in 376.0 s`
+
+| layers | 34 |
+
+## Undated notes
+
+- the gate 153 s
+"""
+
+
+def checked(tmp_path: Path, text: str) -> list[str]:
+    """What unstated() finds on a page docs/page.md of a project whose record is docs/measurements/builds.md."""
+    (tmp_path / "docs" / "measurements").mkdir(parents=True)
+    (tmp_path / "docs" / "measurements" / "builds.md").write_text(RECORDS)
+    page = tmp_path / "docs" / "page.md"
+    page.write_text(text)
+    return [what for _, what in unstated(page, text, tmp_path)]
+
+
+@pytest.mark.parametrize("text", [
+    "A cold build took 875 s ([builds](measurements/builds.md#2026-11-23-docker-2010)).",
+    "A cold build took 14.6 min, 1596 passed ([builds](measurements/builds.md#2026-11-23-docker-2010)).",
+    "The op compile took 376 s ([builds](measurements/builds.md#2026-11-23-docker-2010)).",  # 376 is 376.0
+    "The image had 34 layers ([builds](measurements/builds.md#2026-11-23-docker-2010)).",   # a count named first
+], ids=lambda t: t[:40])
+def test_a_figure_its_record_states_passes(tmp_path, text):
+    assert checked(tmp_path, text) == []
+
+
+@pytest.mark.parametrize("text, says", [
+    ("A cold build took 870 s ([builds](measurements/builds.md#2026-11-23-docker-2010)).", "figure '870 s': not stated"),
+    ("The image is 6.49 GB ([builds](measurements/builds.md#2026-11-23-docker-2010)).", "figure '6.49 GB': not stated"),
+    ("The image is 875 MB ([builds](measurements/builds.md#2026-11-23-docker-2010)).", "figure '875 MB': not stated"),
+    ("The gate took 153 s ([builds](measurements/builds.md#2026-11-23-docker-2010)).", "figure '153 s': not stated"),
+    ("The gate took 153 s ([builds](measurements/builds.md#undated-notes)).", "figure '153 s': not stated"),  # no date
+    ("It took 875 s ([builds](measurements/builds.md#no-such-entry)).", "anchor names no heading"),
+    ("It took 875 s ([builds](measurements/gone.md)).", "not in the repo"),
+    ("It took 875 s ([builds](https://example.org/bench/report.md)).", "not in the repo"),
+], ids=lambda t: t[:40])
+def test_a_figure_its_record_does_not_state_fails(tmp_path, text, says):
+    assert any(says in what for what in checked(tmp_path, text)), checked(tmp_path, text)

@@ -341,7 +341,7 @@ def test_make_bundle_copies_unpacks_rootless_and_edits_config_json_without_the_c
     made = tmp_path / "bundles" / USER / f"{ROW}-0123456789ab"
     assert r.stdout == f"bundle: {made}\n"
     calls = log.read_text().splitlines()
-    assert calls[0].startswith(f"skopeo copy docker://{IMAGE} oci:{made}.new.") and calls[0].endswith(".oci:image")
+    assert calls[0].startswith(f"skopeo copy --src-no-creds docker://{IMAGE} oci:{made}.new.") and calls[0].endswith(".oci:image")
     assert calls[1].startswith("umoci --log error unpack --rootless --image ")
     config = json.loads((made / "config.json").read_text())
     assert config == ocibundle.patch(ROOTLESS_CONFIG, 16384, [(str(tmp_path), str(tmp_path), False),
@@ -364,6 +364,73 @@ def test_make_bundle_takes_an_oci_layout_in_place_and_leaves_nothing_when_a_step
     r = subprocess.run([shutil.which("bash"), str(script), "--make-bundle"], env={**env, "PATH": str(tmp_path / "empty")}, capture_output=True,
                        text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 1 and r.stderr == "error: --make-bundle needs umoci on PATH\n"
+
+
+def _make_bundle_as_is(tmp_path: Path, env: dict[str, str], source: str | None = None) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """`bash train.sbatch --make-bundle` with stand-in skopeo and umoci, HOME in tmp_path/home, and
+    only env beside PATH and HOME (no XDG_RUNTIME_DIR unless given): the run and skopeo's calls."""
+    script = tmp_path / "train.sbatch"
+    script.write_text(slurm.render(make(runtime="oci")))
+    log = tmp_path / "calls"
+    if not (tmp_path / "bin").exists():
+        _stand_ins(tmp_path / "bin", log)
+    (tmp_path / "home").mkdir(exist_ok=True)
+    base = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path / "home")}
+    r = subprocess.run(["bash", str(script), "--make-bundle"], env={**base, **env, **({"PYTORCH_CUDA_IMAGE_SOURCE": source} if source else {})},
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    calls = log.read_text().splitlines() if log.exists() else []
+    log.unlink(missing_ok=True)
+    return r, [c for c in calls if c.startswith("skopeo ")]
+
+
+def _auth_file(path: Path, theirs: bool = False) -> Path:
+    """An auth file; theirs: another user's (chown as root, else a link to a file root owns)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if theirs and os.geteuid() != 0:
+        path.symlink_to("/etc/hostname")  # [ -O ] follows the link: root's file, not ours
+        return path
+    path.write_text('{"auths": {}}\n')
+    if theirs:
+        os.chown(path, 65534, 65534)
+    return path
+
+
+def test_make_bundle_always_names_skopeo_s_credentials_the_user_s_own_file_or_none(tmp_path):
+    """skopeo never chooses for itself: unnamed, with XDG_RUNTIME_DIR unset, it reads
+    /run/containers/UID/auth.json first and stops where that directory is 0700 (test_slurm.py runs it so)."""
+    home, copy = tmp_path / "home", f"docker://{IMAGE} oci:"
+    r, calls = _make_bundle_as_is(tmp_path, {})
+    assert r.returncode == 0 and len(calls) == 1 and calls[0].startswith(f"skopeo copy --src-no-creds {copy}"), (r.stderr, calls)
+    # containers-auth.json(5)'s order among the user's own files; a file of another user's is passed over
+    docker = _auth_file(home / ".docker" / "config.json")
+    assert _make_bundle_as_is(tmp_path, {})[1][0].startswith(f"skopeo copy --src-authfile={docker} {copy}")
+    config = _auth_file(home / ".config" / "containers" / "auth.json")
+    assert _make_bundle_as_is(tmp_path, {})[1][0].startswith(f"skopeo copy --src-authfile={config} {copy}")
+    xdg_config = _auth_file(tmp_path / "xdg config" / "containers" / "auth.json")
+    assert _make_bundle_as_is(tmp_path, {"XDG_CONFIG_HOME": str(tmp_path / "xdg config")})[1][0].startswith(
+        f"skopeo copy --src-authfile={xdg_config} {copy}")
+    runtime = _auth_file(tmp_path / "run" / "containers" / "auth.json")
+    assert _make_bundle_as_is(tmp_path, {"XDG_RUNTIME_DIR": str(tmp_path / "run")})[1][0].startswith(
+        f"skopeo copy --src-authfile={runtime} {copy}")
+    _auth_file(tmp_path / "run0" / "containers" / "auth.json", theirs=True)  # su without -l: root's XDG_RUNTIME_DIR
+    assert _make_bundle_as_is(tmp_path, {"XDG_RUNTIME_DIR": str(tmp_path / "run0")})[1][0].startswith(
+        f"skopeo copy --src-authfile={config} {copy}")
+    # a named file wins, the user's or not
+    named = _auth_file(tmp_path / "site" / "auth.json", theirs=True)
+    r, calls = _make_bundle_as_is(tmp_path, {"REGISTRY_AUTH_FILE": str(named), "XDG_RUNTIME_DIR": str(tmp_path / "run")})
+    assert r.returncode == 0 and calls[0].startswith(f"skopeo copy --src-authfile={named} {copy}"), (r.stderr, calls)
+
+
+@pytest.mark.parametrize("named", ["absent.json", "a-directory"])
+def test_make_bundle_refuses_a_named_auth_file_it_cannot_read_in_one_line_before_writing_anything(tmp_path, named):
+    (tmp_path / "a-directory").mkdir()
+    r, calls = _make_bundle_as_is(tmp_path, {"REGISTRY_AUTH_FILE": str(tmp_path / named)})
+    assert r.returncode == 1 and not calls, (r.stderr, calls)
+    assert r.stderr == f"error: --make-bundle cannot read the registry credentials in {tmp_path / named} (REGISTRY_AUTH_FILE)\n"
+    assert not (tmp_path / "bundles").exists()
+    # an oci: layout needs no registry, and no credentials are looked for
+    r, calls = _make_bundle_as_is(tmp_path, {"REGISTRY_AUTH_FILE": str(tmp_path / named)}, source="oci:/images/layout:v2.7")
+    assert r.returncode == 0 and not calls, r.stderr
 
 
 def test_the_cli_writes_mounts_and_workdir_into_the_script_and_its_header(tmp_path):
@@ -951,3 +1018,14 @@ def test_yaml_1_2_numbers_in_the_command_stay_strings():
 def test_rendering_is_deterministic():
     job = make("kubernetes", kind="trainjob")
     assert kubernetes.render(job) == kubernetes.render(job)
+
+
+def test_the_scripts_comment_shows_the_rank_prefix_the_launcher_writes():
+    """The sbatch script's comment about rank labels shows the launcher's own prefix for rank N."""
+    from pytorch_cuda_runtime.launch.cli import RANK_PREFIX
+
+    assert slurm.RANK_LABEL_SHOWN == RANK_PREFIX.replace("${rank}", "N")
+    proc = run_cli(ROOT, "job", "--torch", "2.7", "--cuda", "12.1", "--scheduler", "slurm", "--nodes", "2", "--image",
+                   "127.0.0.1:5000/ml/pytorch-cuda@sha256:" + "0123456789abcdef" * 4, "--", "train.py")
+    assert proc.returncode == 0, proc.stderr
+    assert f"# Every line of every rank starts with '{slurm.RANK_LABEL_SHOWN}';" in proc.stdout

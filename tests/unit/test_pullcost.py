@@ -52,6 +52,8 @@ def test_the_report_names_a_subset_of_rows_and_its_command():
     assert "registry bytes for these 2 CUDA 13 rows together" in text
     r["of_rows"] = 2
     assert "`python3 build.py bench --full --only pull`" in pullcost.markdown(r)
+    assert text.startswith("Measured d (commit not recorded) on this machine")
+    assert pullcost.markdown({**r, "commit": "abc1234"}).startswith("Measured d at commit abc1234 on this machine")
 
 
 class FakeIndex:
