@@ -20,7 +20,7 @@ from .errors import PipelineError, UsageErrors
 from .jobs import options as job_options
 from .jobs import renderers
 from .registry import sign
-from .stages import base, build, lock, publish, render, sbom, tag
+from .stages import build, lock, publish, render, sbom, tag
 from .tooling import bench, engine_current, pullcost, selftest
 from .validate import validate
 
@@ -139,29 +139,17 @@ def cmd_verify(m: matrix.Matrix, args: a.VerifyOptions) -> int:
         return verify_record(m, row, args)
     pipeline.check_inputs(ROOT, m, [row])
     reproducible = True
-    for image in pipeline.platforms(row, args.platform):
-        docker_env.ensure_emulation(image.platform, log)
-        comparison, note = verify.run(ROOT, image, pipeline.results_dir(ROOT, image) / "verify", args.docker,
-                                      ca.ca_bundle(args.ca_bundle), log, compile_ops=args.compile_ops)
-        print(f"{image.name} on {image.platform}:")
-        print(verify.verdict(comparison, note))
-        reproducible &= comparison.reproducible
+    for lines, same in verify.each_platform(ROOT, pipeline.platforms(row, args.platform), args.docker, ca.ca_bundle(args.ca_bundle),
+                                            log, args.compile_ops):
+        print(lines)
+        reproducible &= same
     return 0 if reproducible else 1
 
 
 def cmd_base(m: matrix.Matrix, args: a.BaseOptions) -> int:
     row = m.select(args.torch, args.cuda, args.flavor)
-    for image in pipeline.platforms(row, args.platform):
-        docker_env.ensure_emulation(image.platform, log)
-        c, bc = docker_env.ensure_engine(log), docker_env.build_client(args.docker)
-        results = pipeline.results_dir(ROOT, image)
-        results.mkdir(parents=True, exist_ok=True)
-        base.ensure(c, image, results, log, docker_cli=bc.argv[0], root=ROOT, rebuild=args.rebuild)
-        found = {**base.identity(c, render.base_ref(image), results), "store": docker_env.image_store(c)}
-        print(base.describe(render.base_ref(image), found))
-        if args.record:
-            for path in base.record(ROOT, m, image, found, build.source(ROOT).revision):
-                log(f"recorded in {path.relative_to(ROOT)}")
+    for line in pipeline.base_command(ROOT, m, pipeline.platforms(row, args.platform), args.docker, args.rebuild, args.record, log):
+        print(line)
     return 0
 
 

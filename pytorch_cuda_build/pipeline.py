@@ -404,6 +404,23 @@ def publish_command(root: Path, images: list[Image], opts: Options, push: bool, 
         yield from after_push(moves, reg, opts.ca_path, lambda i: results_dir(root, i), sign_key, signatures)
 
 
+def base_command(root: Path, m: Matrix, images: list[Image], docker: str | None, rebuild: bool, record: bool,
+                 log: Callable[[str], None]) -> Iterator[str]:
+    """`build.py base`: each platform's base built (or found, or built anew), described as it stands;
+    with record, its identity written to every row that shares it (each file logged)."""
+    for image in images:
+        docker_env.ensure_emulation(image.platform, log)
+        c, bc = docker_env.ensure_engine(log), docker_env.build_client(docker)
+        results = results_dir(root, image)
+        results.mkdir(parents=True, exist_ok=True)
+        base.ensure(c, image, results, log, docker_cli=bc.argv[0], root=root, rebuild=rebuild)
+        found = {**base.identity(c, render.base_ref(image), results), "store": docker_env.image_store(c)}
+        yield base.describe(render.base_ref(image), found)
+        if record:
+            for path in base.record(root, m, image, found, build.source(root).revision):
+                log(f"recorded in {path.relative_to(root)}")
+
+
 def test_image(root: Path, image: Image, ref: str, require_gpu: bool, log: Callable[[str], None], matrix_path: Path | None = None) -> tuple[str, str]:
     """`build.py test`: the smoke and structure tests against any local image of the row,
     the pass recorded; its image ID and the mode it passed in (cpu or gpu)."""

@@ -15,7 +15,7 @@ import shutil
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO, Callable, Iterator
 
 import docker.errors
 
@@ -23,6 +23,7 @@ from .. import files
 from ..engine import docker_env
 from ..errors import ArchiveLayoutError
 from ..matrix import Image
+from ..paths import results_dir
 from ..stages import base, build
 from . import record
 
@@ -259,3 +260,13 @@ def _remove(c: docker.DockerClient, ref: str) -> None:
         c.images.remove(ref, force=True)
     except Exception:
         pass  # never built, or already gone
+
+
+def each_platform(root: Path, images: list[Image], docker: str | None, ca: str | None, log: Callable[[str], None],
+                  compile_ops: bool) -> Iterator[tuple[str, bool]]:
+    """`build.py verify`: each platform in turn, its own two builds and its own verdict; the lines to
+    print and whether its two builds were one image."""
+    for image in images:
+        docker_env.ensure_emulation(image.platform, log)
+        comparison, note = run(root, image, results_dir(root, image) / "verify", docker, ca, log, compile_ops=compile_ops)
+        yield f"{image.name} on {image.platform}:\n{verdict(comparison, note)}", comparison.reproducible
