@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from .errors import UsageError
+from .errors import BadFile
 
 
 def default_ca_bundle() -> str | None:
@@ -34,5 +34,5 @@ def ca_bundle(given: str | None) -> str | None:
         with open(path, "rb") as f:
             f.read(1)
     except OSError as e:
-        raise UsageError(f"cannot read CA bundle {path}: {e.strerror}") from None
+        raise BadFile(f"cannot read CA bundle {path}: {e.strerror}", path=path) from None
     return path

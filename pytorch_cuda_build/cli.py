@@ -7,18 +7,21 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 import docker.errors
 import requests
 
-from . import ca, console, files, inputs, jobs, pipeline, scheduler
-from .arguments import COMMANDS, parser
+from . import arguments as a
+from . import ca, console, files, inputs, jobs, matrix, pipeline, scheduler
+from .commands import gpubundle, propose, record, verify, verify_image
 from .engine import docker_env
-from .errors import PipelineError, UsageError, UsageErrors
+from .errors import PipelineError, UsageErrors
+from .jobs import options as job_options
 from .jobs import renderers
-from .registry import sign, zstd
-from .stages import base, build, lock, matrix, publish, publish_index, render, sbom, tag
-from .tools import bench, engine_current, gpubundle, propose, pullcost, record, selftest, verify, verify_image
+from .registry import sign
+from .stages import build, lock, publish, render, sbom, tag
+from .tooling import bench, engine_current, pullcost, selftest
 from .validate import validate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,12 +31,12 @@ def log(msg: str) -> None:
     print(f"==> {msg}", file=sys.stderr, flush=True)
 
 
-def cmd_list(m: matrix.Matrix, args) -> int:
+def cmd_list(m: matrix.Matrix, args: a.ListOptions) -> int:
     print("\n".join(console.columns(inputs.status(ROOT, m))))
     return 0
 
 
-def cmd_lock(m: matrix.Matrix, args) -> int:
+def cmd_lock(m: matrix.Matrix, args: a.LockOptions) -> int:
     images = [m.select(args.torch, args.cuda, args.flavor)] if args.torch else list(m.images)
     if args.check_security:
         lines, found = inputs.check_security(ROOT, images, args.security_snapshot, lambda: ca.ca_bundle(args.ca_bundle),
@@ -52,7 +55,7 @@ def cmd_lock(m: matrix.Matrix, args) -> int:
     return 0
 
 
-def cmd_render(m: matrix.Matrix, args) -> int:
+def cmd_render(m: matrix.Matrix, args: a.RenderOptions) -> int:
     if not args.check:
         inputs.rerender(ROOT, m, log)
         return 0
@@ -61,7 +64,7 @@ def cmd_render(m: matrix.Matrix, args) -> int:
     return 0
 
 
-def cmd_build(m: matrix.Matrix, args) -> int:
+def cmd_build(m: matrix.Matrix, args: a.BuildOptions) -> int:
     images = scheduler.select_rows(m, args.torch, args.cuda, args.flavor) if args.all else [m.select(args.torch, args.cuda, args.flavor)]
     reg = publish.registry(args.registry, args.retries) if args.push else None  # validated: its form was checked
     pipeline.check_inputs(ROOT, m, images)
@@ -71,13 +74,12 @@ def cmd_build(m: matrix.Matrix, args) -> int:
         return 0
     opts = pipeline.Options(docker=args.docker, matrix_path=args.matrix, ca_path=ca.ca_bundle(args.ca_bundle), no_test=args.no_test, retest=args.retest,
                             no_cache=args.no_cache, require_gpu=args.require_gpu, registry=reg, retries=args.retries,
-                            allow_vulnerable=tuple(args.allow_vulnerable), cache_from=tuple(args.cache_from), cache_to=tuple(args.cache_to),
+                            allow_vulnerable=args.allow_vulnerable, cache_from=args.cache_from, cache_to=args.cache_to,
                             compression=args.compression)
     pipeline.preflight(opts, log)  # before an hour of building, like a bad registry address
     with console.make(args.verbose, args.quiet) as con:  # a bad CA failed above, not after waiting for the row lock
-        child_args = ["--quiet"] * args.quiet + ["--verbose"] * args.verbose
-        results = scheduler.build(ROOT, m, images, on, opts, con, every=args.all, jobs=args.jobs, child_flags=child_args,
-                                  result_json=args.result_json)
+        results = scheduler.build(ROOT, m, images, on, opts, con, every=args.all, jobs=args.jobs,
+                                  child_argv=lambda image, out: args.child_argv(image, out, opts.ca_path), result_json=args.result_json)
     if reg and not args.all:
         print("\n".join(publish.table(results[0].moves, reg, True)))
     if failed := scheduler.failures(results):
@@ -85,7 +87,7 @@ def cmd_build(m: matrix.Matrix, args) -> int:
     return 0
 
 
-def cmd_test(m: matrix.Matrix, args) -> int:
+def cmd_test(m: matrix.Matrix, args: a.ImageTestOptions) -> int:
     for image in pipeline.platforms(m.select(args.torch, args.cuda, args.flavor), args.platform):
         ref = args.image or tag.own_ref(image)
         image_id, mode = pipeline.test_image(ROOT, image, ref, args.require_gpu, log, matrix_path=args.matrix)
@@ -93,55 +95,24 @@ def cmd_test(m: matrix.Matrix, args) -> int:
     return 0
 
 
-def cmd_publish(m: matrix.Matrix, args) -> int:
-    """A row on one platform: its image under its tags. A row on several: one index under its
-    tags, of the images here (--platform all) or of the parts in the registry (--merge); or,
-    by default, this host's part only (CI's per-platform builds)."""
-    reg = publish.registry(args.registry, args.retries)  # validated: its form was checked
+def cmd_publish(m: matrix.Matrix, args: a.PublishOptions) -> int:
     images = list(m.images) if args.all else [m.select(args.torch, args.cuda, args.flavor)]
-    several = [i for i in images if len(i.platforms) > 1]
-    images = [i for i in images if len(i.platforms) == 1]
-    if args.sign_key and several:  # before anything is pushed
-        raise UsageError(f"--sign-key signs single-platform rows' images; {several[0].name} is an index of "
-                         f"{', '.join(several[0].platforms)}, which publish does not sign yet")
-    backoff = publish.retry_backoff()
-    common = {"push": args.push, "ca_bundle": ca.ca_bundle(args.ca_bundle), "attempts": args.retries, "backoff": backoff, "log": log}
-    if args.merge:
-        for row in several:
-            print("\n".join(publish_index.merge_index(ROOT, row, reg, **common)))
-        return 0
-    c = docker_env.ensure_engine(log)
-    if args.compression == "zstd":  # before the registry is contacted, or a row screened
-        zstd.check_engine(c)
-    common["compression"] = args.compression
-    for row in several:
-        parts = [row.on(p) for p in row.platforms] if args.platform == "all" else pipeline.platforms(row, None)
-        publish.screen(c, parts, lambda i: pipeline.results_dir(ROOT, i), set(args.allow_vulnerable))
-        lines = (publish_index.publish_index(c, row, reg, **common) if args.platform == "all"
-                 else publish_index.publish_part(c, parts[0], reg, **common))
-        print("\n".join(lines))
-    if not images:
-        return 0
-    publish.screen(c, images, lambda i: pipeline.results_dir(ROOT, i), set(args.allow_vulnerable))
-    moves = pipeline.publish_rows(c, images, reg, args.push, ca.ca_bundle(args.ca_bundle), args.retries, log,
-                                  lambda i: pipeline.results_dir(ROOT, i), args.compression)
-    print("\n".join(publish.table(moves, reg, args.push)))
-    if args.push:
-        signatures = args.signatures or ROOT / "build-results" / "signatures"
-        for line in pipeline.after_push(moves, reg, ca.ca_bundle(args.ca_bundle), lambda i: pipeline.results_dir(ROOT, i),
-                                        args.sign_key, signatures):
-            print(line)
+    opts = pipeline.Options(ca_path=ca.ca_bundle(args.ca_bundle), registry=publish.registry(args.registry, args.retries),
+                            retries=args.retries, allow_vulnerable=args.allow_vulnerable, compression=args.compression)
+    for lines in pipeline.publish_command(ROOT, images, opts, args.push, args.platform, args.merge, args.sign_key,
+                                          args.signatures or ROOT / "build-results" / "signatures", log):
+        print(lines)
     return 0
 
 
-def cmd_signing_key(m: matrix.Matrix, args) -> int:
+def cmd_signing_key(m: matrix.Matrix, args: a.SigningKeyOptions) -> int:
     fpr, public = sign.generate(args.folder)
     print(f"key {fpr} in {args.folder / sign.HOME} (its passphrase: ${sign.PASSPHRASE_ENV}; keep it secret); "
           f"public key {public} (give it to users)")
     return 0
 
 
-def cmd_matrix(m: matrix.Matrix, args) -> int:
+def cmd_matrix(m: matrix.Matrix, args: a.MatrixOptions) -> int:
     if args.json or args.indexes:
         print(json.dumps(matrix.as_json(m) if args.json else matrix.indexes_json(m), indent=2))
         return 0
@@ -149,7 +120,7 @@ def cmd_matrix(m: matrix.Matrix, args) -> int:
     return 0
 
 
-def cmd_prune(m: matrix.Matrix, args) -> int:
+def cmd_prune(m: matrix.Matrix, args: a.PruneOptions) -> int:
     c = docker_env.ensure_engine(log)
     removed = build.prune(docker_env.build_client(None), c, m.repository, args.keep_storage)
     print(f"removed {removed} candidate tag(s) and dangling images; build cache bounded to {args.keep_storage}")
@@ -158,9 +129,9 @@ def cmd_prune(m: matrix.Matrix, args) -> int:
     return 0
 
 
-def cmd_verify(m: matrix.Matrix, args) -> int:
+def cmd_verify(m: matrix.Matrix, args: a.VerifyOptions) -> int:
     """Each platform --platform names, in turn: its own two builds, its own verdict. With --image,
-    the published image against a rebuild of its row from this checkout (tools/verify_image.py)."""
+    the published image against a rebuild of its row from this checkout (commands/verify_image.py)."""
     if args.image:
         return verify_published(m, args)
     row = m.select(args.torch, args.cuda, args.flavor)
@@ -168,83 +139,49 @@ def cmd_verify(m: matrix.Matrix, args) -> int:
         return verify_record(m, row, args)
     pipeline.check_inputs(ROOT, m, [row])
     reproducible = True
-    for image in pipeline.platforms(row, args.platform):
-        docker_env.ensure_emulation(image.platform, log)
-        comparison, note = verify.run(ROOT, image, pipeline.results_dir(ROOT, image) / "verify", args.docker,
-                                      ca.ca_bundle(args.ca_bundle), log, compile_ops=args.compile_ops)
-        print(f"{image.name} on {image.platform}:")
-        print(verify.verdict(comparison, note))
-        reproducible &= comparison.reproducible
+    for lines, same in verify.each_platform(ROOT, pipeline.platforms(row, args.platform), args.docker, ca.ca_bundle(args.ca_bundle),
+                                            log, args.compile_ops):
+        print(lines)
+        reproducible &= same
     return 0 if reproducible else 1
 
 
-def cmd_base(m: matrix.Matrix, args) -> int:
+def cmd_base(m: matrix.Matrix, args: a.BaseOptions) -> int:
     row = m.select(args.torch, args.cuda, args.flavor)
-    if row.os.kind == "registry":
-        raise UsageError(f"{row.name}'s base is the registry image {row.os.image}: it is pulled, never built")
-    for image in pipeline.platforms(row, args.platform):
-        docker_env.ensure_emulation(image.platform, log)
-        c, bc = docker_env.ensure_engine(log), docker_env.build_client(args.docker)
-        results = pipeline.results_dir(ROOT, image)
-        results.mkdir(parents=True, exist_ok=True)
-        base.ensure(c, image, results, log, docker_cli=bc.argv[0], root=ROOT, rebuild=args.rebuild)
-        found = {**base.identity(c, render.base_ref(image), results), "store": docker_env.image_store(c)}
-        print(base.describe(render.base_ref(image), found))
-        if args.record:
-            for path in base.record(ROOT, m, image, found, build.source(ROOT).revision):
-                log(f"recorded in {path.relative_to(ROOT)}")
+    for line in pipeline.base_command(ROOT, m, pipeline.platforms(row, args.platform), args.docker, args.rebuild, args.record, log):
+        print(line)
     return 0
 
 
-def verify_record(m: matrix.Matrix, row: matrix.Image, args) -> int:
+def verify_record(m: matrix.Matrix, row: matrix.Image, args: a.VerifyOptions) -> int:
     """The row's local image (or --against) against a record: no build, no access to the recorded image."""
-    theirs = record.load(args.record)
+    assert args.record is not None  # verify_record runs with --record
     image = pipeline.platforms(row, args.platform)[0]
     ref = args.against or tag.own_ref(image)
-    c, bc = docker_env.ensure_engine(log), docker_env.build_client(args.docker)
-    log(f"verify: reading {ref}'s layers (every file's sha256)")
-    ours = record.from_image(ref, _image_id(c, ref), bc.argv[0], f"{image.name} here")
-    d = record.compare(theirs, ours, ("the record", "the image here"))
+    lines, same = record.against_record(ref, image.name, args.record, args.docker, log)
     print(f"{image.name} on {image.platform}: {ref} against {args.record}")
-    print(f"image digests: {theirs.image or '(none recorded)'} vs {ours.image or '(none: classic store)'}")
-    print(f"config digests: {theirs.config_digest} vs {ours.config_digest}")
-    print("\n".join(record.lines(d)))
-    print("verdict: THE SAME IMAGE" if d.same_image else "verdict: DIFFERENT")
-    return 0 if d.same_image else 1
+    print("\n".join(lines))
+    return 0 if same else 1
 
 
-def _image_id(c, ref: str) -> str:
-    try:
-        return str(c.images.get(ref).id)
-    except docker.errors.ImageNotFound:
-        raise UsageError(f"no local image {ref}: build the row first, or name one with --against/--image") from None
-
-
-def cmd_record(m: matrix.Matrix, args) -> int:
+def cmd_record(m: matrix.Matrix, args: a.RecordOptions) -> int:
     image = pipeline.platforms(m.select(args.torch, args.cuda, args.flavor), args.platform)[0]
-    ref = args.image or tag.own_ref(image)
     out = args.output or pipeline.results_dir(ROOT, image) / "record.json.xz"
-    c, bc = docker_env.ensure_engine(log), docker_env.build_client(args.docker)
-    image_id = _image_id(c, ref)
-    log(f"record: reading {ref}'s layers (every file's sha256)")
-    rec = record.from_image(ref, image_id, bc.argv[0],
-                            f"{image.name} ({image.platform}) as {ref}, built on Docker {c.version().get('Version', '?')}, {docker_env.image_store(c)} store")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    record.write(rec, out)
+    rec = record.record_local(args.image or tag.own_ref(image), f"{image.name} ({image.platform})", out, args.docker, log)
     print(f"{out}: image {rec.image or '(classic store: no manifest digest)'}, config {rec.config_digest}, "
           f"{len(rec.layers)} layers, {sum(len(layer.entries or {}) for layer in rec.layers)} entries")
     return 0
 
 
-def verify_published(m: matrix.Matrix, args) -> int:
-    verdict = verify_image.run(ROOT, m, jobs.parse_image(args.image), args.platform or docker_env.host_platform(),
+def verify_published(m: matrix.Matrix, args: a.VerifyOptions) -> int:
+    verdict = verify_image.run(ROOT, m, jobs.parse_image(args.image or ""), args.platform or docker_env.host_platform(),
                                args.against, args.docker, ca.ca_bundle(args.ca_bundle), log,
                                lambda image: pipeline.check_inputs(ROOT, m, [image]), lambda image: pipeline.results_dir(ROOT, image))
     print("\n".join(verdict.lines))
     return 0 if verdict.same else 1
 
 
-def cmd_sbom(m: matrix.Matrix, args) -> int:
+def cmd_sbom(m: matrix.Matrix, args: a.SbomOptions) -> int:
     doc = sbom.generate(docker_env.ensure_engine(log), args.image)
     if not args.output:
         sys.stdout.write(sbom.text(doc))
@@ -254,7 +191,7 @@ def cmd_sbom(m: matrix.Matrix, args) -> int:
     return 0
 
 
-def cmd_bench(m: matrix.Matrix, args) -> int:
+def cmd_bench(m: matrix.Matrix, args: a.BenchOptions) -> int:
     image = m.select(args.torch, args.cuda, args.flavor)
     only = bench.parse_only(args.only)  # validated, with --yes for the cold measures
     if args.pull_rows is not None:
@@ -265,7 +202,7 @@ def cmd_bench(m: matrix.Matrix, args) -> int:
     return 0
 
 
-def cmd_engine(m: matrix.Matrix, args) -> int:
+def cmd_engine(m: matrix.Matrix, args: a.EngineOptions) -> int:
     if args.down:
         log(f"engine ({args.store} store): {'stopped' if engine_current.down(args.store) else 'was not running'}")
         return 0
@@ -274,7 +211,7 @@ def cmd_engine(m: matrix.Matrix, args) -> int:
     return 0
 
 
-def cmd_gpu_bundle(m: matrix.Matrix, args) -> int:
+def cmd_gpu_bundle(m: matrix.Matrix, args: a.GpuBundleOptions) -> int:
     image = m.select(args.torch, args.cuda, args.flavor)  # DIR, --python, the wheel's source and --limit-mib: validated
     pipeline.check_inputs(ROOT, m, [image])  # the locks it reads are current
     source = gpubundle.WheelSource(args.ops_wheel, args.build_python, args.ops_arch)
@@ -285,10 +222,10 @@ def cmd_gpu_bundle(m: matrix.Matrix, args) -> int:
     return 0
 
 
-def cmd_job(m: matrix.Matrix, args) -> int:
+def cmd_job(m: matrix.Matrix, args: job_options.JobOptions) -> int:
     image = m.select(args.torch, args.cuda, args.flavor)
     ref = jobs.parse_image(args.image) if args.image else jobs.published(pipeline.results_dir(ROOT, image), image.name)
-    job = jobs.from_args(args, image.name, ref)
+    job = job_options.job(args, image.name, ref)
     text, path = renderers.render(job), jobs.target(job, args.output)
     if path is None:
         sys.stdout.write(text)
@@ -298,19 +235,19 @@ def cmd_job(m: matrix.Matrix, args) -> int:
     return 0
 
 
-def cmd_selftest(m: matrix.Matrix, args) -> int:
-    return selftest.run(ROOT, args.pytest_args)
+def cmd_selftest(m: matrix.Matrix, args: a.SelftestOptions) -> int:
+    return selftest.run(ROOT, list(args.pytest_args))
 
 
-def _terminated(signum, frame):
+def _terminated(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-HANDLERS = {"build": cmd_build, "list": cmd_list, "matrix": cmd_matrix, "lock": cmd_lock, "render": cmd_render, "test": cmd_test,
+HANDLERS: dict[str, Callable[[matrix.Matrix, Any], int]] = {"build": cmd_build, "list": cmd_list, "matrix": cmd_matrix, "lock": cmd_lock, "render": cmd_render, "test": cmd_test,
             "publish": cmd_publish, "prune": cmd_prune, "selftest": cmd_selftest, "bench": cmd_bench, "sbom": cmd_sbom,
             "verify": cmd_verify, "record": cmd_record, "base": cmd_base, "signing-key": cmd_signing_key, "engine": cmd_engine,
             "gpu-bundle": cmd_gpu_bundle, "job": cmd_job}
-assert set(HANDLERS) == set(COMMANDS), "each command of arguments.py has its handler here"
+assert set(HANDLERS) == set(a.COMMANDS), "each command of arguments.py has its handler here"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,21 +258,20 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     skip = 2 if argv[:1] == ["--matrix"] else 1 if argv[:1] and argv[0].startswith("--matrix=") else 0
     first = next((a for a in argv[skip:] if not a.startswith("-")), None)
-    if first not in COMMANDS and not {"-h", "--help"} & set(argv):
+    if first not in a.COMMANDS and not {"-h", "--help"} & set(argv):
         argv.insert(skip, "build")  # `build.py --torch 2.7` means `build.py build --torch 2.7`
-    args = command = None
+    command, push = None, False
     try:
-        args = validate(parser().parse_args(argv), ROOT / "matrix.yaml")  # every argument, before anything is touched
-        args.matrix = args.matrix or ROOT / "matrix.yaml"
-        command = args.command
-        m = matrix.load(args.matrix)
-        return HANDLERS[args.command](m, args)
+        parsed = validate(a.parser().parse_args(argv), ROOT / "matrix.yaml")  # every argument, before anything is touched
+        command, push = parsed.command, getattr(parsed, "push", False)
+        args = a.options(parsed, matrix=parsed.matrix or ROOT / "matrix.yaml")  # frozen and typed: what the handler gets
+        return HANDLERS[command](matrix.load(args.matrix), args)
     except PipelineError as e:
         for n, line in enumerate(e.lines()):  # each of several usage problems is an error line of its own
             print(f"error: {line}" if n == 0 or isinstance(e, UsageErrors) else line, file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        if command == "publish" or getattr(args, "push", False):
+        if command == "publish" or push:
             print("error: interrupted; no alias moved after the interrupt (where every tag is: the line above)", file=sys.stderr)
         else:
             print("error: interrupted; no tag was moved and the candidate's containers were removed", file=sys.stderr)

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, TextIO
 
 from . import progress
 
@@ -77,7 +77,7 @@ class Quiet:
 
     follows_smoke = False
 
-    def __init__(self, err=None, out=None) -> None:
+    def __init__(self, err: TextIO | None = None, out: TextIO | None = None) -> None:
         self.err, self.out = err or sys.stderr, out or sys.stdout
         self._lock = threading.Lock()
 
@@ -117,10 +117,10 @@ class Quiet:
     def close(self) -> None:
         pass
 
-    def __enter__(self):
+    def __enter__(self) -> Quiet:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -132,7 +132,7 @@ class CI(Quiet):
     def stage_end(self, name: str, seconds: float) -> None:
         self.log(f"{name}: {seconds:.1f}s")
 
-    def build_sink(self, mode: str = progress.PLAIN):
+    def build_sink(self, mode: str = progress.PLAIN) -> Callable[[str], None] | bool:
         parser, started = progress.parser(mode), {}
 
         def sink(line: str) -> None:
@@ -149,7 +149,7 @@ class CI(Quiet):
                     self.step_output(ev)
         return sink
 
-    def step_finished(self, step: progress.Step, ev, elapsed: float) -> None:
+    def step_finished(self, step: progress.Step, ev: Any, elapsed: float) -> None:
         if isinstance(ev, progress.Done):
             self.say(step_line(step, ev.seconds))
         elif isinstance(ev, progress.Cached):
@@ -157,7 +157,7 @@ class CI(Quiet):
         elif ev.message != "canceled":
             self.say(step_line(step, elapsed, error=ev.message))
 
-    def step_output(self, ev) -> None:
+    def step_output(self, ev: Any) -> None:
         pass
 
     def smoke(self, line: str) -> None:
@@ -169,14 +169,14 @@ class CI(Quiet):
 class Verbose(CI):
     """BuildKit's raw log as it streams (as before this console existed)."""
 
-    def build_sink(self, mode: str = progress.PLAIN):
+    def build_sink(self, mode: str = progress.PLAIN) -> Callable[[str], None] | bool:
         return True
 
 
 class Live(CI):
     """A rich live view on the terminal; finished steps scroll above it."""
 
-    def __init__(self, err=None, out=None) -> None:
+    def __init__(self, err: TextIO | None = None, out: TextIO | None = None) -> None:
         super().__init__(err, out)
         from rich.console import Console as RichConsole  # here: rich only where a terminal shows it
         from rich.live import Live as RichLive  # here: rich only where a terminal shows it
@@ -203,8 +203,9 @@ class Live(CI):
         self.say(f"==> {name}: {seconds:.1f}s")
         self.stage = ""
 
-    def build_sink(self, mode: str = progress.PLAIN):
+    def build_sink(self, mode: str = progress.PLAIN) -> Callable[[str], None] | bool:
         sink = super().build_sink(mode)
+        assert callable(sink)  # CI's: a line parser
         parser = progress.parser(mode)
 
         def both(line: str) -> None:
@@ -229,7 +230,7 @@ class Live(CI):
     def row_done(self, name: str) -> None:
         self.rows.pop(name, None)
 
-    def _render(self):
+    def _render(self) -> Any:
         from rich.console import Group  # here: rich only where a terminal shows it
         from rich.spinner import Spinner  # here: rich only where a terminal shows it
         from rich.text import Text  # here: rich only where a terminal shows it

@@ -2,7 +2,26 @@
 
 Exit codes: 2 for bad input and for a machine that lacks what we need (the user must
 fix the command, the files, Docker or the disk before retrying); 1 for a failed build
-or test.
+or test; 3 for `verify --image` when the row cannot be rebuilt here.
+
+Each class says what kind of problem it is, so a caller can tell them apart:
+
+    PipelineError
+      UsageError        bad input to a command, found by validation (validate.py, arguments.py) and raised nowhere else
+        UsageErrors     every such problem of one command line
+      BadValue          a value not of the form it must have (an argument's, a variable's, a field's)
+        NoSuchRow       the matrix has no row (or platform) that the values pick
+      BadFile           a file or folder read or written is missing, unreadable or not what it must be
+      NotReady          what a command needs is not here yet: an image not built, not tested, a record not written
+      ImageUnfit        an image or row lacks what the command needs of it (its labels, its platform, its kind)
+      RegistryRefused   a registry asks for credentials, or refused the ones given
+      RegistryMismatch  a registry served something other than what was asked for
+      MatrixError, LockError, ResolveError, RenderError, EnvironmentProblem, BuildError, TestFailure,
+      PublishError, CommandFailed, ...: below
+
+Validation calls the parsers that raise BadValue, NoSuchRow and BadFile, and reports what
+they raise as usage problems (one line each, exit 2): the same rule gives the same words
+whether it is met before anything is touched or later.
 """
 from __future__ import annotations
 
@@ -18,7 +37,8 @@ class PipelineError(Exception):
 
 
 class UsageError(PipelineError):
-    """Bad command-line input: unknown row, flag or file."""
+    """Bad input to a command, found by validation before anything is touched: a value of the
+    wrong form, a missing file, flags that clash, a row the matrix lacks. Raised by validation only."""
 
     exit_code = 2
 
@@ -32,6 +52,75 @@ class UsageErrors(UsageError):
 
     def lines(self) -> list[str]:
         return self.problems
+
+
+class BadValue(PipelineError):
+    """A value not of the form it must have: an argument's, an environment variable's, or a
+    field's read from a file. `name` says whose (e.g. --shm-size, PYTORCH_CUDA_PUBLISH_BACKOFF)."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, name: str = "") -> None:
+        super().__init__(message)
+        self.name = name
+
+
+class NoSuchRow(BadValue):
+    """The matrix has no row, or the row no platform, that --torch, --cuda, --flavor or --platform pick."""
+
+
+class BadFile(PipelineError):
+    """A file or folder a command reads or writes is missing, unreadable, or not what it must be
+    (a record, a wheel, a snapshot, a signing key, an output folder); `path` is the one."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, path: object = "") -> None:
+        super().__init__(message)
+        self.path = str(path)
+
+
+class NotReady(PipelineError):
+    """What a command needs is not here yet: an image not built or not tested here, a file a
+    build writes not written; `ref` names it, and the message says what to run first."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, ref: object = "") -> None:
+        super().__init__(message)
+        self.ref = str(ref)
+
+
+class ImageUnfit(PipelineError):
+    """An image (or a row) lacks what the command needs of it: the labels publish dates and
+    names it by, the commit verify rebuilds, the platform or kind the command serves; `ref` is the image or row."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, ref: object = "") -> None:
+        super().__init__(message)
+        self.ref = str(ref)
+
+
+class RegistryRefused(PipelineError):
+    """A registry asks for credentials that were not given, or refused the ones given; `host` is its address."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, host: str = "") -> None:
+        super().__init__(message)
+        self.host = host
+
+
+class RegistryMismatch(PipelineError):
+    """A registry served something other than what was asked for: bytes of another digest, no
+    manifest, an index without the platform; `ref` is what was asked for."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, ref: object = "") -> None:
+        super().__init__(message)
+        self.ref = str(ref)
 
 
 @dataclass

@@ -11,8 +11,8 @@ from typing import Callable
 from . import files, paths
 from .engine import docker_env
 from .errors import EnvironmentProblem
+from .matrix import Image, Matrix
 from .stages import gate, lock, render, security, tag
-from .stages.matrix import Image, Matrix
 
 
 def relock(root: Path, m: Matrix, images: list[Image], upgrade: bool, ca: Callable[[], str | None], log: Callable[[str], None]) -> list[str] | None:

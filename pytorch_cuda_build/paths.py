@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Protocol
 
 # Machine-wide state shared by every run: pass records (tag.TESTED), the ops seed, and the
 # locks that keep two runs off one row. Read once, at import: a caller that wants its own (the
@@ -11,10 +12,20 @@ from pathlib import Path
 STATE_DIR = Path(os.environ.get("PYTORCH_CUDA_STATE") or Path.home() / ".cache" / "pytorch-cuda").expanduser()
 
 
-def results_dir(root: Path, image) -> Path:
+def results_dir(root: Path, image: Row) -> Path:
     """What a build of a matrix Image leaves: build-results/<image>/, and build-results/<image>/linux-arm64/
     for that platform's build (every stage that writes there reads it from here)."""
     row = root / "build-results" / image.name
     return row if image.platform == "linux/amd64" else row / image.platform.replace("/", "-")
+
+class Row(Protocol):
+    """What results_dir reads of a matrix Image (the model sits above this module)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def platform(self) -> str: ...
+
 
 RUNTIME_PACKAGE = "pytorch_cuda_runtime"  # the code baked into images, copied into build contexts and bundles

@@ -1,8 +1,13 @@
 """The pipeline of the README's diagram, for one row.
 
-`build_row`: engine and base -> build (BuildKit) -> smoke + structure tests ->
-record the pass -> SBOM -> vulnerability report -> tag -> publish (with --push). Each stage is a call into the
-module named after it; this module only orders them, times them and tells the console.
+`build_row`, after the engine check, with the stages numbered as in stages/__init__.py's STAGES
+(1 lock and 2 render write committed files; check_inputs refuses a row whose files are stale):
+
+    3 base -> 4 build (BuildKit) -> 5 gate (smoke + structure tests, the pass recorded)
+    -> 6 sbom -> 7 security -> 8 tag -> 9 publish (with --push)
+
+Each stage is a call into the module named after it; this module only orders them, times them
+and tells the console.
 
 Many rows: scheduler.py, which runs this pipeline once per row, each in its own process.
 """
@@ -15,27 +20,30 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterable, Iterator
 
+import docker
 from filelock import FileLock, Timeout
 
 from . import files, paths
 from .buildkit import provenance
+from .console import Quiet
 from .engine import docker_env
-from .errors import BuildError, PipelineError, UsageError
+from .errors import BuildError, NoSuchRow, NotReady, PipelineError
+from .matrix import Image, Matrix
 from .registry import attach, sign, zstd
 from .registry import client as registry
 from .stages import base, build, gate, lock, publish, publish_index, render, sbom, security, tag
-from .stages.matrix import Image, Matrix
 
 results_dir = paths.results_dir
 
 
 
 
-@dataclass
+@dataclass(frozen=True)
 class Options:
-    """What a row's run takes from the command line."""
+    """What a row's run takes from the command line (arguments.BuildOptions, with the registry
+    parsed and the CA bundle found)."""
 
     docker: str | None = None
     ca_path: str | None = None
@@ -56,18 +64,6 @@ class Options:
     def cache_args(self, image: Image) -> list[str]:
         return [a for flag, specs in (("--cache-from", self.cache_from), ("--cache-to", self.cache_to))
                 for spec in specs for a in (flag, spec.replace("{image}", image.local_name))]
-
-    def argv(self) -> list[str]:
-        """The same options for a child `build.py build`."""
-        out = [f"--{f.replace('_', '-')}" for f in ("no_test", "retest", "no_cache", "require_gpu") if getattr(self, f)]
-        out += ["--docker", self.docker] if self.docker else []
-        out += ["--ca-bundle", self.ca_path] if self.ca_path else []
-        # --retries and --allow-vulnerable go with --push only (validate refuses them alone)
-        out += ["--push", "--registry", str(self.registry), "--retries", str(self.retries)] if self.registry else []
-        out += [a for v in self.allow_vulnerable for a in ("--allow-vulnerable", v)] if self.registry else []
-        out += ["--compression", self.compression] if self.registry and self.compression != "gzip" else []
-        out += [a for flag, specs in (("--cache-from", self.cache_from), ("--cache-to", self.cache_to)) for v in specs for a in (flag, v)]
-        return out
 
 
 @dataclass
@@ -126,12 +122,12 @@ def platforms(image: Image, wanted: str | None) -> list[Image]:
     for p in names:
         if p not in image.platforms:
             why = (" (linux/arm64 needs torch's aarch64 CUDA wheels: on PyPI from 2.11 on)" if p == "linux/arm64" else "")
-            raise UsageError(f"{image.name} is locked for {', '.join(image.platforms)} only, not {p}{why}; "
-                             f"matrix.yaml's `platforms:` lists a row's platforms")
+            raise NoSuchRow(f"{image.name} is locked for {', '.join(image.platforms)} only, not {p}{why}; "
+                             f"matrix.yaml's `platforms:` lists a row's platforms", name="--platform")
     return [image.on(p) for p in names]
 
 
-def build_platforms(root: Path, images: list[Image], opts: Options, console) -> list[RowResult]:
+def build_platforms(root: Path, images: list[Image], opts: Options, console: Quiet) -> list[RowResult]:
     """One row on one or more platforms. With several, each is built and tested first and no
     tag moves until every one has passed; then the others' tags move, this host's last, so
     that on a store that keeps one platform per tag, the tag names what this host runs."""
@@ -147,7 +143,7 @@ def build_platforms(root: Path, images: list[Image], opts: Options, console) -> 
     return proven
 
 
-def build_row(root: Path, image: Image, opts: Options, console, hold_tags: bool = False) -> RowResult:
+def build_row(root: Path, image: Image, opts: Options, console: Quiet, hold_tags: bool = False) -> RowResult:
     """The row's pipeline: its engine first, so a daemon that does not answer fails at once with
     its own error rather than after waiting on another build; then the rest under two locks. Two
     runs of one row from this checkout would write one build-results/<row>; two on one daemon
@@ -173,7 +169,7 @@ def results_lock_path(root: Path, image: Image) -> Path:
 
 
 @contextlib.contextmanager
-def _held(path: Path, waiting: str, console):
+def _held(path: Path, waiting: str, console: Quiet) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     held = FileLock(str(path))
     try:
@@ -188,13 +184,13 @@ def _held(path: Path, waiting: str, console):
 
 
 class _Row:
-    def __init__(self, root: Path, image: Image, opts: Options, console, result: RowResult | None = None) -> None:
+    def __init__(self, root: Path, image: Image, opts: Options, console: Quiet, result: RowResult | None = None) -> None:
         self.root, self.image, self.opts, self.console = root, image, opts, console
         self.results = results_dir(root, image)
         self.result = result or RowResult(image.local_name, ok=False)
 
     @contextlib.contextmanager
-    def stage(self, name: str):
+    def stage(self, name: str) -> Iterator[None]:
         self.console.stage_start(name)
         t0 = time.monotonic()
         try:
@@ -204,7 +200,7 @@ class _Row:
             self.result.seconds[name] = round(self.result.seconds.get(name, 0.0) + secs, 1)
             self.console.stage_end(name, secs)
 
-    def engine(self):
+    def engine(self) -> tuple[docker.DockerClient, docker_env.BuildClient]:
         """The daemon (it answers) and the client to build with; before any lock is waited on."""
         with self.stage("engine"):
             c = docker_env.ensure_engine(self.console.log)
@@ -213,7 +209,7 @@ class _Row:
             build.check_disk(docker_env.root_dir(c))
         return c, bc
 
-    def run(self, c, bc, hold_tags: bool = False) -> RowResult:
+    def run(self, c: docker.DockerClient, bc: docker_env.BuildClient, hold_tags: bool = False) -> RowResult:
         """Build, test, SBOM and vulnerabilities; then tags and publish, unless hold_tags (the
         caller moves them once every platform of the row has passed: promote)."""
         image, opts, log = self.image, self.opts, self.console.log
@@ -238,7 +234,7 @@ class _Row:
         self.result.ok = True
         return self.result if hold_tags else self.promote(c)
 
-    def promote(self, c, publish: bool = True) -> RowResult:
+    def promote(self, c: docker.DockerClient, publish: bool = True) -> RowResult:
         image, opts, log = self.image, self.opts, self.console.log
         image_id = self.result.image_id
         with self.stage("tag"):
@@ -254,7 +250,7 @@ class _Row:
                     log(line)
         return self.result
 
-    def build(self, c, bc, base_id: str) -> str:
+    def build(self, c: docker.DockerClient, bc: docker_env.BuildClient, base_id: str) -> str:
         log_path = self.results / "build.log"
         self.console.log(f"building {self.image.name} for {self.image.platform}{' (emulated)' if docker_env.emulated(self.image.platform) else ''} "
                          f"with {bc.description} (log: {log_path})")
@@ -273,7 +269,7 @@ class _Row:
                     raise docker_env.lost("the build") from None
                 raise
 
-    def test(self, c, image_id: str) -> None:
+    def test(self, c: docker.DockerClient, image_id: str) -> None:
         code = gate.code_hash(self.root)  # hashed before the run: the record names the code that ran
         prior = None if self.opts.retest else tag.reusable_pass(image_id, self.opts.require_gpu, code)
         if prior:
@@ -292,7 +288,7 @@ class _Row:
 
 
 @contextlib.contextmanager
-def following_smoke(c, image_id: str, console):
+def following_smoke(c: docker.DockerClient, image_id: str, console: Quiet) -> Iterator[None]:
     """Show the smoke container's steps as they finish. Display only: gate.run is the gate,
     and anything going wrong here (no container yet, the daemon busy) is ignored."""
     if not console.follows_smoke:
@@ -301,14 +297,14 @@ def following_smoke(c, image_id: str, console):
     stop = threading.Event()
 
     def follow() -> None:
-        filters = {"label": [f"{gate.RUN_LABEL}={gate.RUN_ID}", "pytorch-cuda.test=smoke"]}
+        filters: dict[str, str | list[str] | bool] = {"label": [f"{gate.RUN_LABEL}={gate.RUN_ID}", "pytorch-cuda.test=smoke"]}
         seen: set[str] = set()
         while not stop.is_set():
             try:
                 for container in c.containers.list(filters=filters):
                     # list() inspects each container: the image ID is "Image" there ("ImageID" only in a sparse list)
                     if container.id not in seen and image_id in (container.attrs.get("Image"), container.attrs.get("ImageID")):
-                        seen.add(container.id)
+                        seen.add(str(container.id))
                         _stream_lines(container.logs(stream=True, follow=True), console.smoke, stop)
             except Exception:
                 pass
@@ -321,7 +317,7 @@ def following_smoke(c, image_id: str, console):
         stop.set()
 
 
-def _stream_lines(chunks, sink: Callable[[str], None], stop: threading.Event) -> None:
+def _stream_lines(chunks: Iterable[bytes | str], sink: Callable[[str], None], stop: threading.Event) -> None:
     pending = ""
     for chunk in chunks:
         pending += chunk.decode(errors="replace") if isinstance(chunk, bytes) else chunk
@@ -332,7 +328,7 @@ def _stream_lines(chunks, sink: Callable[[str], None], stop: threading.Event) ->
             return
 
 
-def publish_rows(c, images: list[Image], reg: registry.Registry, push: bool, ca_path: str | None, retries: int,
+def publish_rows(c: docker.DockerClient, images: list[Image], reg: registry.Registry, push: bool, ca_path: str | None, retries: int,
                  log: Callable[[str], None], results: Callable[[Image], Path], compression: str = "gzip") -> list[publish.Move]:
     """Publish tested rows; with push, record where each went in build-results/<image>/published.json."""
     backoff = publish.retry_backoff()
@@ -373,6 +369,58 @@ def after_push(moves: list[publish.Move], reg: registry.Registry, ca_path: str |
     return lines
 
 
+def publish_command(root: Path, images: list[Image], opts: Options, push: bool, platform: str | None, merge: bool,
+                    sign_key: Path | None, signatures: Path, log: Callable[[str], None]) -> Iterator[str]:
+    """`build.py publish`, its lines as they come. A row on one platform: its image under its
+    tags. A row on several: one index under its tags, of the images here (platform `all`) or of
+    the parts in the registry (merge); or, by default, this host's part only (CI's per-platform builds)."""
+    assert opts.registry is not None  # publish always has one: validated
+    reg = opts.registry
+    several = [i for i in images if len(i.platforms) > 1]
+    images = [i for i in images if len(i.platforms) == 1]
+    backoff = publish.retry_backoff()
+    common: dict[str, Any] = {"push": push, "ca_bundle": opts.ca_path, "attempts": opts.retries, "backoff": backoff, "log": log}
+    if merge:
+        for row in several:
+            yield "\n".join(publish_index.merge_index(root, row, reg, **common))
+        return
+    c = docker_env.ensure_engine(log)
+    if opts.compression == "zstd":  # before the registry is contacted, or a row screened
+        zstd.check_engine(c)
+    common["compression"] = opts.compression
+    allowed = set(opts.allow_vulnerable)
+    for row in several:
+        parts = [row.on(p) for p in row.platforms] if platform == "all" else platforms(row, None)
+        publish.screen(c, parts, lambda i: results_dir(root, i), allowed)
+        lines = (publish_index.publish_index(c, row, reg, **common) if platform == "all"
+                 else publish_index.publish_part(c, parts[0], reg, **common))
+        yield "\n".join(lines)
+    if not images:
+        return
+    publish.screen(c, images, lambda i: results_dir(root, i), allowed)
+    moves = publish_rows(c, images, reg, push, opts.ca_path, opts.retries, log, lambda i: results_dir(root, i), opts.compression)
+    yield "\n".join(publish.table(moves, reg, push))
+    if push:
+        yield from after_push(moves, reg, opts.ca_path, lambda i: results_dir(root, i), sign_key, signatures)
+
+
+def base_command(root: Path, m: Matrix, images: list[Image], docker: str | None, rebuild: bool, record: bool,
+                 log: Callable[[str], None]) -> Iterator[str]:
+    """`build.py base`: each platform's base built (or found, or built anew), described as it stands;
+    with record, its identity written to every row that shares it (each file logged)."""
+    for image in images:
+        docker_env.ensure_emulation(image.platform, log)
+        c, bc = docker_env.ensure_engine(log), docker_env.build_client(docker)
+        results = results_dir(root, image)
+        results.mkdir(parents=True, exist_ok=True)
+        base.ensure(c, image, results, log, docker_cli=bc.argv[0], root=root, rebuild=rebuild)
+        found = {**base.identity(c, render.base_ref(image), results), "store": docker_env.image_store(c)}
+        yield base.describe(render.base_ref(image), found)
+        if record:
+            for path in base.record(root, m, image, found, build.source(root).revision):
+                log(f"recorded in {path.relative_to(root)}")
+
+
 def test_image(root: Path, image: Image, ref: str, require_gpu: bool, log: Callable[[str], None], matrix_path: Path | None = None) -> tuple[str, str]:
     """`build.py test`: the smoke and structure tests against any local image of the row,
     the pass recorded; its image ID and the mode it passed in (cpu or gpu)."""
@@ -380,7 +428,7 @@ def test_image(root: Path, image: Image, ref: str, require_gpu: bool, log: Calla
     try:
         image_id = c.images.get(ref).id
     except Exception:
-        raise UsageError(f"no image {ref} on this daemon; build it first (python build.py --torch {image.torch_minor} --cuda {image.cuda})") from None
+        raise NotReady(f"no image {ref} on this daemon; build it first (python build.py --torch {image.torch_minor} --cuda {image.cuda})", ref=ref) from None
     assert image_id is not None  # docker-py types Model.id optional; an image the engine lists has one
     code = gate.code_hash(root)
     report = gate.run(c, root, image, image_id, results_dir(root, image), require_gpu, log, matrix_path=matrix_path)

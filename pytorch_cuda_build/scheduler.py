@@ -15,10 +15,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from .console import Quiet
 from .engine import docker_env
-from .errors import PipelineError, UsageError
+from .errors import NoSuchRow, PipelineError
+from .matrix import Image, Matrix
 from .pipeline import Options, RowResult, build_platforms, build_row, check_inputs, recorded, results_dir
-from .stages.matrix import Image, Matrix
 
 # ---- many rows -----------------------------------------------------------------
 
@@ -26,16 +27,20 @@ from .stages.matrix import Image, Matrix
 def select_rows(m: Matrix, torch: str | None, cuda: str | None, flavor: str) -> list[Image]:
     images = [i for i in m.images if i.flavor == flavor and torch in (None, i.torch, i.torch_minor) and cuda in (None, i.cuda)]
     if not images:
-        raise UsageError(f"no rows match --torch {torch} --cuda {cuda} --flavor {flavor}")
+        raise NoSuchRow(f"no rows match --torch {torch} --cuda {cuda} --flavor {flavor}", name="--torch")
     return images
+
+
+# A row's own `build.py` command line, given where it writes its RowResult (arguments.BuildOptions.child_argv).
+ChildArgv = Callable[[Image, Path], list[str]]
 
 
 class RowProcesses:
     """A scheduler's worker: each row as its own `build.py build` process, its stdout and
     stderr in build-results/<image>/run.log, its RowResult read from the JSON it writes."""
 
-    def __init__(self, root: Path, matrix_path: Path, child_argv: list[str]) -> None:
-        self.root, self.matrix_path, self.child_argv = root, matrix_path, child_argv
+    def __init__(self, root: Path, child_argv: ChildArgv) -> None:
+        self.root, self.child_argv = root, child_argv
         self.running: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
 
@@ -47,8 +52,7 @@ class RowProcesses:
         results.mkdir(parents=True, exist_ok=True)
         result_file = results / "result.json"
         result_file.unlink(missing_ok=True)  # never read an earlier run's answer
-        cmd = [sys.executable, str(self.root / "build.py"), "--matrix", str(self.matrix_path), "build", "--torch", image.torch,
-               "--cuda", image.cuda, "--flavor", image.flavor, "--result-json", str(result_file), *self.child_argv]
+        cmd = [sys.executable, str(self.root / "build.py"), *self.child_argv(image, result_file)]
         with open(self.log_path(image), "w") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
             with self._lock:
@@ -79,7 +83,7 @@ class RowProcesses:
                 proc.kill()
 
 
-def schedule(images: list[Image], worker: Callable[[Image], RowResult], jobs: int, console,
+def schedule(images: list[Image], worker: Callable[[Image], RowResult], jobs: int, console: Quiet,
              log_path: Callable[[Image], Path], stop: Callable[[], None] = lambda: None) -> list[RowResult]:
     """Run worker on every row, `jobs` at once; the results in the rows' order.
 
@@ -126,22 +130,20 @@ def failures(results: list[RowResult]) -> PipelineError | None:
     return PipelineError(f"{len(failed)} of {len(results)} rows failed: {', '.join(failed)} (each row's run.log under build-results/)")
 
 
-def build_many(root: Path, m: Matrix, matrix_path: Path, images: list[Image], opts: Options, jobs: int,
-               console, child_flags: list[str]) -> list[RowResult]:
+def build_many(root: Path, m: Matrix, images: list[Image], jobs: int, console: Quiet, child_argv: ChildArgv) -> list[RowResult]:
     """Every row of images through its own pipeline, `jobs` at a time."""
     check_inputs(root, m, images)
     docker_env.ensure_engine(console.log)
-    worker = RowProcesses(root, matrix_path, opts.argv() + child_flags)
+    worker = RowProcesses(root, child_argv)
     return schedule(images, worker, jobs, console, worker.log_path, worker.stop)
 
 
-def build(root: Path, m: Matrix, images: list[Image], on: list[Image], opts: Options, console, *, every: bool, jobs: int,
-          child_flags: list[str], result_json: Path | None) -> list[RowResult]:
+def build(root: Path, m: Matrix, images: list[Image], on: list[Image], opts: Options, console: Quiet, *, every: bool, jobs: int,
+          child_argv: ChildArgv, result_json: Path | None) -> list[RowResult]:
     """`build`: every row of images as child processes (--all), or one row, on each of its
     platforms `on` (one: recorded to result_json for a parent scheduler)."""
     if every:
-        assert opts.matrix_path is not None  # the CLI always names the matrix file the children read
-        results = build_many(root, m, opts.matrix_path, images, opts, jobs, console, child_flags)
+        results = build_many(root, m, images, jobs, console, child_argv)
     elif len(on) == 1:
         results = [recorded(result_json, on[0], lambda: build_row(root, on[0], opts, console))]
     else:

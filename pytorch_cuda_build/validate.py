@@ -18,85 +18,26 @@ import re
 import shutil
 import ssl
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable, Iterable
 
-from . import arguments, jobs, scheduler
+from . import arguments, jobs, matrix, scheduler, spec
+from .commands import gpubundle
 from .engine import docker_env
-from .errors import UsageError, UsageErrors
+from .errors import BadFile, BadValue, UsageError, UsageErrors
 from .jobs import mounts
 from .registry import sign
-from .stages import matrix, publish
-from .tools import bench, gpubundle
+from .stages import publish
+from .tooling import bench
 
-# Given as None by the parser, so that a flag given where it does nothing can be told from
-# its default; filled in once the checks pass.
-DEFAULTS: dict[str, Any] = {"jobs": 1, "retries": 4, "cold_runs": 1, "compression": "gzip", "qos": "burstable"}
-
-# (command, flag, the flag it needs, what it is for): the first does nothing without the second.
-NEEDS = [
-    ("build", "jobs", "all", "it is how many rows --all builds at once"),
-    ("build", "retries", "push", "it counts attempts per registry call, and only --push calls a registry"),
-    ("build", "allow_vulnerable", "push", "it lets --push publish past an advisory, and without --push nothing is published"),
-    ("build", "compression", "push", "it is how --push compresses the layers it pushes, and without --push nothing is pushed"),
-    ("publish", "sign_key", "push", "it signs what --push pushes, and without --push nothing is pushed"),
-    ("publish", "signatures", "sign_key", "it is where --sign-key's signatures go"),
-    ("lock", "record", "check_security", "it writes what --check-security finds"),
-    ("lock", "security_snapshot", "check_security", "it answers --check-security's questions instead of the network"),
-    ("bench", "only", "full", "it picks --full's measures"),
-    ("bench", "cold_runs", "full", "it counts --full's cold builds"),
-    ("bench", "yes", "full", "only --full empties the build cache"),
-    ("bench", "pull_rows", "full", "it picks the rows of --full's pull measure"),
-]
-
-# (command, flag, flag, why): the two together contradict each other, or one does nothing.
-CLASHES = [
-    ("build", "dry_run", "all", "a dry run prints one row's plan"),
-    ("build", "platform", "all", "--all builds every row for this host's platform; --platform picks one row's platforms"),
-    *[("build", "dry_run", other, "a dry run only prints the plan: nothing is built, tested, cached or pushed")
-      for other in ("push", "no_test", "retest", "no_cache", "require_gpu", "cache_from", "cache_to")],
-    ("build", "no_test", "retest", "--no-test skips the tests that --retest would run again"),
-    ("build", "no_test", "require_gpu", "--require-gpu is about the tests, which --no-test skips"),
-    ("build", "no_test", "push", "--no-test sets no tag, so --push has nothing to publish"),
-    ("build", "all", "result_json", "each row of --all writes its own result"),
-    ("lock", "check", "upgrade", "--check only reads the locks (offline); --upgrade re-resolves and rewrites them"),
-    ("lock", "check_security", "check", "--check-security only reads the locks; run it apart from --check and --upgrade"),
-    ("lock", "check_security", "upgrade", "--check-security only reads the locks; run it apart from --check and --upgrade"),
-    ("lock", "check", "ca_bundle", "--check is offline and uses no CA"),
-    ("lock", "security_snapshot", "ca_bundle", "the snapshot answers instead of the network, which is the only use of a CA"),
-    ("matrix", "json", "ca_bundle", "--json is offline and uses no CA"),
-    ("engine", "down", "ca_bundle", "stopping the engine downloads nothing"),
-    ("publish", "all", "cuda", "--all takes every row; --cuda picks among one --torch's rows"),
-    ("publish", "merge", "platform", "--merge makes the index of every platform from the registry's parts"),
-    ("publish", "merge", "allow_vulnerable", "--merge pushes no image, only the index of parts each build published"),
-    ("publish", "merge", "compression", "--merge pushes no image, only the index of the parts each build published, "
-                                        "compressed as they were pushed"),
-    ("matrix", "indexes", "ca_bundle", "--indexes is offline and uses no CA"),
-    ("job", "cluster_runtime", "rdma", "a TrainJob cannot add IPC_LOCK to a ClusterTrainingRuntime's container (Trainer v2.1's "
-                                       "podTemplateOverrides carry no capabilities); without --cluster-runtime the job brings its own runtime"),
-    ("job", "cluster_runtime", "deadline", "Trainer v2.1's TrainJob has no deadline and its podTemplateOverrides carry none: the "
-                                           "ClusterTrainingRuntime's own Job template decides; without --cluster-runtime the job brings its own runtime"),
-]
-
+# The rules that read two arguments, declared with each command's options (arguments.py, jobs/options.py),
+# listed here for the tests that make a case of each:
+# (command, flag, the flag it needs, what it is for): the first does nothing without the second;
+NEEDS = [(cls.NAME, *rule) for cls in arguments.COMMAND_OPTIONS.values() for rule in cls.NEEDS]
+# (command, flag, flag, why): the two together contradict each other, or one does nothing;
+CLASHES = [(cls.NAME, *rule) for cls in arguments.COMMAND_OPTIONS.values() for rule in cls.CLASHES]
 # (command, flag, other flag, its values, why): the first does nothing, or cannot be honoured,
 # unless the other has one of these values; defaults count (job's --runtime is oci under slurm).
-ONLY_WITH = [
-    ("job", "kind", "scheduler", ("kubernetes",), "it picks a Kubernetes resource; Slurm runs an sbatch script"),
-    ("job", "runtime", "scheduler", ("slurm",), "a Kubernetes node's own container runtime runs the pods"),
-    *[("job", dest, "scheduler", ("slurm",), "it is a Slurm runtime's image") for dest in ("bundle", "sif")],
-    ("job", "bundle", "runtime", ("oci",), "only Slurm's OCI support runs a bundle"),
-    ("job", "sif", "runtime", ("apptainer",), "only Apptainer runs a .sif"),
-    ("job", "rdma", "scheduler", ("kubernetes",), "it requests a Kubernetes device resource; under Slurm NCCL finds InfiniBand itself"),
-    ("job", "namespace", "scheduler", ("kubernetes",), "Slurm has no namespaces"),
-    ("job", "cluster_runtime", "kind", ("trainjob",), "only a TrainJob refers to a training runtime"),
-    ("job", "cpus_per_node", "scheduler", ("kubernetes",), "it sets a Kubernetes pod's CPU request; the sbatch script takes whole nodes (--exclusive)"),
-    ("job", "memory_per_node", "scheduler", ("kubernetes",), "it sets a Kubernetes pod's memory request; under Slurm, sbatch's --mem "
-                                                             "on its command line does"),
-    ("job", "qos", "scheduler", ("kubernetes",), "it picks a Kubernetes pod's QoS class; the sbatch script takes whole nodes (--exclusive)"),
-    ("job", "deadline", "scheduler", ("kubernetes",), "it sets a Kubernetes job's activeDeadlineSeconds; under Slurm, sbatch's --time "
-                                                      "on its command line does"),
-    ("job", "image_pull_secret", "scheduler", ("kubernetes",), "it names a Kubernetes Secret; under Slurm each runtime "
-                                                               "pulls with its own credentials (enroot, Apptainer, skopeo)"),
-]
+ONLY_WITH = [(cls.NAME, *rule) for cls in arguments.COMMAND_OPTIONS.values() for rule in cls.ONLY_WITH]
 JOB_DEFAULTS = {"runtime": lambda a: "oci" if a.scheduler == "slurm" else None}
 
 NO_MATRIX = ("engine", "sbom", "selftest", "signing-key")  # commands that never read matrix.yaml
@@ -133,7 +74,8 @@ class Checks:
         self.failed.update(dests)
 
     def run(self, dests: tuple[str, ...] | str, check: Callable[[], object]) -> None:
-        """check() where none of dests has failed; a UsageError it raises is kept as a problem."""
+        """check() where none of dests has failed; a UsageError it raises is kept as a problem, and
+        so is a BadValue or BadFile of the parsers it calls (the same rule, met before anything is touched)."""
         dests = (dests,) if isinstance(dests, str) else dests
         if not self.ok(*dests):
             return
@@ -142,7 +84,7 @@ class Checks:
         except UsageErrors as e:
             self.problems += e.problems
             self.failed.update(dests)
-        except UsageError as e:
+        except (UsageError, BadValue, BadFile) as e:
             self.fail(dests, str(e))
 
 
@@ -160,9 +102,9 @@ def validate(args: argparse.Namespace, default_matrix: Path | None = None) -> ar
         _row(args, c, args.matrix or default_matrix)
     if c.problems:
         raise UsageErrors(c.problems)
-    for dest, value in DEFAULTS.items():
-        if hasattr(args, dest) and getattr(args, dest) is None:
-            setattr(args, dest, value)
+    # Options declared later=True (arguments.py) are None when not given, so that a flag given where it
+    # does nothing can be told from its default: filled in now that the checks passed.
+    spec.fill_defaults(arguments.COMMAND_OPTIONS[args.command], args)
     return args
 
 
@@ -185,9 +127,9 @@ def _values(args: argparse.Namespace, c: Checks) -> None:
         if not re.fullmatch(r"[A-Za-z0-9][\w.:-]*", vid):
             c.fail("allow_vulnerable", f"--allow-vulnerable takes an advisory ID (e.g. GHSA-xxxx-xxxx-xxxx, PYSEC-2024-1), not {vid!r}")
     for dest in ("cache_from", "cache_to"):
-        for spec in getattr(args, dest, []):
-            if not re.fullmatch(CACHE_SPEC, spec):
-                c.fail(dest, f"{flag(dest)} {spec!r} is not buildx's type=...,key=value form (e.g. type=registry,ref=HOST/NS/cache:{{image}})")
+        for text in getattr(args, dest, []):
+            if not re.fullmatch(CACHE_SPEC, text):
+                c.fail(dest, f"{flag(dest)} {text!r} is not buildx's type=...,key=value form (e.g. type=registry,ref=HOST/NS/cache:{{image}})")
     if args.command == "bench" and args.only is not None:
         c.run("only", lambda: bench.parse_only(args.only))
     if args.command == "job":
@@ -215,9 +157,9 @@ def _job_values(args: argparse.Namespace, c: Checks) -> None:
     c.run("shm_size", lambda: jobs.shm_mib(args.shm_size))
     if args.socket_ifname is not None and not re.fullmatch(IFNAME, args.socket_ifname):
         c.fail("socket_ifname", f"--socket-ifname takes NCCL_SOCKET_IFNAME's form (eth0, ^docker,lo, =ib0), not {args.socket_ifname!r}")
-    for spec in args.rdma:
-        if not re.fullmatch(RDMA, spec):
-            c.fail("rdma", f"--rdma takes RESOURCE=COUNT, a device resource and a count of at least 1 (e.g. rdma/ib=1), not {spec!r}")
+    for text in args.rdma:
+        if not re.fullmatch(RDMA, text):
+            c.fail("rdma", f"--rdma takes RESOURCE=COUNT, a device resource and a count of at least 1 (e.g. rdma/ib=1), not {text!r}")
     for dest, suffix in (("bundle", ""), ("sif", ".sif")):
         value = getattr(args, dest)
         if value is not None and not (re.fullmatch(SHARED_PATH, value) and value.endswith(suffix)):
@@ -268,7 +210,7 @@ def _files(args: argparse.Namespace, c: Checks) -> None:
         gpu_bundle_source(c, args)
 
 
-def gpu_bundle_source(c, args) -> None:
+def gpu_bundle_source(c: Checks, args: argparse.Namespace) -> None:
     """--ops-wheel, --build-python and --ops-arch: one wheel source, a file that is there, an arch list."""
     if args.ops_wheel is not None and args.build_python is not None:
         c.fail("build_python", "--build-python builds the ops wheel; --ops-wheel brings one built before: name one of them")
@@ -321,16 +263,17 @@ def _combinations(args: argparse.Namespace, c: Checks) -> None:
     command = args.command
     if command in NO_MATRIX and args.matrix is not None:
         c.fail("matrix", f"--matrix does nothing for `{command}`, which reads no matrix")
-    for cmd, dest, needed, why in NEEDS:
-        if cmd == command and given(args, dest) and not given(args, needed):
+    declared = arguments.COMMAND_OPTIONS[command]  # the command's rules, declared with its options
+    for dest, needed, why in declared.NEEDS:
+        if given(args, dest) and not given(args, needed):
             c.fail((dest, needed), f"{flag(dest)} needs {flag(needed)}: {why}")
-    for cmd, one, other, why in CLASHES:
-        if cmd == command and given(args, one) and given(args, other):
+    for one, other, why in declared.CLASHES:
+        if given(args, one) and given(args, other):
             c.fail((one, other), f"{flag(one)} and {flag(other)} do not go together: {why}")
     if command == "publish" or (command == "build" and args.push):
         # Its form only: no network. For build it is --push's registry: not asked for where --push was refused.
         # The address's form does not depend on --retries: checked even where --retries was refused.
-        retries = (args.retries if c.ok("retries") else None) or DEFAULTS["retries"]
+        retries = (args.retries if c.ok("retries") else None) or arguments.BuildOptions.retries
         c.run(("registry", "push"), lambda: publish.registry(args.registry, retries))
         c.run(("push",), publish.retry_backoff)
     if command == "publish" and args.platform not in (None, "all", docker_env.host_platform()):
@@ -393,9 +336,9 @@ def _verify_combinations(args: argparse.Namespace, c: Checks) -> None:
 def _job_combinations(args: argparse.Namespace, c: Checks) -> None:
     if args.scheduler == "kubernetes" and args.kind is None:
         c.fail(("scheduler", "kind"), "--scheduler kubernetes needs --kind: one of trainjob, pytorchjob, jobset, indexed-job")
-    for cmd, dest, other, values, why in ONLY_WITH:
+    for dest, other, values, why in arguments.COMMAND_OPTIONS[args.command].ONLY_WITH:
         value = getattr(args, other) or (JOB_DEFAULTS[other](args) if other in JOB_DEFAULTS else None)
-        if cmd == args.command and given(args, dest) and value not in values:
+        if given(args, dest) and value not in values:
             c.fail((dest, other), f"{flag(dest)} needs {flag(other)} {' or '.join(values)}: {why}")
     if args.memory_per_node is not None and c.ok("memory_per_node", "shm_size") \
             and jobs.memory_mib(args.memory_per_node) <= jobs.shm_mib(args.shm_size):
@@ -420,10 +363,28 @@ def _row(args: argparse.Namespace, c: Checks, path: Path) -> None:
     """The row --torch, --cuda and --flavor name is in the matrix (build --all: at least one row
     matches them). Read only: the matrix loader's own problems come back as they are. Every
     command with --torch picks a row with it (arguments._selection)."""
+    if args.command == "publish" and args.all and args.sign_key is not None:
+        c.run(("all", "sign_key", "matrix"), lambda: _signed_rows(matrix.load(path).images))
     if not getattr(args, "torch", None) or (args.command == "publish" and args.all):
         return
     if args.command == "build" and args.all:
         c.run(("torch", "cuda", "flavor", "matrix", "all"),
               lambda: scheduler.select_rows(matrix.load(path), args.torch, args.cuda, args.flavor))
-    else:
-        c.run(("torch", "cuda", "flavor", "matrix"), lambda: matrix.load(path).select(args.torch, args.cuda, args.flavor))
+        return
+    picked: list[matrix.Image] = []  # the matrix read once
+    c.run(("torch", "cuda", "flavor", "matrix"), lambda: picked.append(matrix.load(path).select(args.torch, args.cuda, args.flavor)))
+    if not picked:
+        return
+    row = picked[0]
+    if args.command == "publish" and args.sign_key is not None:
+        c.run("sign_key", lambda: _signed_rows([row]))
+    if args.command == "base" and row.os.kind == "registry":
+        c.fail("torch", f"{row.name}'s base is the registry image {row.os.image}: it is pulled, never built")
+
+
+def _signed_rows(rows: Iterable[matrix.Image]) -> None:
+    """publish --sign-key signs images, not indexes: no row of several platforms among those published."""
+    several = [i for i in rows if len(i.platforms) > 1]
+    if several:
+        raise UsageError(f"--sign-key signs single-platform rows' images; {several[0].name} is an index of "
+                         f"{', '.join(several[0].platforms)}, which publish does not sign yet")

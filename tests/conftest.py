@@ -29,7 +29,7 @@ are left out of the run (deselected, and counted at the end): the GitHub workflo
 it to `root`, because its runner's user is not root (docs/testing.md, "What runs where").
 
 `build.py selftest` without arguments runs the integration tier as two pytest lanes at once
-(tools/selftest.py): the engine26 and second_lane tests in the second lane, the rest in the main
+(tooling/selftest.py): the engine26 and second_lane tests in the second lane, the rest in the main
 lane. What they share is made safe here: the main lane writes the record of its default build
 (the second lane starts then, and takes that build as its own); the tests that kill that daemon
 or delete the default image (`alone`) run last in the main lane and wait until the second lane,
@@ -83,7 +83,7 @@ _RUNNING: list = [None]  # the test being set up or run: helpers.needs_root read
 
 def left_out_by_name(config) -> list[str]:
     """The markers PYTORCH_CUDA_TEST_LEAVE_OUT names (commas or spaces); each must be registered."""
-    from pytorch_cuda_build.tools.selftest import LEAVE_OUT_ENV
+    from pytorch_cuda_build.tooling.selftest import LEAVE_OUT_ENV
 
     names = os.environ.get(LEAVE_OUT_ENV, "").replace(",", " ").split()
     registered = {line.split(":")[0].strip() for line in config.getini("markers")}
@@ -102,7 +102,7 @@ def pytest_collection_modifyitems(config, items):
     the restarted daemon or the missing image, and the second lane has the longest time to end
     first (the pull back, after the kill, meets the restarted daemon as any later command would).
     A stable sort: the rest keep their order."""
-    from pytorch_cuda_build.tools.selftest import ENGINE26
+    from pytorch_cuda_build.tooling.selftest import ENGINE26
 
     for item in items:
         if item.get_closest_marker(ENGINE26) and not item.get_closest_marker(ROOT_MARKER):
@@ -146,9 +146,9 @@ def pytest_configure(config):
 
 @contextlib.contextmanager
 def lanes_lock(mode: int, lane: str | None = None):
-    """The lanes' lock on the 20.10 daemon (tools/selftest.py), held in `mode` meanwhile; nothing
+    """The lanes' lock on the 20.10 daemon (tooling/selftest.py), held in `mode` meanwhile; nothing
     outside the whole suite's lanes, or in a lane other than `lane` where one is named."""
-    from pytorch_cuda_build.tools.selftest import DAEMON_LOCK_ENV, LANE_ENV
+    from pytorch_cuda_build.tooling.selftest import DAEMON_LOCK_ENV, LANE_ENV
 
     path = os.environ.get(DAEMON_LOCK_ENV)
     if not path or (lane is not None and os.environ.get(LANE_ENV) != lane):
@@ -163,7 +163,7 @@ def lanes_lock(mode: int, lane: str | None = None):
 def daemon_shared():
     """In the second lane, the 20.10 daemon and the default image kept as they are for the whole
     lane: a shared hold on the lanes' lock, which the `alone` tests take alone (daemon_alone)."""
-    from pytorch_cuda_build.tools.selftest import SECOND
+    from pytorch_cuda_build.tooling.selftest import SECOND
 
     with lanes_lock(fcntl.LOCK_SH, lane=SECOND):
         yield
@@ -180,7 +180,7 @@ def daemon_alone():
 def pytest_terminal_summary(terminalreporter):
     """How many fault-injection scenarios ran and passed (issue: faults, interruption, concurrency);
     how many tests each marker left out by name took out of the run."""
-    from pytorch_cuda_build.tools.selftest import LEAVE_OUT_ENV
+    from pytorch_cuda_build.tooling.selftest import LEAVE_OUT_ENV
 
     for name, n in LEFT_OUT.items():
         terminalreporter.write_line(f"left out by name ({LEAVE_OUT_ENV}): {n} tests marked {name}")
@@ -213,8 +213,9 @@ def default_rootfs(docker_client, tmp_path_factory) -> str:
     """The default row's base image (the small Debian rootfs): its ID, made with mmdebstrap as
     build.py makes it where this machine lacks it, so that a test on it never depends on a build
     that ran before it; the default build then finds it."""
+    from pytorch_cuda_build import matrix
     from pytorch_cuda_build.engine import docker_env
-    from pytorch_cuda_build.stages import base, matrix
+    from pytorch_cuda_build.stages import base
 
     row = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
     return base.ensure(docker_client, row, tmp_path_factory.mktemp("default-rootfs"), docker_cli=docker_env.build_client().argv[0])
@@ -230,9 +231,9 @@ def default_build(docker_client, tmp_path_factory):
     The process (stdout, stderr), `results`: a copy of build-results/<row> taken right after
     this build, because every later build.py run of the row writes that folder again, and the
     tested image's ID. In the whole suite, the main lane writes all of it to the lanes' file
-    (tools/selftest.py), and the second lane takes it from there: one build and test a run."""
-    from pytorch_cuda_build.stages import matrix
-    from pytorch_cuda_build.tools.selftest import BUILT_ENV, LANE_ENV, MAIN
+    (tooling/selftest.py), and the second lane takes it from there: one build and test a run."""
+    from pytorch_cuda_build import matrix
+    from pytorch_cuda_build.tooling.selftest import BUILT_ENV, LANE_ENV, MAIN
 
     from helpers import main_lane_build, run_build_py, shown
 

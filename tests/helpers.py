@@ -307,11 +307,11 @@ def default_image() -> str:
 
 
 def main_lane_build() -> dict | None:
-    """In the whole suite's second lane (tools/selftest.py), the record the main lane wrote of its
+    """In the whole suite's second lane (tooling/selftest.py), the record the main lane wrote of its
     default build (conftest.default_build): returncode, stdout, stderr, results, image_id. None in
     any other pytest, or where the main lane ended before it built the row (the lane then builds
     it itself)."""
-    from pytorch_cuda_build.tools.selftest import BUILT_ENV, LANE_ENV, SECOND
+    from pytorch_cuda_build.tooling.selftest import BUILT_ENV, LANE_ENV, SECOND
 
     built = os.environ.get(BUILT_ENV)
     if os.environ.get(LANE_ENV) != SECOND or not built or not Path(built).exists():
@@ -439,7 +439,7 @@ def current_engine(store: str = "containerd"):
     as they do everywhere else."""
     import shlex
 
-    from pytorch_cuda_build.tools.selftest import ENGINE26, LANE_ENV, SECOND
+    from pytorch_cuda_build.tooling.selftest import ENGINE26, LANE_ENV, SECOND
 
     needs_root("starting a second engine (`build.py engine`)")
     if os.environ.get(LANE_ENV, SECOND) != SECOND:  # the other lane would stop it under this test, or this one under it

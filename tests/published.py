@@ -11,7 +11,7 @@ import sys
 import types
 from pathlib import Path
 
-from pytorch_cuda_build.stages import matrix
+from pytorch_cuda_build import matrix
 from pytorch_cuda_build.stages import publish as publishing
 
 from helpers import ROOT, run_build_py, shown

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import LockError
+from ..matrix import Image
 from ..resolve.wheel_files import pinned_hashes
-from ..stages.matrix import Image
 
 MB = 1_000_000
 

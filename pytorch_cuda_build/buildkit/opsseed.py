@@ -26,7 +26,7 @@ from filelock import FileLock
 
 from .. import paths
 from ..errors import BuildError
-from ..stages.matrix import Image
+from ..matrix import Image
 
 CONTEXT_DIR = "ops-seed"  # in the build context; the Dockerfile binds it at /opsseed
 KEY_FILE = "ops-cache-key"  # written by opsbuild.py beside the wheel

@@ -3,8 +3,10 @@ timeout, and show the command's output when an assertion fails."""
 from __future__ import annotations
 
 import subprocess
+from typing import Any
 
 import docker
+from docker.models.containers import Container
 
 
 def run_image(image_ref: str, cmd: list[str], opts: tuple[str, ...] = (), timeout: int = 120) -> subprocess.CompletedProcess:
@@ -12,11 +14,16 @@ def run_image(image_ref: str, cmd: list[str], opts: tuple[str, ...] = (), timeou
     return subprocess.run(["docker", "run", "--rm", *opts, image_ref, *cmd], capture_output=True, text=True, timeout=timeout)
 
 
+# testinfra ships no types (pyproject.toml: ignore_missing_imports): its Host is Any to mypy.
+Host = Any
+__all__ = ["Container", "Host"]  # what the checks' signatures name
+
+
 def shown(proc: subprocess.CompletedProcess) -> str:
     return f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
 
 
-def daemon():
+def daemon() -> tuple[docker.DockerClient | None, str]:
     """A Docker client whose daemon answers, or (None, why not): the checks skip without one
     (the gate then counts 0 run as a failure), the repository's tests fail in CI."""
     try:

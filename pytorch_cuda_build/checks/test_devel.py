@@ -10,16 +10,19 @@ import json
 
 import pytest
 
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.checks.support import Host
+
 pytestmark = pytest.mark.docker
 
 
 @pytest.fixture(autouse=True)
-def _devel_only(row):
+def _devel_only(row: matrix.Image) -> None:
     if row.flavor != "devel":
         pytest.skip(f"{row.name} is a {row.flavor} image; the toolkit is in devel only")
 
 
-def test_nvcc_is_the_toolkit_the_ops_were_built_with(host, lock_meta):
+def test_nvcc_is_the_toolkit_the_ops_were_built_with(host: Host, lock_meta: dict) -> None:
     env = host.environment()
     assert env["CUDA_HOME"] == "/usr/local/cuda"
     assert env["PATH"].split(":")[0] == "/usr/local/cuda/bin"
@@ -42,7 +45,7 @@ print("LOADED", sorted(os.listdir(os.environ["BUILD"])))
 """
 
 
-def test_cpp_extension_cuda_kernel_compiles_and_loads_without_a_gpu(host):
+def test_cpp_extension_cuda_kernel_compiles_and_loads_without_a_gpu(host: Host) -> None:
     cmd = host.run(f"export BUILD=$(mktemp -d) TORCH_CUDA_ARCH_LIST=8.0 MAX_JOBS=2; python -c '{LOAD_INLINE}'")
     assert cmd.rc == 0 and "LOADED" in cmd.stdout, cmd.stdout[-2000:] + cmd.stderr[-3000:]
     assert "cuda.cu" in cmd.stdout and "twice_ext.so" in cmd.stdout
@@ -67,6 +70,6 @@ print("JIT", m.__name__, sorted(os.listdir(os.environ["TORCH_EXTENSIONS_DIR"])))
 """
 
 
-def test_a_deepspeed_cuda_op_compiles_just_in_time_without_a_gpu(host):
+def test_a_deepspeed_cuda_op_compiles_just_in_time_without_a_gpu(host: Host) -> None:
     cmd = host.run(f"export TORCH_EXTENSIONS_DIR=$(mktemp -d) DS_ACCELERATOR=cuda TORCH_CUDA_ARCH_LIST=8.0 MAX_JOBS=2; python -c '{JIT_OP}'")
     assert cmd.rc == 0 and "JIT fused_lion" in cmd.stdout, cmd.stdout[-2000:] + cmd.stderr[-3000:]

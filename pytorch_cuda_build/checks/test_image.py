@@ -8,13 +8,16 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from pathlib import Path
 
+import docker
 import pytest
 
-from pytorch_cuda_build.checks.support import run_image, shown
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.checks.support import Host, run_image, shown
+from pytorch_cuda_build.matrix import REPRODUCIBLE_EPOCH
 from pytorch_cuda_build.resolve import pypi as resolve_pypi
 from pytorch_cuda_build.stages import render
-from pytorch_cuda_build.stages.matrix import REPRODUCIBLE_EPOCH
 from pytorch_cuda_runtime import ninjalogs, stack
 from pytorch_cuda_runtime.opsbuild import BEYOND, SIMD
 
@@ -25,7 +28,7 @@ COMMANDS = ["python", "torchrun", "deepspeed", "ds_report", "zero_to_fp32", "pds
             "pytorch-cuda-launch"]
 
 
-def test_default_user_is_non_root_with_writable_workspace(host):
+def test_default_user_is_non_root_with_writable_workspace(host: Host) -> None:
     assert host.user().name == "trainer"
     assert host.user().uid == 1000
     ws = host.file("/workspace")
@@ -33,7 +36,7 @@ def test_default_user_is_non_root_with_writable_workspace(host):
     assert host.run("touch /workspace/.probe && rm /workspace/.probe").rc == 0
 
 
-def test_group_0_may_write_what_the_default_user_may(root_host):
+def test_group_0_may_write_what_the_default_user_may(root_host: Host) -> None:
     """Any uid: OpenShift runs an arbitrary uid in group 0, which gets HOME=/home/trainer and
     /workspace as trainer has them (docker-stacks' convention: chgrp 0, chmod g=u)."""
     where = "/home/trainer /workspace"
@@ -43,22 +46,22 @@ def test_group_0_may_write_what_the_default_user_may(root_host):
         assert odd == "", f"the owner may {bit} but group 0 may not: {odd}"
 
 
-def test_the_launch_contract_prints_a_single_node_launch(host):
+def test_the_launch_contract_prints_a_single_node_launch(host: Host) -> None:
     cmd = host.run("pytorch-cuda-launch --print /etc/hostname")
     assert cmd.rc == 0 and "source: single-node" in cmd.stdout.splitlines(), cmd.stdout + cmd.stderr
 
 
-def test_runs_as_root_when_asked(image_ref):
+def test_runs_as_root_when_asked(image_ref: str) -> None:
     proc = run_image(image_ref, ["id", "-u"], ("--user", "0", "-e", "PYTORCH_CUDA_NO_BANNER=1"))
     assert proc.returncode == 0 and proc.stdout.strip() == "0", shown(proc)
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_command_on_path(host, command):
+def test_command_on_path(host: Host, command: str) -> None:
     assert host.exists(command), f"{command} is not on PATH"
 
 
-def test_entrypoint_and_cmd(image_attrs):
+def test_entrypoint_and_cmd(image_attrs: dict) -> None:
     config = image_attrs["Config"]
     assert config["Entrypoint"] == ["/usr/bin/tini", "--", "pytorch-cuda-entrypoint"]
     assert config["Cmd"] == ["bash"]
@@ -66,7 +69,7 @@ def test_entrypoint_and_cmd(image_attrs):
     assert config["WorkingDir"] == "/workspace"
 
 
-def test_nvidia_environment(host, row):
+def test_nvidia_environment(host: Host, row: matrix.Image) -> None:
     env = host.environment()
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert set(env["NVIDIA_DRIVER_CAPABILITIES"].split(",")) >= {"compute", "utility"}
@@ -75,7 +78,7 @@ def test_nvidia_environment(host, row):
     assert venv_first.startswith("/opt/venv/bin:"), env["PATH"]
 
 
-def test_labels_equal_the_lock(image_attrs, expected_labels):
+def test_labels_equal_the_lock(image_attrs: dict, expected_labels: dict) -> None:
     labels = image_attrs["Config"]["Labels"]
     wrong = {k: (v, labels.get(k)) for k, v in expected_labels.items() if labels.get(k) != v}
     assert not wrong, f"label: (expected, actual): {wrong}"
@@ -84,7 +87,7 @@ def test_labels_equal_the_lock(image_attrs, expected_labels):
     assert labels.get("org.opencontainers.image.base.digest", "").startswith("sha256:")
 
 
-def test_manifest_equals_rendered(host, row, lock_meta, project_root):
+def test_manifest_equals_rendered(host: Host, row: matrix.Image, lock_meta: dict, project_root: Path) -> None:
 
     baked = json.loads(host.file("/opt/pytorch-cuda/manifest.json").content_string)
     committed = json.loads((project_root / "images" / row.name / "manifest.json").read_text())
@@ -92,13 +95,13 @@ def test_manifest_equals_rendered(host, row, lock_meta, project_root):
     assert render.manifest(row, lock_meta) == committed
 
 
-def test_installed_versions_come_from_the_lock(host, row, lock_meta, project_root):
+def test_installed_versions_come_from_the_lock(host: Host, row: matrix.Image, lock_meta: dict, project_root: Path) -> None:
     """Every package pip reports installed is the version the lock pins (and nothing unpinned)."""
 
     out = host.check_output("pip list --format=json --disable-pip-version-check")
     installed = {p["name"].lower().replace("_", "-"): p["version"] for p in json.loads(out)}
     pins = dict(lock_meta["pins"])
-    if row.flavor == "devel" and row.toolkit.source == "pypi":  # nvcc & co. from toolkit.lock
+    if row.flavor == "devel" and row.toolkit is not None and row.toolkit.source == "pypi":  # nvcc & co. from toolkit.lock
         pins.update(resolve_pypi.pins((project_root / "images" / row.name / "toolkit.lock").read_text()))
     if row.flavor == "train":  # the extras and what they add, and the sdists compiled in te-builder
         pins.update(lock_meta["extras"][row.platform]["pins"])
@@ -115,7 +118,7 @@ def test_installed_versions_come_from_the_lock(host, row, lock_meta, project_roo
 VENV_ROOT_FILES = {"/opt/venv/etc/jupyter/jupyter_server_config.py", "/opt/venv/lib/python{python}/site-packages/pytorch_cuda_runtime.pth"}
 
 
-def test_the_venv_is_the_users_and_group_0_may_write_it_too(root_host, row):
+def test_the_venv_is_the_users_and_group_0_may_write_it_too(root_host: Host, row: matrix.Image) -> None:
     """pip and uv as uid 1000 and as any uid in group 0 (docs/extending.md): every entry of the venv
     is 1000:0, and group 0 has the owner's rights, except root's few files named above."""
     allowed = {f.format(python=row.python) for f in VENV_ROOT_FILES}
@@ -126,7 +129,7 @@ def test_the_venv_is_the_users_and_group_0_may_write_it_too(root_host, row):
         assert not odd, f"the owner may {bit} but group 0 may not: {sorted(odd)[:8]}"
 
 
-def test_pip_and_uv_hold_the_tested_stack(host, row, lock_meta):
+def test_pip_and_uv_hold_the_tested_stack(host: Host, row: matrix.Image, lock_meta: dict) -> None:
     """PIP_CONSTRAINT and UV_CONSTRAINT name the constraints file, which pins torch, triton, DeepSpeed
     and every nvidia-*/cuda-* wheel at the installed (locked) version; uv is at its pin."""
     env = dict(line.split("=", 1) for line in host.check_output("env").splitlines() if "=" in line)
@@ -141,12 +144,12 @@ def test_pip_and_uv_hold_the_tested_stack(host, row, lock_meta):
     assert host.check_output("uv --version").split()[1] == locked["uv"]
 
 
-def test_pip_check_passes(host):
+def test_pip_check_passes(host: Host) -> None:
     cmd = host.run("pip check")
     assert cmd.rc == 0, cmd.stdout + cmd.stderr
 
 
-def test_ds_report_shows_every_prebuilt_op_installed_for_cuda(host, row):
+def test_ds_report_shows_every_prebuilt_op_installed_for_cuda(host: Host, row: matrix.Image) -> None:
     out = host.run("DS_ACCELERATOR=cuda ds_report")
     assert out.rc == 0, out.stderr
     for op in row.prebuilt_ops:
@@ -168,7 +171,7 @@ print(json.dumps({"accelerator": get_accelerator()._name, "wheel": accelerator_n
 """
 
 
-def test_prebuilt_cuda_ops_load_without_a_gpu_and_compile_nothing(host, row):
+def test_prebuilt_cuda_ops_load_without_a_gpu_and_compile_nothing(host: Host, row: matrix.Image) -> None:
     """What DeepSpeed does on every GPU host (accelerator `cuda`), minus the GPU: loading a CUDA
     extension needs none. A JIT build would leave files in the empty TORCH_EXTENSIONS_DIR."""
     cmd = host.run(f"d=$(mktemp -d) && DS_ACCELERATOR=cuda TORCH_EXTENSIONS_DIR=$d python -c '{LOAD_OPS}' {','.join(row.prebuilt_ops)}")
@@ -179,7 +182,7 @@ def test_prebuilt_cuda_ops_load_without_a_gpu_and_compile_nothing(host, row):
     assert facts["built"] == [], f"compiled at run time: {facts['built']}"
 
 
-def test_ops_were_built_for_every_torch_arch_the_toolkit_compiles(host):
+def test_ops_were_built_for_every_torch_arch_the_toolkit_compiles(host: Host) -> None:
     facts = json.loads(host.file("/opt/pytorch-cuda/ops-facts.json").content_string)
     torch_archs = json.loads(host.file("/opt/pytorch-cuda/torch-facts.json").content_string)["cuda_arch_list"]
     built = {a.replace(".", "") for a in facts["ops_arch_list"].removesuffix("+PTX").split(";")}
@@ -189,13 +192,13 @@ def test_ops_were_built_for_every_torch_arch_the_toolkit_compiles(host):
     assert facts["ops_arch_list"].endswith("+PTX"), "newer GPUs need the PTX of the newest arch"
 
 
-def test_deepspeed_has_the_zero3_all_gather_fix(host, row):
+def test_deepspeed_has_the_zero3_all_gather_fix(host: Host, row: matrix.Image) -> None:
     """DeepSpeed PR #8539: a coalesced ZeRO-3 gather waits on every gloo handle (patched into 0.17.6)."""
     text = host.file(f"/opt/venv/lib/python{row.python}/site-packages/deepspeed/runtime/zero/partition_parameters.py").content_string
     assert "launch_handles[-1].wait()" not in text and "for handle in launch_handles:" in text
 
 
-def test_torch_compile_has_its_compiler_and_headers(host, row):
+def test_torch_compile_has_its_compiler_and_headers(host: Host, row: matrix.Image) -> None:
     """Inductor (CPU) and Triton (GPU) compile at run time: a C++ compiler and Python.h must be there."""
     for cc in ("gcc", "g++", "cc", "c++"):
         assert host.exists(cc), f"{cc} missing: torch.compile needs it"
@@ -216,19 +219,19 @@ print("COMPILED_OK")
 """
 
 
-def test_torch_compile_matches_eager_on_the_cpu(host):
+def test_torch_compile_matches_eager_on_the_cpu(host: Host) -> None:
     cmd = host.run(f"TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) python -c '{TORCH_COMPILE}'")
     assert cmd.rc == 0 and "COMPILED_OK" in cmd.stdout, cmd.stdout[-2000:] + cmd.stderr[-3000:]
 
 
 @pytest.mark.parametrize("path", ["/root/.cache", "/wheelhouse", "/dist", "/opscache", "/debs", "/run/secrets"])
-def test_no_caches_or_secrets_left(root_host, path):
+def test_no_caches_or_secrets_left(root_host: Host, path: str) -> None:
     # BuildKit leaves mount targets behind as empty directories; their content must not ship.
     files = root_host.run(f"find {path} -mindepth 1 2>/dev/null | head -5").stdout.strip()
     assert not files, f"{path} is not empty in the image: {files}"
 
 
-def test_trainer_cache_holds_only_the_prebuilt_cpu_ops(root_host, host, row):
+def test_trainer_cache_holds_only_the_prebuilt_cpu_ops(root_host: Host, host: Host, row: matrix.Image) -> None:
 
     """DeepSpeed's CPU-accelerator ops, compiled at build time, are the only thing in ~trainer/.cache."""
     assert root_host.check_output("ls -A /home/trainer/.cache") == "torch_extensions"
@@ -238,7 +241,7 @@ def test_trainer_cache_holds_only_the_prebuilt_cpu_ops(root_host, host, row):
     assert root_host.check_output("find /home/trainer/.cache ! -user trainer | wc -l") == "0"
 
 
-def test_cpu_accelerator_ops_are_built_for_the_cpu_baseline(root_host, row):
+def test_cpu_accelerator_ops_are_built_for_the_cpu_baseline(root_host: Host, row: matrix.Image) -> None:
     """The CPU Adam ops baked into the image, and any op DeepSpeed JIT-builds later, target the
     matrix's CPU baseline, not the build host's CPU (-march=native gives AVX-512 on an AVX-512
     builder, and SIGILL on a node without it). shm_comm takes no -march and carries its own
@@ -261,7 +264,7 @@ def test_cpu_accelerator_ops_are_built_for_the_cpu_baseline(root_host, row):
     assert f"def simd_width(self):\n        return '{simd}'" in builder
 
 
-def test_ninja_logs_of_the_baked_ops_are_in_their_reproducible_form(root_host):
+def test_ninja_logs_of_the_baked_ops_are_in_their_reproducible_form(root_host: Host) -> None:
     """ninja's logs beside the baked ops hold no build times (ninjalogs.py), or two builds of
     the image differ in them and `verify` finds different digests."""
     ext = root_host.environment()["PYTORCH_CUDA_CPU_OPS"]
@@ -272,7 +275,7 @@ def test_ninja_logs_of_the_baked_ops_are_in_their_reproducible_form(root_host):
         assert ninjalogs.normalize_deps_log(deps) == deps, f"{op}/.ninja_deps is not in canonical form"
 
 
-def test_files_the_baked_ops_compiled_from_carry_the_reproducible_epoch(root_host):
+def test_files_the_baked_ops_compiled_from_carry_the_reproducible_epoch(root_host: Host) -> None:
     """Every file under a site-packages include/ directory (torch's headers, read through
     -isystem, which .ninja_deps leaves out) and every DeepSpeed csrc file the CPU ops' compiles
     read (their .ninja_deps) has matrix.REPRODUCIBLE_EPOCH as its mtime. pip gives installed files
@@ -304,7 +307,7 @@ print("LOADED_IN", round(time.time() - t0, 1))
 """
 
 
-def test_cpu_accelerator_ops_load_as_built_without_recompiling(host):
+def test_cpu_accelerator_ops_load_as_built_without_recompiling(host: Host) -> None:
     """As the default user, DS_ACCELERATOR=cpu loads the baked ops: no library is rebuilt."""
     before = host.check_output("cd ~/.cache/torch_extensions && stat -c '%n %Y' */*/*.so")
     cmd = host.run(f"DS_ACCELERATOR=cpu python -c '{CPU_OPS_UP_TO_DATE}'")
@@ -312,11 +315,11 @@ def test_cpu_accelerator_ops_load_as_built_without_recompiling(host):
     assert host.check_output("cd ~/.cache/torch_extensions && stat -c '%n %Y' */*/*.so") == before
 
 
-def test_no_apt_lists_or_debs(root_host):
+def test_no_apt_lists_or_debs(root_host: Host) -> None:
     assert root_host.check_output("find /var/lib/apt/lists /var/cache/apt -type f -name '*_*' | wc -l") == "0"
 
 
-def test_history_and_config_carry_no_secret(image_attrs, docker_client, image_ref):
+def test_history_and_config_carry_no_secret(image_attrs: dict, docker_client: docker.DockerClient, image_ref: str) -> None:
     ca_paths = ("ca-certificates.crt", "/run/secrets", "PIP_CERT=/")
     history = json.dumps(docker_client.api.history(image_ref))
     config = json.dumps(image_attrs["Config"])
@@ -325,7 +328,7 @@ def test_history_and_config_carry_no_secret(image_attrs, docker_client, image_re
     assert "src=" not in history and "BEGIN CERTIFICATE" not in history + config
 
 
-def test_zero_to_fp32_command_works(host):
+def test_zero_to_fp32_command_works(host: Host) -> None:
     out = host.run("zero_to_fp32 --help")
     assert out.rc == 0 and "checkpoint" in out.stdout.lower(), out.stdout + out.stderr
 
@@ -341,7 +344,7 @@ print(" ".join(providers))
 """
 
 
-def test_rdma_user_space_loads_with_its_providers(host):
+def test_rdma_user_space_loads_with_its_providers(host: Host) -> None:
     """NCCL's IB/RoCE transport dlopens libibverbs (and librdmacm); the verbs providers
     (mlx5, efa, ...) must load too, or it sees no device and falls back to sockets."""
     cmd = host.run(f"python -c '{RDMA_LOAD}'")
@@ -349,14 +352,14 @@ def test_rdma_user_space_loads_with_its_providers(host):
     assert {"libmlx5-rdmav34.so", "libefa-rdmav34.so"} <= set(cmd.stdout.split()), cmd.stdout
 
 
-def test_no_ssh_host_key_ships(root_host):
+def test_no_ssh_host_key_ships(root_host: Host) -> None:
     """openssh-server's postinst makes host keys; a key baked into a layer would be every container's.
     sshd mode generates a container's own at start."""
     keys = root_host.run("find / -xdev -name 'ssh_host_*key*' 2>/dev/null").stdout.strip()
     assert not keys, f"ssh host keys in the image: {keys}"
 
 
-def test_sshd_keeps_its_keys_where_strict_modes_accepts_them(root_host):
+def test_sshd_keeps_its_keys_where_strict_modes_accepts_them(root_host: Host) -> None:
     """sshd's StrictModes refuses a key file below a directory that group or others may write,
     and the home is group-writable for any uid: sshd mode's directory is the user's own, 0700,
     below root's directories."""
@@ -367,7 +370,7 @@ def test_sshd_keeps_its_keys_where_strict_modes_accepts_them(root_host):
         assert f.uid == 0 and f.mode & 0o022 == 0, f"{parent}: uid {f.uid}, mode {oct(f.mode)}"
 
 
-def test_servers_are_configured_for_auth(host):
+def test_servers_are_configured_for_auth(host: Host) -> None:
     """JupyterLab's config sets where it serves from, never its token; the login profile restores the venv."""
     conf = host.file("/opt/venv/etc/jupyter/jupyter_server_config.py").content_string
     assert 'c.ServerApp.root_dir = "/workspace"' in conf and "token" not in conf.split("c = get_config")[1].lower()
@@ -375,7 +378,7 @@ def test_servers_are_configured_for_auth(host):
     assert host.run("bash -lc 'command -v python'").stdout.strip() == "/opt/venv/bin/python"
 
 
-def test_banner_prints_versions_and_cpu_warning(image_ref, row, lock_meta):
+def test_banner_prints_versions_and_cpu_warning(image_ref: str, row: matrix.Image, lock_meta: dict) -> None:
     proc = run_image(image_ref, ["true"], ("--shm-size", "64m"))
     assert proc.returncode == 0, shown(proc)
     banner = proc.stderr
@@ -387,7 +390,7 @@ def test_banner_prints_versions_and_cpu_warning(image_ref, row, lock_meta):
     assert proc.stdout == ""  # banner never pollutes stdout
 
 
-def test_banner_can_be_silenced(image_ref):
+def test_banner_can_be_silenced(image_ref: str) -> None:
     proc = run_image(image_ref, ["echo", "hi"], ("-e", "PYTORCH_CUDA_NO_BANNER=1"))
     assert proc.returncode == 0 and proc.stdout == "hi\n" and proc.stderr == "", shown(proc)
 
@@ -400,7 +403,7 @@ BEHIND = r"""while read -r name fixed; do
 done"""
 
 
-def test_no_debian_package_is_behind_the_security_suite(host, row, lock_meta):
+def test_no_debian_package_is_behind_the_security_suite(host: Host, row: matrix.Image, lock_meta: dict) -> None:
     """Every installed package at least at the version its OS's security and updates suites held
     when the lock was made (lock.json apt_fixes: the base upgrades, then installs the newest)."""
     fixes = lock_meta.get("apt_fixes", {})
@@ -414,7 +417,7 @@ def test_no_debian_package_is_behind_the_security_suite(host, row, lock_meta):
     assert host.file("/etc/apt/sources.list.d/updates.list").contains(row.os.updates[0].suite)
 
 
-def test_debian_packages_are_the_locked_versions(host, row, lock_meta):
+def test_debian_packages_are_the_locked_versions(host: Host, row: matrix.Image, lock_meta: dict) -> None:
     for name in row.os.packages:
         pkg = host.package(name)
         assert pkg.is_installed and pkg.version == lock_meta["apt"][name], (name, pkg.version, lock_meta["apt"][name])

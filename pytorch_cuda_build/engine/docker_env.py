@@ -20,7 +20,7 @@ import docker.errors
 import requests
 
 from ..errors import DockerRefused, EnvironmentProblem
-from ..stages.matrix import REPRODUCIBLE_EPOCH
+from ..matrix import REPRODUCIBLE_EPOCH
 
 ENGINE_SCRIPT = Path(__file__).with_name("engine.sh")
 DOCKER_ENV = "PYTORCH_CUDA_DOCKER"

@@ -23,8 +23,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UsageError
-from .mounts import Mount, parse_all
+from ..errors import BadFile, BadValue, NotReady
+from .mounts import Mount
 
 LAUNCH = "pytorch-cuda-launch"
 LAUNCH_PATH = "/usr/local/bin/pytorch-cuda-launch"  # srun's PATH replaces the image's inside containers
@@ -63,20 +63,20 @@ def parse_image(text: str, what: str = "--image") -> ImageRef:
     m = REFERENCE.fullmatch(text or "")
     if not m:
         hint = "" if "@sha256:" in (text or "") else " (a tag can move between submission and pull; pin the digest)"
-        raise UsageError(f"{what} takes an image pinned by digest, REPO@sha256:<64 hex>, not {text!r}{hint}")
+        raise BadValue(f"{what} takes an image pinned by digest, REPO@sha256:<64 hex>, not {text!r}{hint}", name=what)
     return ImageRef(m["repo"], m["digest"])
 
 
 def published(results: Path, row: str) -> ImageRef:
-    """The row's reference from its published record, or a UsageError saying how to get one."""
+    """The row's reference from its published record, or NotReady saying how to get one."""
     record = results / "published.json"
     try:
         data = json.loads(record.read_text())
     except FileNotFoundError:
-        raise UsageError(f"{row} has no published record ({record}): publish it first (publish --push), "
-                         "or give --image REPO@sha256:...") from None
+        raise NotReady(f"{row} has no published record ({record}): publish it first (publish --push), "
+                         "or give --image REPO@sha256:...", ref=record) from None
     except (OSError, ValueError) as e:
-        raise UsageError(f"cannot read {record}: {e}") from None
+        raise BadFile(f"cannot read {record}: {e}", path=record) from None
     return parse_image(f"{data.get('repository', '')}@{data.get('digest', '')}", f"{record}'s repository@digest")
 
 
@@ -84,7 +84,7 @@ def shm_mib(text: str) -> int:
     """A /dev/shm size, 16Gi or 512Mi (G and M read as Gi and Mi), in MiB."""
     m = SIZE.fullmatch(text)
     if not m:
-        raise UsageError(f"--shm-size takes a size like 16Gi or 512Mi, not {text!r}")
+        raise BadValue(f"--shm-size takes a size like 16Gi or 512Mi, not {text!r}", name="--shm-size")
     return int(m["n"]) * (1024 if m["unit"].startswith("G") else 1)
 
 
@@ -159,44 +159,11 @@ def default_name(torch: str) -> str:
     return "pytorch-cuda-" + torch.replace(".", "-")
 
 
-def from_args(args, row: str, image: ImageRef) -> Job:
-    """The Job that validated arguments describe; its argv is their canonical form, for the header."""
-    slurm = args.scheduler == "slurm"
-    name = args.name or default_name(args.torch)
-    argv = ["job", "--torch", args.torch, *(["--cuda", args.cuda] if args.cuda else []),
-            *(["--flavor", args.flavor] if args.flavor != "runtime" else []), "--scheduler", args.scheduler,
-            *(["--runtime", args.runtime or "oci"] if slurm else ["--kind", args.kind]),
-            "--nodes", str(args.nodes), *(["--gpus-per-node", str(args.gpus_per_node)] if args.gpus_per_node else [])]
-    for dest in ("image", "name", "bundle", "sif", "namespace", "cluster_runtime", "socket_ifname"):
-        if getattr(args, dest, None):
-            argv += ["--" + dest.replace("_", "-"), getattr(args, dest)]
-    argv += [a for r in args.rdma for a in ("--rdma", r)]
-    mounts = parse_all(args.mount)
-    argv += [a for m in mounts for a in ("--mount", str(m))]
-    argv += ["--workdir", args.workdir] if args.workdir else []
-    argv += [*(["--cpus-per-node", str(args.cpus_per_node)] if args.cpus_per_node else []),
-             *(["--memory-per-node", args.memory_per_node] if args.memory_per_node else []),
-             *(["--qos", args.qos] if args.qos == "guaranteed" else []),
-             *[a for s in args.image_pull_secret for a in ("--image-pull-secret", s)],
-             *(["--deadline", args.deadline] if args.deadline else [])]
-    argv += [*(["--shm-size", args.shm_size] if args.shm_size != "16Gi" else []),
-             *(["--network", args.network] if args.network != "auto" else []), "--", *args.script]
-    return Job(scheduler=args.scheduler, name=name, row=row, image=image, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-               command=tuple(args.script), shm_mib=shm_mib(args.shm_size), network=args.network,
-               socket_ifname=args.socket_ifname, argv=tuple(argv), runtime=(args.runtime or "oci") if slurm else "",
-               bundle=args.bundle, sif=args.sif, kind=args.kind,
-               rdma=tuple((r.split("=")[0], int(r.split("=")[1])) for r in args.rdma),
-               namespace=args.namespace, cluster_runtime=args.cluster_runtime, mounts=mounts, workdir=args.workdir,
-               cpus=args.cpus_per_node, memory_mib=memory_mib(args.memory_per_node) if args.memory_per_node else None,
-               qos=args.qos or "burstable", pull_secrets=tuple(args.image_pull_secret),
-               deadline_s=deadline_seconds(args.deadline) if args.deadline else None)
-
-
 def memory_mib(text: str) -> int:
     """--memory-per-node, 64Gi or 512Mi (G and M read as Gi and Mi, as --shm-size), in MiB."""
     m = SIZE.fullmatch(text)
     if not m:
-        raise UsageError(f"--memory-per-node takes a size like 64Gi or 512Mi, not {text!r}")
+        raise BadValue(f"--memory-per-node takes a size like 64Gi or 512Mi, not {text!r}", name="--memory-per-node")
     return int(m["n"]) * (1024 if m["unit"].startswith("G") else 1)
 
 
@@ -206,5 +173,5 @@ def deadline_seconds(text: str) -> int:
     seconds = 0 if not m else int(m["bare"]) if m["bare"] else \
         sum(int(m[unit] or 0) * factor for unit, factor in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)))
     if seconds < 1:
-        raise UsageError(f"--deadline takes a duration of at least 1s like 24h, 90m, 1h30m, 2d or seconds (3600), not {text!r}")
+        raise BadValue(f"--deadline takes a duration of at least 1s like 24h, 90m, 1h30m, 2d or seconds (3600), not {text!r}", name="--deadline")
     return seconds

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from typing import Any
 
 import yaml
 
@@ -73,10 +74,10 @@ NOT_STR_12 = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?|0o
 
 
 class _Dumper(yaml.SafeDumper):
-    def ignore_aliases(self, data) -> bool:  # each document whole, no &id001 anchors
+    def ignore_aliases(self, data: Any) -> bool:  # each document whole, no &id001 anchors
         return True
 
-    def represent_str(self, data: str):
+    def represent_str(self, data: str) -> yaml.ScalarNode:
         style = "'" if NOT_STR_12.fullmatch(data) else None
         return self.represent_scalar("tag:yaml.org,2002:str", data, style=style)
 
@@ -240,7 +241,7 @@ def container(job: Job, name: str, env: dict[str, str], image: bool = True, port
     return c
 
 
-def pod_spec(job: Job, c: dict, restart: bool = True, **extra) -> dict:
+def pod_spec(job: Job, c: dict, restart: bool = True, **extra: Any) -> dict:
     """restart False: the owner sets restartPolicy (a PyTorchJob's replica spec)."""
     return {**extra, **({"restartPolicy": "Never"} if restart else {}),
             "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": GID, "fsGroup": GID},

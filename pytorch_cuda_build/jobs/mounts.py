@@ -16,7 +16,7 @@ import posixpath
 import re
 from dataclasses import dataclass
 
-from ..errors import UsageError
+from ..errors import BadValue
 
 PVC = "pvc"
 PATH = re.compile(r"/[^\s\"'`\\$:,]*")
@@ -76,31 +76,31 @@ def _taken(target: str) -> str | None:
 
 
 def parse(text: str, flag: str = "--mount") -> Mount:
-    """A --mount value (or a bundle's --bind, flag naming it), or a UsageError naming what is wrong."""
+    """A --mount value (or a bundle's --bind, flag naming it), or BadValue naming what is wrong."""
     parts = text.split(":")
     kind = None
     if parts[0] == PVC or (len(parts) >= 3 and parts[0] and not parts[0].startswith("/") and not parts[1].startswith("/")):
         kind, parts = parts[0], parts[1:]  # KIND:SOURCE:TARGET[:ro]
     read_only = len(parts) == 3
     if read_only and parts[2] != "ro":
-        raise UsageError(f"{flag} {text!r}: {parts[2]!r} is no option of a mount; the one option is ro")
+        raise BadValue(f"{flag} {text!r}: {parts[2]!r} is no option of a mount; the one option is ro", name=flag)
     if len(parts) not in (2, 3) or not all(parts):
-        raise UsageError(f"{flag} takes {FORM}, not {text!r}")
+        raise BadValue(f"{flag} takes {FORM}, not {text!r}", name=flag)
     source, target = parts[:2]
     if kind is not None and kind != PVC:
-        raise UsageError(f"{flag} {text!r}: unknown SOURCE kind {kind + ':'!r}; SOURCE is pvc:CLAIM (Kubernetes) or an absolute path")
+        raise BadValue(f"{flag} {text!r}: unknown SOURCE kind {kind + ':'!r}; SOURCE is pvc:CLAIM (Kubernetes) or an absolute path", name=flag)
     if kind == PVC and not CLAIM.fullmatch(source):
-        raise UsageError(f"{flag} {text!r}: CLAIM {source!r} is not a PersistentVolumeClaim's name (a lowercase DNS name)")
+        raise BadValue(f"{flag} {text!r}: CLAIM {source!r} is not a PersistentVolumeClaim's name (a lowercase DNS name)", name=flag)
     problem = None if kind == PVC else _path_problem(source)
     if problem:
-        raise UsageError(f"{flag} {text!r}: SOURCE {source!r} {problem}; SOURCE is an absolute path"
-                         f"{'' if flag != '--mount' else ' (a host or shared directory) or pvc:CLAIM'}")
+        raise BadValue(f"{flag} {text!r}: SOURCE {source!r} {problem}; SOURCE is an absolute path"
+                         f"{'' if flag != '--mount' else ' (a host or shared directory) or pvc:CLAIM'}", name=flag)
     problem = _path_problem(target)
     if problem:
-        raise UsageError(f"{flag} {text!r}: TARGET {target!r} {problem}; TARGET is an absolute path in the container, such as /data")
+        raise BadValue(f"{flag} {text!r}: TARGET {target!r} {problem}; TARGET is an absolute path in the container, such as /data", name=flag)
     problem = _taken(target)
     if problem:
-        raise UsageError(f"{flag} {text!r}: TARGET {target} {problem}; pick another TARGET, such as /data")
+        raise BadValue(f"{flag} {text!r}: TARGET {target} {problem}; pick another TARGET, such as /data", name=flag)
     return Mount(source, target, read_only, pvc=kind == PVC)
 
 
@@ -111,7 +111,7 @@ def parse_all(texts: list[str]) -> tuple[Mount, ...]:
     for text in texts:
         mount = parse(text)
         if mount.target in mounts:
-            raise UsageError(f"--mount {mounts[mount.target]!r} and --mount {text!r} both mount on {mount.target}: one TARGET, one mount")
+            raise BadValue(f"--mount {mounts[mount.target]!r} and --mount {text!r} both mount on {mount.target}: one TARGET, one mount", name="--mount")
         mounts[mount.target] = text
         out.append(mount)
     return tuple(out)

@@ -36,6 +36,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import typing  # noqa: F401 (its type comments; stdlib only, as every import here)
 
 NAME = "pytorch-cuda-oci-gpus"
 STALE = ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS")
@@ -50,6 +51,7 @@ class Refused(Exception):
 
 
 def bundle_of(argv):
+    # type: (list) -> str
     for flag, value in zip(argv, argv[1:]):
         if flag in ("--bundle", "-b"):
             return value
@@ -69,6 +71,7 @@ def indexes(text: str) -> list[int]:
 
 
 def allocated(show_job, node, expand):
+    # type: (str, str, typing.Callable[[str], list]) -> list
     """This node's GPU indexes in `scontrol -d show job` output; expand turns a host list into names."""
     for nodes, gres in NODE_LINE.findall(show_job):
         if node in expand(nodes):
@@ -77,6 +80,7 @@ def allocated(show_job, node, expand):
 
 
 def _scontrol(args, env):
+    # type: (list, dict) -> str
     try:
         proc = subprocess.run(["scontrol"] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               universal_newlines=True, env=env, timeout=60)
@@ -88,6 +92,7 @@ def _scontrol(args, env):
 
 
 def edit(config, gpus, fabric):
+    # type: (dict, list, typing.Optional[str]) -> dict
     """config.json naming exactly these GPUs, with the fabric's devices bound where given."""
     env = [e for e in config.get("process", {}).get("env", []) if e.split("=", 1)[0] not in STALE + ("NVIDIA_VISIBLE_DEVICES",)]
     env.append("NVIDIA_VISIBLE_DEVICES=" + (",".join(map(str, gpus)) or "void"))
@@ -99,6 +104,7 @@ def edit(config, gpus, fabric):
 
 
 def write(path, config):
+    # type: (str, dict) -> None
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".config.json.")
     with os.fdopen(fd, "w") as f:
         json.dump(config, f)
@@ -106,6 +112,7 @@ def write(path, config):
 
 
 def prepare(argv):
+    # type: (list) -> str
     """Edit the bundle's config.json for this node's share of the job; a line for the log."""
     path = os.path.join(bundle_of(argv), "config.json")
     with open(path) as f:
@@ -131,6 +138,7 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signa
 
 
 def create_then_start(argv):
+    # type: (list) -> int
     """`RUNTIME [GLOBAL...] run [OPTIONS] ID` as create, start and a wait; the container's exit status."""
     at = argv.index("run")
     if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
@@ -159,6 +167,7 @@ def create_then_start(argv):
 
 
 def main(argv):
+    # type: (list) -> None
     if "run" not in argv and "create" not in argv:
         sys.exit("usage: %s RUNTIME [GLOBAL OPTIONS] run|create --bundle BUNDLE ID" % NAME)
     try:

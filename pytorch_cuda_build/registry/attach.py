@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import PublishError
+from .client import RegistryAPI
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ def _layout(folder: Path, manifest: dict, blobs: dict[str, bytes]) -> tuple[Path
     return layout, "it"
 
 
-def attach_sbom(api, name: str, digest: str, sbom_path: Path) -> str:
+def attach_sbom(api: RegistryAPI, name: str, digest: str, sbom_path: Path) -> str:
     """Push sbom_path as name@digest's SBOM artifact and list it under the fallback tag; its digest."""
     try:
         sbom = sbom_path.read_bytes()
@@ -103,7 +104,7 @@ def attach_sbom(api, name: str, digest: str, sbom_path: Path) -> str:
     return attach(api, name, digest, sbom, SBOM)
 
 
-def attach(api, name: str, digest: str, document: bytes, kind: Kind) -> str:
+def attach(api: RegistryAPI, name: str, digest: str, document: bytes, kind: Kind) -> str:
     """Push document as name@digest's artifact of kind and list it under the fallback tag; its digest."""
     subject_raw = api.raw(name, digest)
     if subject_raw is None:

@@ -23,8 +23,8 @@ import docker.auth
 import docker.errors
 import requests
 
-from ..errors import EnvironmentProblem, PublishError, UsageError
-from ..stages.matrix import Image
+from ..errors import BadValue, EnvironmentProblem, PublishError, RegistryRefused
+from ..matrix import Image
 
 _LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
 _PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"  # the distribution spec's path component
@@ -47,9 +47,9 @@ class Registry:
     def parse(cls, text: str) -> "Registry":
         m = _ADDRESS.match(text or "")
         if not m:
-            raise UsageError(f"malformed registry address {text!r}: expected HOST[:PORT]/NAMESPACE, e.g. 127.0.0.1:5000/ml (no scheme, lowercase namespace)")
+            raise BadValue(f"malformed registry address {text!r}: expected HOST[:PORT]/NAMESPACE, e.g. 127.0.0.1:5000/ml (no scheme, lowercase namespace)", name="--registry")
         if m["port"] is not None and not 0 < int(m["port"]) < 65536:
-            raise UsageError(f"malformed registry address {text!r}: port {m['port']} is not 1-65535")
+            raise BadValue(f"malformed registry address {text!r}: port {m['port']} is not 1-65535", name="--registry")
         host = m["host"] + (f":{m['port']}" if m["port"] else "")
         return cls(host, m["ns"])
 
@@ -75,7 +75,7 @@ def credentials(reg: Registry) -> dict | None:
     user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
     if user or password:
         if not (user and password):
-            raise UsageError(f"set both {USER_ENV} and {PASSWORD_ENV}, or neither")
+            raise BadValue(f"set both {USER_ENV} and {PASSWORD_ENV}, or neither", name=USER_ENV)
         return {"username": user, "password": password}
     found = docker.auth.resolve_authconfig(docker.auth.load_config(), reg.host) or {}
     found = {k.lower(): v for k, v in found.items()}
@@ -116,8 +116,8 @@ class RegistryAPI:
         self.reg, self.creds, self.ca_bundle, self.timeout = reg, creds, ca_bundle, timeout
         self.binary = shutil.which("skopeo")
 
-    def _missing(self) -> UsageError:
-        return UsageError(f"registry {self.reg.host} needs credentials: `docker login {self.reg.host}` or set {USER_ENV} and {PASSWORD_ENV}")
+    def _missing(self) -> RegistryRefused:
+        return RegistryRefused(f"registry {self.reg.host} needs credentials: `docker login {self.reg.host}` or set {USER_ENV} and {PASSWORD_ENV}", host=self.reg.host)
 
     def _options(self, tmp: Path) -> list[str]:
         opts = [f"--tls-verify={'false' if self.reg.loopback else 'true'}"]  # as Docker: loopback is plain HTTP
@@ -162,7 +162,7 @@ class RegistryAPI:
             return _Absent(msg)
         if _REFUSED.search(msg):
             token = " (token)" if "auth token" in msg else ""
-            return UsageError(f"registry {self.reg.host} refused the credentials given{token}: {msg}") if self.creds else self._missing()
+            return RegistryRefused(f"registry {self.reg.host} refused the credentials given{token}: {msg}", host=self.reg.host) if self.creds else self._missing()
         if _NOT_A_REGISTRY.search(msg):
             return EnvironmentProblem(f"{self.reg.host} is not a container registry ({msg})")
         asked = re.search(r'"https?://([^/"]+)', msg)  # the URL that failed: the registry's, or its token service's
@@ -237,14 +237,14 @@ class RegistryAPI:
                 query.setdefault("scope", f"repository:{self.reg.namespace}/{name}:pull,push")
                 token = requests.get(params["realm"], params=query, auth=basic, verify=verify, timeout=self.timeout)
                 if token.status_code != 200:
-                    raise (UsageError(f"registry {self.reg.host} refused the credentials given (token)") if self.creds else self._missing())
+                    raise (RegistryRefused(f"registry {self.reg.host} refused the credentials given (token)", host=self.reg.host) if self.creds else self._missing())
                 body = token.json()
                 headers["Authorization"] = f"Bearer {body.get('token') or body.get('access_token')}"
                 resp = requests.put(url, data=raw, headers=headers, verify=verify, timeout=self.timeout)
         except requests.RequestException as e:
             raise Transient(f"registry {self.reg.host} unreachable: {e}") from None
         if resp.status_code in (401, 403):
-            raise UsageError(f"registry {self.reg.host} refused the credentials given") if self.creds else self._missing()
+            raise RegistryRefused(f"registry {self.reg.host} refused the credentials given", host=self.reg.host) if self.creds else self._missing()
         if resp.status_code >= 300:
             raise PublishError(f"registry {self.reg.host} refused {name}:{tag} ({resp.status_code}: {resp.text[:200]})")
 

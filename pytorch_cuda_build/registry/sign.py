@@ -27,7 +27,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ..errors import CommandFailed, EnvironmentProblem, UsageError
+from ..errors import BadFile, BadValue, CommandFailed, EnvironmentProblem
+from .client import RegistryAPI
 
 PASSPHRASE_ENV = "PYTORCH_CUDA_SIGN_PASSPHRASE"
 HOME = "gnupg"  # the key's own GnuPG home, inside the folder signing-key writes
@@ -38,7 +39,7 @@ UID = "pytorch-cuda image signing"
 def passphrase() -> str:
     value = os.environ.get(PASSPHRASE_ENV, "")
     if not value:
-        raise UsageError(f"set {PASSPHRASE_ENV}: the signing key's passphrase (it is never read from the command line)")
+        raise BadValue(f"set {PASSPHRASE_ENV}: the signing key's passphrase (it is never read from the command line)", name=PASSPHRASE_ENV)
     return value
 
 
@@ -55,14 +56,14 @@ def stop_agent(home: Path) -> None:
 
 
 def fingerprint(folder: Path) -> str:
-    """The fingerprint of the one secret key in folder's GnuPG home; UsageError if there is none."""
+    """The fingerprint of the one secret key in folder's GnuPG home; BadFile if there is none."""
     home = folder / HOME
     if not home.is_dir():
-        raise UsageError(f"--sign-key {folder}: no {HOME}/ in it; make a key with `build.py signing-key {folder}`")
+        raise BadFile(f"--sign-key {folder}: no {HOME}/ in it; make a key with `build.py signing-key {folder}`", path=folder)
     out = _gpg(home, "--with-colons", "--list-secret-keys").stdout
     fprs = re.findall(r"^fpr:+([0-9A-F]{40}):", out, re.M)
     if not fprs:
-        raise UsageError(f"--sign-key {folder}: its {HOME}/ holds no secret key")
+        raise BadFile(f"--sign-key {folder}: its {HOME}/ holds no secret key", path=folder)
     return fprs[0]
 
 
@@ -77,8 +78,8 @@ def check_key(folder: Path) -> str:
     finally:  # a later wrong passphrase must still fail
         stop_agent(folder / HOME)
     if proc.returncode != 0:
-        raise UsageError(f"--sign-key {folder}: the passphrase in {PASSPHRASE_ENV} does not open its key "
-                         f"({(proc.stderr.strip().splitlines() or ['gpg failed'])[-1]})")
+        raise BadValue(f"--sign-key {folder}: the passphrase in {PASSPHRASE_ENV} does not open its key "
+                         f"({(proc.stderr.strip().splitlines() or ['gpg failed'])[-1]})", name=PASSPHRASE_ENV)
     return fpr
 
 
@@ -88,7 +89,7 @@ def generate(folder: Path) -> tuple[str, Path]:
     home, public = folder / HOME, folder / PUBLIC
     for path in (home, public):
         if path.exists():
-            raise UsageError(f"{path} exists: a new key never replaces one (remove it, or name another folder)")
+            raise BadFile(f"{path} exists: a new key never replaces one (remove it, or name another folder)", path=path)
     secret = passphrase()
     home.mkdir(parents=True, mode=0o700)
     made = _gpg(home, "--quick-generate-key", UID, "rsa3072", "sign", "2y", secret=secret)
@@ -118,7 +119,7 @@ def policy(public_key: Path, repository: str) -> dict:
                                                     "signedIdentity": {"type": "matchRepository"}}]}}}
 
 
-def sign(api, name: str, digest: str, tag: str, folder: Path, signatures: Path) -> Path:
+def sign(api: RegistryAPI, name: str, digest: str, tag: str, folder: Path, signatures: Path) -> Path:
     """Sign name@digest (in api's registry) under the identity name:tag, into the lookaside
     directory signatures; the manifest is copied onto the tag it already has, so nothing in the
     registry changes. The signature file's path."""

@@ -26,7 +26,7 @@ import subprocess
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterable, Iterator, NoReturn
 
 import docker
 import docker.errors
@@ -119,7 +119,7 @@ def write_layout(c: docker.DockerClient, image_id: str, dest: Path) -> Layout:
     return Layout(dest, digest, config["digest"])
 
 
-def _take(src, digest: str, size: int, blobs: Path, small: dict[str, bytes], layers: dict) -> None:
+def _take(src: Any, digest: str, size: int, blobs: Path, small: dict[str, bytes], layers: dict) -> None:
     """One blob of the export, checked against its name: a small JSON document kept, a layer
     compressed with zstd (one in zstd already copied as it is)."""
     head = src.peek(4)[:4]
@@ -142,7 +142,7 @@ def _take(src, digest: str, size: int, blobs: Path, small: dict[str, bytes], lay
         raise PublishError(f"the engine's export holds {digest[:19]} with other bytes ({seen.digest[:19]}); nothing pushed")
 
 
-def _compress(tar_stream, blobs: Path) -> tuple[str, int, str]:
+def _compress(tar_stream: Any, blobs: Path) -> tuple[str, int, str]:
     """The uncompressed layer as a zstd blob in blobs: (its digest, its size, the diff ID it holds)."""
     partial = blobs / "partial.zst"
     diff = hashlib.sha256()
@@ -183,7 +183,7 @@ def _manifest(raw: bytes, image_id: str) -> dict:
     return doc
 
 
-def _absent(image_id: str, digest: str):
+def _absent(image_id: str, digest: str) -> NoReturn:
     raise PublishError(f"the engine's export of {image_id[:19]} lacks {digest[:19]} (the store no longer holds it); "
                        "nothing pushed")
 
@@ -218,13 +218,13 @@ def _export(c: docker.DockerClient, image_id: str) -> Iterator[tarfile.TarFile]:
 class _Chunks(io.RawIOBase):
     """A file over an iterator of byte chunks, without copying them."""
 
-    def __init__(self, chunks):
+    def __init__(self, chunks: Iterable[bytes]) -> None:
         self.chunks, self.rest = iter(chunks), memoryview(b"")
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, b) -> int:
+    def readinto(self, b: Any) -> int:
         while not self.rest:
             chunk = next(self.chunks, None)
             if chunk is None:
@@ -239,13 +239,13 @@ class _Chunks(io.RawIOBase):
 class _Hashing(io.RawIOBase):
     """A reader that hashes what passes through it."""
 
-    def __init__(self, f):
+    def __init__(self, f: Any) -> None:
         self.f, self.sha = f, hashlib.sha256()
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, b) -> int:
+    def readinto(self, b: Any) -> int:
         n = self.f.readinto(b)
         self.sha.update(memoryview(b)[:n])
         return n

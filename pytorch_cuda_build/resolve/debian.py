@@ -20,7 +20,7 @@ from pathlib import Path
 from debian.debian_support import Version  # Debian's own ordering: epochs, ~, revisions
 
 from ..errors import EnvironmentProblem, ResolveError
-from ..stages.matrix import snapshot_time
+from ..matrix import snapshot_time
 
 _DEBIAN_INDEX: dict[tuple[str, str], dict[str, dict[str, str]]] = {}
 

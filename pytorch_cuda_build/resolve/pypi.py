@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ..errors import EnvironmentProblem, ResolveError
-from ..stages.matrix import OS_PLATFORMS, Image
+from ..matrix import OS_PLATFORMS, Image
 from .wheel_files import PIN
 
 # Wheels are manylinux_2_28 at most for the torch versions we ship; bookworm has glibc 2.36.

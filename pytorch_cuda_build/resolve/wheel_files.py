@@ -20,7 +20,7 @@ from packaging import tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from ..errors import ResolveError
-from ..stages.matrix import OS_PLATFORMS
+from ..matrix import OS_PLATFORMS
 
 _BLOCK = re.compile(r"\n(?=\S)")
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
@@ -73,7 +73,7 @@ def glibc_of(apt_pins: dict[str, str]) -> str | None:
     return m.group(1) if m else None
 
 
-def best(files: list[tuple[str, str, int | None, str]], allowed: set[str], ranks: dict[tags.Tag, int]):
+def best(files: list[tuple[str, str, int | None, str]], allowed: set[str], ranks: dict[tags.Tag, int]) -> tuple[str, str, int | None, str] | None:
     """Of (filename, sha256, size, url) files, the wheel the lock allows that ranks best for the platform."""
     found = None
     for name, sha, size, url in files:
@@ -96,11 +96,11 @@ class _Links(HTMLParser):
         self.links: list[tuple[str, str]] = []
         self._href: str | None = None
 
-    def handle_starttag(self, tag, attrs):
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag == "a":
             self._href = dict(attrs).get("href")
 
-    def handle_data(self, data):
+    def handle_data(self, data: str) -> None:
         if self._href is not None and data.strip():
             self.links.append((data.strip(), self._href))
             self._href = None

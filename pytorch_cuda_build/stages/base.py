@@ -1,4 +1,4 @@
-"""The base of every image: a digest-pinned registry image, or a rootfs built locally.
+"""Stage 3: the base of every image: a digest-pinned registry image, or a rootfs built locally.
 
 Our build hosts reach no container registry, so the default matrix builds its Debian root
 filesystem from the Debian mirror and loads it into Docker once, named after the recipe's hash
@@ -36,10 +36,10 @@ import docker.errors
 from filelock import FileLock
 
 from .. import paths
-from ..errors import BuildError, EnvironmentProblem, UsageError
+from ..errors import BuildError, EnvironmentProblem, NotReady
+from ..matrix import REPRODUCIBLE_EPOCH, Image, Matrix
 from ..progress import log_tail
 from . import render
-from .matrix import REPRODUCIBLE_EPOCH, Image
 
 RECORD = "base.json"  # images/<image>/base.json: the identity recorded for a commit
 
@@ -254,12 +254,12 @@ def describe(ref: str, found: dict) -> str:
     return "\n".join(lines)
 
 
-def record(root: Path, matrix, image: Image, found: dict, revision: str) -> list[Path]:
+def record(root: Path, matrix: Matrix, image: Image, found: dict, revision: str) -> list[Path]:
     """Write found as the recorded identity of this base on image's platform, in the base.json
     of every row that shares it (same base name and platform); the paths written."""
     if not found.get("diff_id") or not found.get("mirror"):
-        raise UsageError(f"nothing to record: the base {render.base_ref(image)} was not built by this checkout's "
-                         "build.py, so its mirror state is unknown (build.py base --rebuild --record)")
+        raise NotReady(f"nothing to record: the base {render.base_ref(image)} was not built by this checkout's "
+                         "build.py, so its mirror state is unknown (build.py base --rebuild --record)", ref=render.base_ref(image))
     # The config's digest is the image ID on a classic store: computed, so one record serves both stores.
     config_digest = "sha256:" + hashlib.sha256(image_config(image, found["diff_id"])).hexdigest()
     entry = {"diff_id": found["diff_id"], "image_id": found["image_id"], "store": found["store"], "mirror": found["mirror"],

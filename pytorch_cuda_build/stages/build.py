@@ -1,4 +1,4 @@
-"""Stage 5: build a candidate image with BuildKit, streaming the log.
+"""Stage 4: build a candidate image with BuildKit, streaming the log.
 
 The build context is staged from committed files only (the image's lock files and
 manifest, and the in-image package), so nothing else in the checkout can leak into
@@ -16,16 +16,18 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
+
+import docker
 
 from .. import progress
 from ..buildkit import opsseed, provenance
 from ..engine import docker_env
 from ..engine.docker_env import BuildClient
-from ..errors import BuildError, EnvironmentProblem, UsageError
+from ..errors import BuildError, EnvironmentProblem
+from ..matrix import Image
 from ..paths import RUNTIME_PACKAGE
 from . import lock, render
-from .matrix import Image
 
 CONTEXT_FILES = ("requirements.lock", "deepspeed.lock", "toolkit.lock", "manifest.json")
 PLATFORM_FILES = ("requirements.lock", "toolkit.lock", *lock.EXTRAS_FILES)  # a platform's own, from images/<image>/linux-arm64/
@@ -163,10 +165,10 @@ def check_cache_options(bc: BuildClient, cache_from: tuple[str, ...], cache_to: 
     """Cache import and export are buildx's; export also needs a builder that can write one: the
     containerd store, or a docker-container builder (the docker driver refuses it on the classic store)."""
     if (cache_from or cache_to) and bc.argv[1:2] != ("buildx",):
-        raise UsageError(f"--cache-from and --cache-to need buildx, and {bc.description} has none "
+        raise EnvironmentProblem(f"--cache-from and --cache-to need buildx, and {bc.description} has none "
                          "(Docker 20.10's built-in BuildKit); use a current engine (python3 build.py engine)")
     if cache_to and getattr(bc, "export", "load") != "oci" and getattr(bc, "driver", None) in (None, "docker"):
-        raise UsageError(f"--cache-to needs the containerd image store or a docker-container builder ({bc.description} "
+        raise EnvironmentProblem(f"--cache-to needs the containerd image store or a docker-container builder ({bc.description} "
                          "uses the docker driver on the classic store, which cannot export a cache)")
     # Each spec's form was checked with the other arguments (validate.py), before this client was probed.
 
@@ -287,7 +289,7 @@ def failed_step(log_path: Path) -> str:
     return "docker build"
 
 
-def prune(bc: BuildClient, c, repository: str, keep_storage: str) -> int:
+def prune(bc: BuildClient, c: docker.DockerClient, repository: str, keep_storage: str) -> int:
     """Remove the candidate tags and dangling images, bound the build cache; how many tags went."""
     removed = 0
     for img in c.images.list(name=f"{repository}-candidate"):
@@ -306,7 +308,7 @@ def prune(bc: BuildClient, c, repository: str, keep_storage: str) -> int:
     return removed
 
 
-def prune_ops_seed(c, rows: Iterable[str]) -> tuple[int, int]:
+def prune_ops_seed(c: docker.DockerClient, rows: Iterable[str]) -> tuple[int, int]:
     """Drop the host's ops-seed entries no image names (how many, their bytes). An image names its
     entry while it is a row of the matrix (its next --no-cache build takes the entry, even with
     the image removed), or while an image tagged with its name is on the daemon (a row of another
@@ -321,14 +323,14 @@ class Timer:
     def __init__(self) -> None:
         self.stages: dict[str, float] = {}
 
-    def __call__(self, name: str):
+    def __call__(self, name: str) -> Any:
         timer = self
 
         class _Span:
-            def __enter__(self):
+            def __enter__(self) -> None:
                 self.t0 = time.monotonic()
 
-            def __exit__(self, *exc):
+            def __exit__(self, *exc: object) -> None:
                 timer.stages[name] = timer.stages.get(name, 0.0) + time.monotonic() - self.t0
 
         return _Span()

@@ -1,4 +1,4 @@
-"""Stage 6: prove a candidate image works before any public tag points at it.
+"""Stage 5: prove a candidate image works before any public tag points at it.
 
 Two suites: the in-image smoke suite (`pytorch-cuda-smoke`: versions, collectives,
 ZeRO-3, FSDP2; on the GPUs when the daemon has an NVIDIA runtime, else on 2 CPU ranks
@@ -21,7 +21,7 @@ import uuid
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import docker
 import docker.errors
@@ -29,7 +29,7 @@ import requests
 
 from ..engine import docker_env
 from ..errors import EnvironmentProblem, TestFailure
-from .matrix import Image
+from ..matrix import Image
 
 SMOKE_TIMEOUT_S = int(os.environ.get("PYTORCH_CUDA_SMOKE_TIMEOUT", "2400"))
 # An image of another architecture runs under QEMU, about 12x slower (docs/arm64.md). Its gate is
@@ -61,7 +61,7 @@ def code_hash(root: Path, package_home: Path = PACKAGE_HOME) -> str:
     return h.hexdigest()
 
 
-def _test_files(root: Path, package_home: Path = PACKAGE_HOME):
+def _test_files(root: Path, package_home: Path = PACKAGE_HOME) -> Iterator[tuple[str, Path]]:
     """(path as named in TEST_CODE's terms, file) for every file of the test code."""
     for rel in TEST_CODE:
         base = package_home if rel.startswith("pytorch_cuda_build/") else root
@@ -126,7 +126,7 @@ RUN_ID = os.environ.get("PYTORCH_CUDA_RUN_ID") or uuid.uuid4().hex
 
 
 @contextlib.contextmanager
-def throwaway_container(c: docker.DockerClient, image_id: str, command: list[str], kind: str, log: Callable[[str], None] = print, **opts):
+def throwaway_container(c: docker.DockerClient, image_id: str, command: list[str], kind: str, log: Callable[[str], None] = print, **opts: Any) -> Iterator[Any]:
     """A started container that is removed on every way out: create or start failed (a
     daemon without its bridge leaves a start-failed container behind, Created), timeout,
     interrupt, daemon error. It has a unique name, so even a create whose answer was
@@ -193,7 +193,7 @@ def hand_back(c: docker.DockerClient, image_id: str, out: Path, log: Callable[[s
         raise EnvironmentProblem(f"could not give the smoke suite's output in {out} to {owner} (chown exited {code})")
 
 
-def _wait(container, timeout: int) -> int:
+def _wait(container: Any, timeout: int) -> int:
     """The container's exit code, or 124 after killing it when it outlives the timeout."""
     try:
         return container.wait(timeout=timeout)["StatusCode"]

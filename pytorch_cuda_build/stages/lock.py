@@ -1,4 +1,4 @@
-"""Stage 3: lock. Resolve each row once (network) into committed files under images/<image>/.
+"""Stage 1: lock. Resolve each row once (network) into committed files under images/<image>/.
 
   requirements.lock  every package of the image's Python environment, hash-pinned,
                      except DeepSpeed (installed only with --only-binary wheels)
@@ -33,10 +33,10 @@ from typing import Callable
 
 from ..errors import LockError, ResolveError
 from ..files import sha256_text, write_atomic
+from ..matrix import OS_PLATFORMS, Image, Matrix
 from ..resolve import debian as resolve_debian
 from ..resolve import pypi as resolve_pypi
 from ..resolve import wheel_files
-from .matrix import OS_PLATFORMS, Image, Matrix
 
 LOCK_SCHEMA = 3  # 3: lock.json records each pin's wheel file (`wheels`)
 LOCK_FILES = ("requirements.lock", "deepspeed.lock", "toolkit.lock")

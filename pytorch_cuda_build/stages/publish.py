@@ -1,4 +1,4 @@
-"""Stage 8: publish tested images to a registry.
+"""Stage 9: publish tested images to a registry.
 
 Only an image ID recorded as tested is pushed. Each row's immutable tag is dated:
 `<row>-<YYYYMMDD>-<lock8>`, the source commit's day (UTC) and the lock's hash, both read
@@ -32,7 +32,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import docker
 import docker.auth
@@ -41,13 +41,13 @@ import requests
 import tenacity
 
 from ..engine import docker_env
-from ..errors import EnvironmentProblem, ImmutableTagTaken, PublishError, TagTaken, UsageError
+from ..errors import BadValue, EnvironmentProblem, ImageUnfit, ImmutableTagTaken, NotReady, PublishError, RegistryRefused, TagTaken
 from ..files import write_atomic
+from ..matrix import Image
 from ..registry import zstd
 from ..registry.client import Registry, RegistryAPI, Remote, Transient, credentials
 from . import lock, render, sbom, security
 from . import tag as tags
-from .matrix import Image
 from .render import LOCK_LABEL
 
 _PUSHED_DIGEST = re.compile(r"\bdigest: (sha256:[0-9a-f]{64})\b")
@@ -135,10 +135,10 @@ def tested_id(c: docker.DockerClient, image: Image) -> str:
     try:
         image_id = c.images.get(ref).id
     except docker.errors.ImageNotFound:
-        raise UsageError(f"{image.name} was never built here (no {ref}); build and test it first: {build_cmd}") from None
+        raise NotReady(f"{image.name} was never built here (no {ref}); build and test it first: {build_cmd}", ref=ref) from None
     assert image_id is not None  # docker-py types Model.id optional; an image the engine lists has one
     if tags.passed(image_id) is None:
-        raise UsageError(f"{ref} ({image_id[:19]}) never passed its tests here; nothing pushed (run {build_cmd} or build.py test)")
+        raise NotReady(f"{ref} ({image_id[:19]}) never passed its tests here; nothing pushed (run {build_cmd} or build.py test)", ref=ref)
     return image_id
 
 
@@ -151,8 +151,8 @@ def screen(c: docker.DockerClient, images: list[Image], results: Callable[[Image
     security.gate({i.local_name: results(i) / security.REPORT for i in images}, allowed)
     for image in images:
         if not (results(image) / sbom.FILE).is_file():
-            raise UsageError(f"{image.name}: no {results(image) / sbom.FILE}, the SBOM a push attaches beside the image; "
-                             f"nothing pushed (the build writes it: python build.py --torch {image.torch} --cuda {image.cuda})")
+            raise NotReady(f"{image.name}: no {results(image) / sbom.FILE}, the SBOM a push attaches beside the image; "
+                             f"nothing pushed (the build writes it: python build.py --torch {image.torch} --cuda {image.cuda})", ref=results(image) / sbom.FILE)
 
 
 def dated_tag(image: Image, labels: dict[str, str] | None, ref: str) -> str:
@@ -165,14 +165,14 @@ def dated_tag(image: Image, labels: dict[str, str] | None, ref: str) -> str:
     rebuild = f"rebuild it (python build.py --torch {image.torch} --cuda {image.cuda})"
     created, lock = labels.get(CREATED_LABEL, ""), labels.get(LOCK_LABEL, "")
     if not _LOCK_HASH.match(lock):
-        raise UsageError(f"{ref} has no valid label {LOCK_LABEL} ({lock!r}), so no immutable tag can name its lock; {rebuild}")
+        raise ImageUnfit(f"{ref} has no valid label {LOCK_LABEL} ({lock!r}), so no immutable tag can name its lock; {rebuild}", ref=ref)
     try:
         when = dt.datetime.fromisoformat(created.replace("Z", "+00:00"))
     except ValueError:
-        raise UsageError(f"{ref} has no valid label {CREATED_LABEL} ({created!r}), so no immutable tag can date it; {rebuild}") from None
+        raise ImageUnfit(f"{ref} has no valid label {CREATED_LABEL} ({created!r}), so no immutable tag can date it; {rebuild}", ref=ref) from None
     when = when.replace(tzinfo=dt.timezone.utc) if when.tzinfo is None else when.astimezone(dt.timezone.utc)
     if when.timestamp() <= 0:  # the build found no commit time: the date would say nothing
-        raise UsageError(f"{ref} was built without a commit time ({CREATED_LABEL}={created}); {rebuild} from a git checkout")
+        raise ImageUnfit(f"{ref} was built without a commit time ({CREATED_LABEL}={created}); {rebuild} from a git checkout", ref=ref)
     return f"{image.name}-{when:%Y%m%d}-{lock[:8]}"
 
 
@@ -185,13 +185,13 @@ def base_move(c: docker.DockerClient, image: Image, image_id: str, by_manifest: 
     base_id = (c.images.get(image_id).labels or {}).get(BASE_LABEL, "")
     ref = image.refs()[0]
     if not re.fullmatch(r"sha256:[0-9a-f]{64}", base_id):
-        raise UsageError(f"{ref} has no valid label {BASE_LABEL} ({base_id!r}), so its base cannot be published; "
-                         f"rebuild it (python build.py --torch {image.torch} --cuda {image.cuda})")
+        raise ImageUnfit(f"{ref} has no valid label {BASE_LABEL} ({base_id!r}), so its base cannot be published; "
+                         f"rebuild it (python build.py --torch {image.torch} --cuda {image.cuda})", ref=ref)
     try:
         c.images.get(base_id)
     except docker.errors.ImageNotFound:
-        raise UsageError(f"the base {ref} was built on ({base_id[:19]}) is no longer in this engine's store, and a "
-                         f"rebuild elsewhere needs it; rebuild the row (python build.py --torch {image.torch} --cuda {image.cuda})") from None
+        raise ImageUnfit(f"the base {ref} was built on ({base_id[:19]}) is no longer in this engine's store, and a "
+                         f"rebuild elsewhere needs it; rebuild the row (python build.py --torch {image.torch} --cuda {image.cuda})", ref=ref) from None
     repository, tag = render.base_ref(image).split(":", 1)
     return Move(image, base_id, f"{tag}-{base_id.removeprefix('sha256:')[:12]}", True, by_manifest=by_manifest, base=repository)
 
@@ -267,7 +267,7 @@ def where(api: RegistryAPI, moves: list[Move]) -> list[str]:
     for mv in moves:
         try:
             out.append(describe(mv, api.reg, mv.read(api)))
-        except (Transient, UsageError, PublishError) as e:
+        except (Transient, RegistryRefused, PublishError) as e:
             out.append(describe(mv, api.reg, None, unknown=str(e)))
     return out
 
@@ -361,13 +361,16 @@ def retry_backoff() -> float:
     except ValueError:
         value = -1.0
     if not (0 <= value <= 600):
-        raise UsageError(f"${BACKOFF_ENV} takes seconds from 0 to 600 (the first retry's wait), not {text!r}")
+        raise BadValue(f"${BACKOFF_ENV} takes seconds from 0 to 600 (the first retry's wait), not {text!r}", name=BACKOFF_ENV)
     return value
+
+
+T = TypeVar("T")
 
 
 def retrying(attempts: int, backoff: float, log: Callable[[str], None]) -> Callable:
     """retry(fn, what): fn again on a Transient failure, with exponential backoff, each retry logged."""
-    def retry(fn: Callable, what: str):
+    def retry(fn: Callable[[], T], what: str) -> T:
         def before_sleep(state: tenacity.RetryCallState) -> None:
             assert state.outcome is not None and state.next_action is not None  # both set before a sleep
             log(f"{what} failed: {state.outcome.exception()}; attempt {state.attempt_number + 1}/{attempts} in {state.next_action.sleep:.0f}s")
@@ -402,9 +405,9 @@ def publish(c: docker.DockerClient, images: list[Image], reg: Registry, *, push:
 def registry(address: str | None, retries: int) -> Registry:
     """The --registry and --retries of a command, checked before anything is built or pushed."""
     if not address:
-        raise UsageError("no registry: pass --registry HOST[:PORT]/NAMESPACE or set PYTORCH_CUDA_REGISTRY")
+        raise BadValue("no registry: pass --registry HOST[:PORT]/NAMESPACE or set PYTORCH_CUDA_REGISTRY", name="--registry")
     if retries < 1:
-        raise UsageError(f"--retries must be at least 1, not {retries}")
+        raise BadValue(f"--retries must be at least 1, not {retries}", name="--retries")
     return Registry.parse(address)
 
 

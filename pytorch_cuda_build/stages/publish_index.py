@@ -1,4 +1,4 @@
-"""Stage 10, for a row built on several platforms: each platform's tested image to its part tag
+"""Stage 9, for a row built on several platforms: each platform's tested image to its part tag
 `<dated>-<arch>`, then one OCI index of the parts under the row's dated and moving tags
 (registry/index.py writes and reads the index). publish.py is the same stage for a row of one
 platform, and holds the tag rules both follow (the dated tag, immutable tags, read-back)."""
@@ -15,12 +15,12 @@ import docker
 import docker.errors
 
 from ..engine import docker_env
-from ..errors import EnvironmentProblem, ImmutableTagTaken, PublishError, TagTaken, UsageError
+from ..errors import EnvironmentProblem, ImageUnfit, ImmutableTagTaken, NotReady, PublishError, TagTaken
+from ..matrix import Image
 from ..registry import index
 from ..registry.client import Registry, RegistryAPI, Transient, credentials
 from . import tag as tags
 from .build import source
-from .matrix import Image
 from .publish import CREATED_LABEL, Move, action, dated_tag, execute, learn_configs, lock_files_sha256, retrying, tested_id
 from .render import LOCK_LABEL
 
@@ -42,13 +42,13 @@ def tested(c: docker.DockerClient, row: Image) -> list[PlatformImage]:
         try:
             img = c.images.get(ref)
         except docker.errors.ImageNotFound:
-            raise UsageError(f"{row.name} has no {platform} image here (no {ref}); build and test every platform first: {build_cmd}") from None
+            raise NotReady(f"{row.name} has no {platform} image here (no {ref}); build and test every platform first: {build_cmd}", ref=ref) from None
         arch = img.attrs.get("Architecture")
         if arch != image.arch:
-            raise UsageError(f"{ref} is a {arch} image, not {platform} (a build for one platform moved the row's tags); {build_cmd}")
+            raise ImageUnfit(f"{ref} is a {arch} image, not {platform} (a build for one platform moved the row's tags); {build_cmd}", ref=ref)
         assert img.id is not None  # docker-py types Model.id optional; an image the engine lists has one
         if tags.passed(img.id) is None:
-            raise UsageError(f"{ref} ({img.id[:19]}) never passed its tests here; nothing pushed ({build_cmd})")
+            raise NotReady(f"{ref} ({img.id[:19]}) never passed its tests here; nothing pushed ({build_cmd})", ref=ref)
         out.append(PlatformImage(image, img.id))
     return out
 
@@ -59,8 +59,8 @@ def _parts(c: docker.DockerClient, images: list[PlatformImage], compression: str
     dated = {dated_tag(p.image, c.images.get(p.image_id).labels, tags.own_ref(p.image)) for p in images}
     if len(dated) != 1:
         row = images[0].image
-        raise UsageError(f"{row.name}'s platform images come from other commits or locks ({', '.join(sorted(dated))}); "
-                         f"build them together: python build.py --torch {row.torch} --cuda {row.cuda} --platform all")
+        raise ImageUnfit(f"{row.name}'s platform images come from other commits or locks ({', '.join(sorted(dated))}); "
+                         f"build them together: python build.py --torch {row.torch} --cuda {row.cuda} --platform all", ref=row.name)
     day = dated.pop()
     by_manifest = docker_env.image_store(c) == "containerd"
     return day, [Move(p.image, p.image_id, f"{day}-{p.image.arch}", True, by_manifest=by_manifest, compression=compression)

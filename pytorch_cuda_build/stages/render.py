@@ -1,4 +1,4 @@
-"""Stage 4: render images/<image>/Dockerfile and manifest.json, offline and deterministic.
+"""Stage 2: render images/<image>/Dockerfile and manifest.json, offline and deterministic.
 
 Inputs are committed files only (matrix.yaml, the locks, templates/, Dockerfile.base),
 so `render --check` in CI catches any drift between them and the committed output.
@@ -16,8 +16,8 @@ import jinja2
 from ..buildkit import layers
 from ..errors import LockError, RenderError
 from ..files import sha256_text, write_all_atomic
+from ..matrix import REPRODUCIBLE_EPOCH, Image, Matrix, minor_of, snapshot_time
 from . import lock, security
-from .matrix import REPRODUCIBLE_EPOCH, Image, Matrix, minor_of, snapshot_time
 
 LABEL_PREFIX = "io.pytorch-cuda"
 LOCK_LABEL = f"{LABEL_PREFIX}.lock-sha256"  # the hash of the row's lock files

@@ -1,4 +1,4 @@
-"""SBOM of any local image: run pytorch_cuda_runtime/sbom.py (stdlib only) inside it."""
+"""Stage 6: SBOM of any local image: run pytorch_cuda_runtime/sbom.py (stdlib only) inside it."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from ..errors import PipelineError, UsageError
+from ..errors import NotReady, PipelineError
 from . import gate
 
 FILE = "sbom.cdx.json"  # in the row's build-results: written by the build, attached by a push
@@ -18,7 +18,7 @@ def generate(c: docker.DockerClient, ref: str) -> dict:
     try:
         c.images.get(ref)
     except docker.errors.ImageNotFound:
-        raise UsageError(f"no image {ref} on this daemon") from None
+        raise NotReady(f"no image {ref} on this daemon", ref=ref) from None
     script = (
         "for p in /opt/venv/bin/python python3 python; do command -v $p >/dev/null 2>&1 && "
         "exec $p /sbom.py --subject \"$0\"; done; echo 'no python in this image' >&2; exit 3"

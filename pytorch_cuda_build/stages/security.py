@@ -1,4 +1,4 @@
-"""Known vulnerabilities of an image: Python advisories, and Debian packages behind the
+"""Stage 7: known vulnerabilities of an image: Python advisories, and Debian packages behind the
 security suite. Written to build-results/<image>/vulnerabilities.json; publish refuses an
 image whose report lists a critical advisory that no --allow-vulnerable names.
 
@@ -34,12 +34,12 @@ import tenacity
 from debian.debian_support import Version
 
 from .. import paths
-from ..errors import AdvisoryLookupError, ResolveError, UsageError, VulnerableImage
+from ..errors import AdvisoryLookupError, BadFile, BadValue, NotReady, ResolveError, VulnerableImage
 from ..files import write_atomic
+from ..matrix import AptSource, Image
 from ..resolve import debian as resolve_debian
 from ..resolve import pypi as resolve_pypi
 from . import lock
-from .matrix import AptSource, Image
 
 PYPI = "https://pypi.org/pypi"
 # Plain HTTP, as apt uses it: the signed InRelease vouches for the index, not the transport.
@@ -143,15 +143,15 @@ class Snapshot:
     def __init__(self, folder: Path):
         path = folder / SNAPSHOT_ANSWERS
         if not folder.is_dir():
-            raise UsageError(f"security snapshot {folder} is not a folder")
+            raise BadFile(f"security snapshot {folder} is not a folder", path=folder)
         try:
             answers = json.loads(path.read_text())
         except FileNotFoundError:
-            raise UsageError(f"security snapshot {folder} has no {SNAPSHOT_ANSWERS} (PyPI's answers keyed name==version)") from None
+            raise BadFile(f"security snapshot {folder} has no {SNAPSHOT_ANSWERS} (PyPI's answers keyed name==version)", path=folder) from None
         except json.JSONDecodeError as e:
-            raise UsageError(f"{path} is not valid JSON ({e.msg}, line {e.lineno})") from None
+            raise BadFile(f"{path} is not valid JSON ({e.msg}, line {e.lineno})", path=path) from None
         if not isinstance(answers, dict):
-            raise UsageError(f"{path} must map name==version to PyPI's answer")
+            raise BadFile(f"{path} must map name==version to PyPI's answer", path=path)
         self.folder, self.answers = folder, answers
         self._read: list[str] = []
 
@@ -161,7 +161,7 @@ class Snapshot:
             return None
         found = self.answers[key]
         if not isinstance(found, dict) or not isinstance(found.get("vulnerabilities", []), list):
-            raise UsageError(f"{self.folder / SNAPSHOT_ANSWERS}: {key} is not PyPI's answer (an object with a vulnerabilities list)")
+            raise BadFile(f"{self.folder / SNAPSHOT_ANSWERS}: {key} is not PyPI's answer (an object with a vulnerabilities list)", path=self.folder / SNAPSHOT_ANSWERS)
         return found.get("vulnerabilities", [])
 
     def security_index(self, source: AptSource) -> dict[str, str]:
@@ -170,7 +170,7 @@ class Snapshot:
         try:
             text = path.read_text()
         except FileNotFoundError:
-            raise UsageError(f"security snapshot {self.folder} has no {path.name} (the uncompressed {source.mirror}/dists/{suite}/main/binary-amd64/Packages.xz)") from None
+            raise BadFile(f"security snapshot {self.folder} has no {path.name} (the uncompressed {source.mirror}/dists/{suite}/main/binary-amd64/Packages.xz)", path=path) from None
         self._read.append(path.name)
         return newest(text)
 
@@ -221,7 +221,7 @@ def _version(package: str, text: str) -> Version:
     try:
         return Version(text)
     except ValueError:
-        raise UsageError(f"{package}: {text!r} is not a Debian version") from None
+        raise BadValue(f"{package}: {text!r} is not a Debian version", name=package) from None
 
 
 def newest(packages_text: str) -> dict[str, str]:
@@ -229,7 +229,7 @@ def newest(packages_text: str) -> dict[str, str]:
     try:
         return {name: f["Version"] for name, f in resolve_debian.newest_stanzas(packages_text).items()}
     except ValueError as e:
-        raise UsageError(f"a Debian index holds a version Debian's ordering cannot read ({e})") from None
+        raise BadValue(f"a Debian index holds a version Debian's ordering cannot read ({e})", name="Debian version") from None
 
 
 def behind(installed: dict[str, str], security: dict[str, str]) -> list[Behind]:
@@ -312,11 +312,11 @@ def read_report(name: str, path: Path) -> dict:
     try:
         report = json.loads(path.read_text())
     except FileNotFoundError:
-        raise UsageError(f"{name}: no {path} (a build writes it after the SBOM); rebuild the row to record it; nothing pushed") from None
+        raise NotReady(f"{name}: no {path} (a build writes it after the SBOM); rebuild the row to record it; nothing pushed", ref=path) from None
     except json.JSONDecodeError as e:
-        raise UsageError(f"{name}: {path} is not valid JSON ({e.msg}); rebuild the row to record it again; nothing pushed") from None
+        raise BadFile(f"{name}: {path} is not valid JSON ({e.msg}); rebuild the row to record it again; nothing pushed", path=path) from None
     if not isinstance(report, dict) or not isinstance(report.get("python"), list):
-        raise UsageError(f"{name}: {path} has no list of Python advisories; rebuild the row to record it again; nothing pushed")
+        raise BadFile(f"{name}: {path} has no list of Python advisories; rebuild the row to record it again; nothing pushed", path=path)
     return report
 
 

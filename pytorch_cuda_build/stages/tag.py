@@ -1,4 +1,4 @@
-"""Stage 7: promote a tested image ID to its public tags, and remember that it passed.
+"""Stage 8: promote a tested image ID to its public tags, and remember that it passed.
 
 Local tags move only here, only for an image ID whose tests passed: the row's own tag
 first, the aliases after it. (The dated immutable tag exists only in registries: publish.)
@@ -20,8 +20,8 @@ from filelock import FileLock
 
 from .. import paths
 from ..files import write_atomic
+from ..matrix import Image
 from .gate import gpus_used
-from .matrix import Image
 
 TESTED = paths.STATE_DIR / "tested.json"
 MODES = ("cpu", "gpu")

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from pytorch_cuda_build import matrix
 from pytorch_cuda_build.engine import docker_env
-from pytorch_cuda_build.stages import base, matrix, render
+from pytorch_cuda_build.stages import base, render
 
 from helpers import run_build_py, shown
 

@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.commands import verify
 from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.registry import client as registry
-from pytorch_cuda_build.stages import matrix, publish
-from pytorch_cuda_build.tools import engine_current, verify
+from pytorch_cuda_build.stages import publish
+from pytorch_cuda_build.tooling import engine_current
 
 from helpers import ROOT, base_in_current_engine, current_engine, run_build_py
 from registry import LocalRegistry, require_binary

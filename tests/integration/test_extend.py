@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from pytorch_cuda_build import matrix
 from pytorch_cuda_build.ca import default_ca_bundle
-from pytorch_cuda_build.stages import gate, lock, matrix
+from pytorch_cuda_build.stages import gate, lock
 
 from helpers import ROOT, current_engine, default_image, shown
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from conftest import IN_CI
 
-from pytorch_cuda_build import progress
+from pytorch_cuda_build import matrix, progress
 from pytorch_cuda_build.engine import docker_env
-from pytorch_cuda_build.stages import matrix, render, tag
-from pytorch_cuda_build.tools import engine_current
+from pytorch_cuda_build.stages import render, tag
+from pytorch_cuda_build.tooling import engine_current
 
 from helpers import ROOT, fill, insert_before_user, missing, needs_root, project_copy, run_build_py, shown, tmpfs, tree_snapshot
 

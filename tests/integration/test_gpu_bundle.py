@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from pytorch_cuda_build import ca
+from pytorch_cuda_build import ca, matrix
 from pytorch_cuda_build.engine import docker_env
-from pytorch_cuda_build.stages import build, matrix
+from pytorch_cuda_build.stages import build
 
 from helpers import ROOT, run_build_py, run_image, shown
 

@@ -11,7 +11,8 @@ import os
 
 import pytest
 
-from pytorch_cuda_build.stages import lock, matrix
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.stages import lock
 
 from helpers import ROOT, run_build_py, run_image, shown
 

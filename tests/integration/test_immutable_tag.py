@@ -16,7 +16,8 @@ import uuid
 
 import pytest
 
-from pytorch_cuda_build.stages import matrix, render, sbom
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.stages import render, sbom
 
 from helpers import image_exists, project_copy, run_build_py, shown
 from registry import LocalRegistry, require_binary

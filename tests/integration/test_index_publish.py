@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from pytorch_cuda_build import matrix
 from pytorch_cuda_build.engine import docker_env
-from pytorch_cuda_build.errors import ImmutableTagTaken, UsageError
+from pytorch_cuda_build.errors import ImmutableTagTaken, NotReady
 from pytorch_cuda_build.registry import index
 from pytorch_cuda_build.registry.client import Registry
-from pytorch_cuda_build.stages import matrix, publish, publish_index, tag
+from pytorch_cuda_build.stages import publish, publish_index, tag
 
 from helpers import ROOT, shown
 from registry import LocalRegistry
@@ -112,7 +113,7 @@ def test_a_platform_never_tested_is_one_line_and_nothing_pushed(docker_client, r
     subprocess.run([*bc.argv, "--platform", arm.platform, "--tag", tag.own_ref(arm), str(untested)], check=True,
                    capture_output=True, env=docker_env.build_env(bc))
     try:
-        with pytest.raises(UsageError, match="never passed its tests here; nothing pushed"):
+        with pytest.raises(NotReady, match="never passed its tests here; nothing pushed"):
             run(docker_client, row, registry, "untested")
         assert registry.manifest(f"untested/{row.repository}", "v2.11") is None
     finally:

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from pytorch_cuda_build import matrix
 from pytorch_cuda_build.buildkit import layers
-from pytorch_cuda_build.stages import lock, matrix, render
-from pytorch_cuda_build.stages.matrix import REPRODUCIBLE_EPOCH
+from pytorch_cuda_build.matrix import REPRODUCIBLE_EPOCH
+from pytorch_cuda_build.stages import lock, render
 
 from helpers import ROOT, base_in_current_engine, current_engine, make_wheel, shown
 

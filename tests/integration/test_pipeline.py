@@ -11,8 +11,9 @@ import uuid
 import docker.errors
 import pytest
 
-from pytorch_cuda_build.stages import gate, lock, matrix, render
-from pytorch_cuda_build.tools import bench
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.stages import gate, lock, render
+from pytorch_cuda_build.tooling import bench
 
 from helpers import ROOT, insert_before_user, project_copy, run_build_py
 

@@ -12,9 +12,10 @@ import uuid
 
 import pytest
 
+from pytorch_cuda_build import matrix
 from pytorch_cuda_build.buildkit import provenance
 from pytorch_cuda_build.registry import attach
-from pytorch_cuda_build.stages import matrix, publish, sbom, security
+from pytorch_cuda_build.stages import publish, sbom, security
 
 from helpers import build_small_oci, containerd_client, project_copy, run_build_py, shown
 

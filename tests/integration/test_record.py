@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from pytorch_cuda_build.commands import record
 from pytorch_cuda_build.stages import build
-from pytorch_cuda_build.tools import record
 
 from helpers import ROOT, one_error_line, run_build_py, shown
 from registry import small_image

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from pytorch_cuda_build.errors import UsageError
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.errors import RegistryRefused
 from pytorch_cuda_build.registry import attach
 from pytorch_cuda_build.registry import client as registry
-from pytorch_cuda_build.stages import matrix
 
 from helpers import ROOT
 from registry import LocalRegistry, TokenIssuer, push_small_image, require_binary
@@ -51,14 +51,14 @@ def test_read_back_gets_a_token_for_the_repository_and_the_digests_it_pushed(tok
 
 def test_without_credentials_the_anonymous_token_is_refused_and_says_how_to_log_in(token_registry):
     reg, issuer, _ = token_registry
-    with pytest.raises(UsageError, match=r"needs credentials: `docker login 127\.0\.0\.1:\d+`"):
+    with pytest.raises(RegistryRefused, match=r"needs credentials: `docker login 127\.0\.0\.1:\d+`"):
         api(reg, None).manifest(DEFAULT, "v2.7")
     assert {"user": None, "basic": False} in [{k: r[k] for k in ("user", "basic")} for r in issuer.requests]
 
 
 def test_a_wrong_password_is_refused_by_the_token_service_and_never_shown(token_registry):
     reg, _, _ = token_registry
-    with pytest.raises(UsageError, match=r"refused the credentials given \(token\): unable to retrieve auth token") as e:
+    with pytest.raises(RegistryRefused, match=r"refused the credentials given \(token\): unable to retrieve auth token") as e:
         api(reg, "wrong-" + SECRET).ping(DEFAULT)
     assert SECRET not in str(e.value)
 

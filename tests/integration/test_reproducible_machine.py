@@ -35,8 +35,9 @@ from pathlib import Path
 
 import pytest
 
-from pytorch_cuda_build.stages import matrix
-from pytorch_cuda_build.tools import engine_current, record
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.commands import record
+from pytorch_cuda_build.tooling import engine_current
 
 from helpers import ROOT, require, run_build_py
 

@@ -4,7 +4,7 @@ searched in every file of every layer that `docker save` writes, and in the hist
 and the scan itself shown to find such files where they are.
 
 Read-only on the tested image: the whole suite runs this module in its second lane
-(tools/selftest.py), beside the main lane."""
+(tooling/selftest.py), beside the main lane."""
 from __future__ import annotations
 
 import json

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from pytorch_cuda_build.stages import matrix
+from pytorch_cuda_build import matrix
 from pytorch_cuda_runtime.smoke import extras
 
 from helpers import ROOT, run_build_py, run_image, shown

@@ -55,8 +55,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytorch_cuda_build.stages import build, matrix, publish
-from pytorch_cuda_build.tools.selftest import LEAVE_OUT_ENV
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.stages import build, publish
+from pytorch_cuda_build.tooling.selftest import LEAVE_OUT_ENV
 
 from helpers import ROOT, base_in_current_engine, current_engine, needs_root
 from registry import BINARY, LocalRegistry
@@ -396,7 +397,7 @@ def _base_as_runner(workspace: Path, runner_env: dict[str, str], ref: str) -> su
     """The row's base rootfs built under a throwaway name as the runner user, the way build.py
     chooses (mmdebstrap through sudo, or in a user namespace without it), in the checks job's .venv.
     The last line of its stdout is the image ID."""
-    script = ("import docker; from pathlib import Path; from pytorch_cuda_build.stages import base, matrix\n"
+    script = ("import docker; from pathlib import Path; from pytorch_cuda_build import matrix; from pytorch_cuda_build.stages import base\n"
               "row = matrix.load(Path('matrix.yaml')).select('2.7', '12.1')\n"
               f"print(base._rootfs(docker.from_env(), row, {ref!r}, Path.home(), print, 'docker'))\n")
     return subprocess.run(["runuser", "-u", USER, "--", "env", "-i", *[f"{k}={v}" for k, v in runner_env.items()],

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from pytorch_cuda_build import matrix
 from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import PublishError
 from pytorch_cuda_build.registry import zstd
 from pytorch_cuda_build.registry.client import ZSTD_LAYER, Registry, RegistryAPI
-from pytorch_cuda_build.stages import matrix, publish, publish_index, tag
+from pytorch_cuda_build.stages import publish, publish_index, tag
 
 from helpers import CURRENT_ENGINE_ENV, ROOT, build_small_oci, containerd_client, one_error_line, require, shown
 from registry import LocalRegistry

@@ -13,9 +13,10 @@ import tarfile
 
 import pytest
 
-from pytorch_cuda_build.errors import BuildError, EnvironmentProblem, UsageError
-from pytorch_cuda_build.stages import base, matrix
-from pytorch_cuda_build.stages.matrix import REPRODUCIBLE_EPOCH
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.errors import BuildError, EnvironmentProblem, NotReady
+from pytorch_cuda_build.matrix import REPRODUCIBLE_EPOCH
+from pytorch_cuda_build.stages import base
 
 from helpers import ROOT
 
@@ -166,5 +167,5 @@ def test_recording_writes_every_row_that_shares_the_base_and_needs_a_build_of_th
     assert entry["config_digest"] == "sha256:" + hashlib.sha256(base.image_config(DEFAULT, RECORD["diff_id"])).hexdigest()
     assert base.recorded(tmp_path, DEFAULT)["diff_id"] == RECORD["diff_id"]
     assert base.recorded(tmp_path, m_arm64()) is None
-    with pytest.raises(UsageError):
+    with pytest.raises(NotReady):
         base.record(tmp_path, m, DEFAULT, {"diff_id": RECORD["diff_id"], "image_id": "x", "store": "classic"}, "abc123")

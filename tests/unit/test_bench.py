@@ -8,9 +8,9 @@ import pytest
 
 from pytorch_cuda_build import cli
 from pytorch_cuda_build.engine import docker_env
-from pytorch_cuda_build.errors import CommandFailed, UsageError
+from pytorch_cuda_build.errors import BadValue, CommandFailed
 from pytorch_cuda_build.stages import tag
-from pytorch_cuda_build.tools import bench, bench_report
+from pytorch_cuda_build.tooling import bench, bench_report
 
 from helpers import ROOT
 
@@ -157,7 +157,7 @@ def test_bench_full_without_cache_measures_needs_no_yes(no_docker):
 
 
 def test_bench_full_itself_checks_before_any_command(no_docker, tmp_path):
-    with pytest.raises(UsageError, match="--yes"):
+    with pytest.raises(BadValue, match="--yes"):
         bench.full(None, None, None, tmp_path, None, None, 1, 1, {"cold"}, tmp_path, print)
     assert no_docker == []
 

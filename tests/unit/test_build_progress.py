@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from pytorch_cuda_build import console, progress
 from pytorch_cuda_build.stages import build
-from pytorch_cuda_build.tools import bench
+from pytorch_cuda_build.tooling import bench
 
 # Recorded: the start of a real build.log of 2.7.1-cuda12.1-runtime (Docker 20.10's built-in
 # BuildKit), long RUN lines cut; #9 and #13 ran side by side, so BuildKit re-announced #9.

@@ -13,11 +13,11 @@ from pathlib import Path
 import certifi
 import pytest
 
-from pytorch_cuda_build import files
+from pytorch_cuda_build import arguments, files, matrix
 from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import EnvironmentProblem
-from pytorch_cuda_build.stages import build, matrix
-from pytorch_cuda_build.tools import bench
+from pytorch_cuda_build.stages import build
+from pytorch_cuda_build.tooling import bench
 
 from helpers import ROOT, one_error_line, project_copy, run_build_py, run_cli, tmpfs, tree_snapshot
 
@@ -225,7 +225,8 @@ def test_cache_specs_name_each_row_and_reach_the_build_and_child_runs(tmp_path, 
     args = opts.cache_args(image)
     assert args == ["--cache-from", "type=registry,ref=r/ns/cache:2.7.1-cuda12.1-runtime",
                     "--cache-to", "type=registry,ref=r/ns/cache:2.7.1-cuda12.1-runtime,mode=max"]
-    assert "type=registry,ref=r/ns/cache:{image}" in opts.argv()  # a child run fills in its own row
+    child = arguments.BuildOptions(all=True, cache_from=opts.cache_from, cache_to=opts.cache_to).child_argv(image, tmp_path / "r.json", None)
+    assert "type=registry,ref=r/ns/cache:{image}" in child  # a child run fills in its own row
     container_builder = docker_env.build_client(fake_docker(tmp_path, "28.2.2", buildx=True, driver="docker-container"))
     assert container_builder.driver == "docker-container" and container_builder.export == "load"
     build.check_cache_options(container_builder, opts.cache_from, opts.cache_to)  # classic store, yet it can export

@@ -8,11 +8,12 @@ from types import SimpleNamespace
 import docker.errors
 import pytest
 
-from pytorch_cuda_build import paths
+from pytorch_cuda_build import matrix, paths
+from pytorch_cuda_build.commands import verify
 from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import EnvironmentProblem
-from pytorch_cuda_build.stages import base, matrix
-from pytorch_cuda_build.tools import bench, verify
+from pytorch_cuda_build.stages import base
+from pytorch_cuda_build.tooling import bench
 
 from helpers import ROOT
 

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from pytorch_cuda_build.stages import lock, matrix, render
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.stages import lock, render
 
 from helpers import ROOT
 

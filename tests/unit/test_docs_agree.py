@@ -18,9 +18,9 @@ import tomllib
 import pytest
 
 import pytorch_cuda_build
-from pytorch_cuda_build import arguments
+from pytorch_cuda_build import arguments, matrix
 from pytorch_cuda_build.errors import PipelineError
-from pytorch_cuda_build.stages import matrix, render
+from pytorch_cuda_build.stages import render
 
 from helpers import ROOT
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import re
 
+from pytorch_cuda_build import matrix
 from pytorch_cuda_build.errors import LockError
-from pytorch_cuda_build.stages import lock, matrix
+from pytorch_cuda_build.stages import lock
 
 from helpers import ROOT
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import shlex
 import subprocess
 
-from pytorch_cuda_build.tools import engine_current
+from pytorch_cuda_build.tooling import engine_current
 
 from helpers import ROOT, run_cli
 

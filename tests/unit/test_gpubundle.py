@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from pytorch_cuda_build.errors import BundleTooLarge, CommandFailed, EnvironmentProblem, ResolveError, UsageError
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.commands import gpubundle, opswheel
+from pytorch_cuda_build.errors import BadFile, BadValue, BundleTooLarge, CommandFailed, EnvironmentProblem, ImageUnfit, ResolveError
 from pytorch_cuda_build.resolve import debian
-from pytorch_cuda_build.stages import lock, matrix
-from pytorch_cuda_build.tools import gpubundle, opswheel
+from pytorch_cuda_build.stages import lock
 
 from helpers import ROOT, layer_tar, missing, one_error_line, run_cli
 
@@ -184,7 +185,7 @@ def test_a_wheel_given_is_checked_and_carried_and_nothing_is_built(tmp_path, mon
 def test_a_wheel_that_does_not_fit_the_row_is_refused_before_any_download(tmp_path, monkeypatch, kw, text):
     calls = fake_downloads(monkeypatch)
     given = ds_wheel(tmp_path / "given", CUDA13, **kw)
-    with pytest.raises(UsageError, match=text.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(BadFile, match=text.replace("(", r"\(").replace(")", r"\)")):
         gpubundle.write(ROOT, CUDA13, tmp_path / "b", "3.12", None, gpubundle.WheelSource(ops_wheel=given), log=lambda _: None)
     assert calls == [] and not (tmp_path / "b").exists()
 
@@ -212,9 +213,9 @@ def test_the_ops_debug_info_is_stripped_and_record_kept_true(tmp_path):
 def test_a_file_that_is_no_deepspeed_wheel_is_refused(tmp_path):
     bad = tmp_path / f"deepspeed-{CUDA13.deepspeed}-cp312-cp312-linux_x86_64.whl"
     bad.write_bytes(b"not a zip")
-    with pytest.raises(UsageError, match="not a DeepSpeed wheel"):
+    with pytest.raises(BadFile, match="not a DeepSpeed wheel"):
         opswheel.check(bad, CUDA13, "3.12")
-    with pytest.raises(UsageError, match="expected deepspeed-"):
+    with pytest.raises(BadFile, match="expected deepspeed-"):
         opswheel.check(tmp_path / "torch-2.11.0-cp312-cp312-linux_x86_64.whl", CUDA13, "3.12")
 
 
@@ -223,7 +224,7 @@ def test_an_arm64_row_is_refused(tmp_path, monkeypatch):
     arm = CUDA13.on("linux/arm64") if "linux/arm64" in CUDA13.platforms else None
     if arm is None:
         pytest.skip("the 2.11 row has no arm64 platform")
-    with pytest.raises(UsageError, match="arm64 row"):
+    with pytest.raises(ImageUnfit, match="arm64 row"):
         gpubundle.write(ROOT, arm, tmp_path / "b", "3.12", None, log=lambda _: None)
 
 
@@ -257,14 +258,14 @@ def test_the_build_python_is_the_one_given_else_found_on_path_or_by_uv(tmp_path,
 
 
 @pytest.mark.parametrize(("version", "headers", "error", "text"), [
-    ("3.11", True, UsageError, "is Python 3.11; the bundle is for 3.12"),
+    ("3.11", True, BadValue, "is Python 3.11; the bundle is for 3.12"),
     ("3.12", False, EnvironmentProblem, "has no C headers"),
 ])
 def test_a_build_python_given_must_be_the_version_with_headers(tmp_path, version, headers, error, text):
     exe = fake_python(tmp_path, "py", version, headers)
     with pytest.raises(error, match=text):
         opswheel.find_python("3.12", exe)
-    with pytest.raises(UsageError, match="does not run"):
+    with pytest.raises(BadValue, match="does not run"):
         opswheel.find_python("3.12", str(tmp_path / "nothing"))
 
 

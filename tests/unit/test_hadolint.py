@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pytorch_cuda_build.stages import matrix
+from pytorch_cuda_build import matrix
 
 from helpers import ROOT, USER_LINE, venv_tool
 

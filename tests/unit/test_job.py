@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from pytorch_cuda_build import jobs, pipeline
-from pytorch_cuda_build.errors import UsageError
+from pytorch_cuda_build.errors import BadValue, NotReady
 from pytorch_cuda_build.jobs import kubernetes, mounts, ocibundle, ocigpus, slurm
 
 from helpers import ROOT, one_error_line, require, run_cli
@@ -66,7 +66,7 @@ def test_an_image_reference_is_read_with_its_digest(text, repository, pyxis):
 
 @pytest.mark.parametrize("text", [f"{REPO}:v2.7", REPO, f"{REPO}@sha256:abc", f"{REPO}@md5:{'0' * 32}", f"UPPER/x@{DIGEST}", ""])
 def test_a_reference_without_a_full_digest_is_refused(text):
-    with pytest.raises(UsageError, match="pinned by digest"):
+    with pytest.raises(BadValue, match="pinned by digest"):
         jobs.parse_image(text)
 
 
@@ -74,9 +74,9 @@ def test_the_published_record_gives_the_reference(tmp_path):
     (tmp_path / "published.json").write_text(json.dumps({"registry": "127.0.0.1:5000/ml", "repository": REPO, "digest": DIGEST}))
     assert str(jobs.published(tmp_path, ROW)) == IMAGE
     (tmp_path / "published.json").write_text(json.dumps({"repository": REPO}))
-    with pytest.raises(UsageError, match="pinned by digest"):
+    with pytest.raises(BadValue, match="pinned by digest"):
         jobs.published(tmp_path, ROW)
-    with pytest.raises(UsageError, match=r"no published record .*publish --push.*--image"):
+    with pytest.raises(NotReady, match=r"no published record .*publish --push.*--image"):
         jobs.published(tmp_path / "none", ROW)
 
 
@@ -731,7 +731,7 @@ def test_a_mount_is_read_and_written_back_as_given(text, mount):
     ("/a:/usr/local/bin", "TARGET /usr/local/bin is inside /usr"),
 ])
 def test_a_bad_mount_is_one_line_naming_what_is_wrong(text, says):
-    with pytest.raises(UsageError) as e:
+    with pytest.raises(BadValue) as e:
         mounts.parse(text)
     assert says in str(e.value) and "\n" not in str(e.value)
 
@@ -979,7 +979,7 @@ def test_a_deadline_is_read_in_seconds(text, seconds):
 
 @pytest.mark.parametrize("text", ["", "0", "0h", "1.5h", "24H", "1 h", "30m1h", "h", "-1", "1w"])
 def test_a_bad_deadline_is_one_line(text):
-    with pytest.raises(UsageError, match=r"--deadline takes a duration of at least 1s") as e:
+    with pytest.raises(BadValue, match=r"--deadline takes a duration of at least 1s") as e:
         jobs.deadline_seconds(text)
     assert "\n" not in str(e.value)
 

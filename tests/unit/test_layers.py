@@ -8,10 +8,11 @@ import re
 
 import pytest
 
+from pytorch_cuda_build import matrix
 from pytorch_cuda_build.buildkit import layers
 from pytorch_cuda_build.errors import LockError, ResolveError
 from pytorch_cuda_build.resolve import wheel_files
-from pytorch_cuda_build.stages import lock, matrix, render
+from pytorch_cuda_build.stages import lock, render
 
 from helpers import ROOT, project_copy
 

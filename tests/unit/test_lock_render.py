@@ -6,9 +6,10 @@ import shutil
 
 import pytest
 
+from pytorch_cuda_build import matrix
 from pytorch_cuda_build.errors import LockError, RenderError
 from pytorch_cuda_build.resolve import pypi as resolve_pypi
-from pytorch_cuda_build.stages import lock, matrix, render
+from pytorch_cuda_build.stages import lock, render
 
 from helpers import ROOT, project_copy, tree_snapshot
 

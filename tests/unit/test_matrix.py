@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from pytorch_cuda_build.errors import MatrixError, UsageError
-from pytorch_cuda_build.stages import matrix
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.errors import BadFile, MatrixError, NoSuchRow
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,11 +72,11 @@ def test_project_matrix_is_valid_and_has_the_required_rows():
 
 def test_selection_errors_list_what_exists(tmp_path):
     m = load(tmp_path, VALID)
-    with pytest.raises(UsageError, match=r"rows for torch 2.7: cuda 12.1 \(runtime, default\), cuda 12.6"):
+    with pytest.raises(NoSuchRow, match=r"rows for torch 2.7: cuda 12.1 \(runtime, default\), cuda 12.6"):
         m.select("2.7", "12.4")
-    with pytest.raises(UsageError, match="no row for torch 3.1; torch versions in matrix.yaml: 2.7"):
+    with pytest.raises(NoSuchRow, match="no row for torch 3.1; torch versions in matrix.yaml: 2.7"):
         m.select("3.1", None)
-    with pytest.raises(UsageError, match="unknown --flavor 'slim'"):
+    with pytest.raises(NoSuchRow, match="unknown --flavor 'slim'"):
         m.select("2.7", "12.1", "slim")
     assert m.select("2.7.1", None).cuda == "12.1"
 
@@ -139,7 +139,7 @@ def test_registry_base_must_be_digest_pinned(tmp_path):
 
 def test_not_a_mapping_and_missing_file(tmp_path):
     assert "expected a mapping" in problems(tmp_path, "- just\n- a list\n")[0]
-    with pytest.raises(UsageError, match="cannot read matrix file"):
+    with pytest.raises(BadFile, match="cannot read matrix file"):
         matrix.load(tmp_path / "absent.yaml")
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pytorch_cuda_build import paths
+from pytorch_cuda_build import matrix, paths
 from pytorch_cuda_build.buildkit import opsseed
 from pytorch_cuda_build.errors import BuildError
-from pytorch_cuda_build.stages import build, matrix
+from pytorch_cuda_build.stages import build
 
 ROOT = Path(__file__).resolve().parents[2]
 M = matrix.load(ROOT / "matrix.yaml")

@@ -13,13 +13,15 @@ PACKAGE = "pytorch_cuda_build"
 # Lowest first. A module may import its own layer and the layers below it, never above.
 LAYERS = [
     ("shared", {"errors", "files", "paths", "progress", "console", "ca"}),
-    ("matrix", {"stages.matrix"}),  # stage 1, which everything reads
+    ("model", {"matrix"}),  # matrix.yaml's rows, which every layer above reads
+    ("spec", {"spec"}),  # how a command's options are declared once (arguments.py, jobs/options.py declare them)
     ("engine", {"engine"}),
     ("helpers", {"resolve", "buildkit", "registry"}),  # the stages' helpers
     ("stages", {"stages"}),
     ("jobs", {"jobs"}),
     ("row", {"pipeline", "inputs"}),
-    ("tools", {"tools", "scheduler", "checks"}),
+    ("commands", {"commands", "scheduler", "checks"}),  # what users run beside the pipeline
+    ("tooling", {"tooling"}),  # the project's own: selftest, bench, the pull measure, the second engine
     ("cli", {"arguments", "validate", "cli", "__init__"}),
 ]
 
@@ -97,7 +99,7 @@ def test_no_import_inside_a_function_without_its_reason_beside_it():
 
 
 def layer(module: str) -> int:
-    """The layer of the longest member naming the module (stages.matrix before stages)."""
+    """The layer of the longest member naming the module (jobs.mounts before jobs)."""
     inner = module.split(".", 1)[1] if "." in module else "__init__"
     keys = [".".join(inner.split(".")[:n]) for n in range(inner.count(".") + 1, 0, -1)]
     return next(i for key in keys for i, (_, members) in enumerate(LAYERS) if key in members)
@@ -131,3 +133,34 @@ def test_the_architecture_page_numbers_the_stages_as_the_package_does():
     for number, name, _ in STAGES:
         assert f"| `stages/{name}.py` | stage {number}:" in text, f"docs/architecture.md's module map: stages/{name}.py as stage {number}"
 
+
+
+def test_each_stage_module_opens_with_its_number():
+    from pytorch_cuda_build.stages import STAGES  # the package under test, read for its list
+
+    for number, name, _ in STAGES:
+        doc = ast.get_docstring(ast.parse((ROOT / PACKAGE / "stages" / f"{name}.py").read_text())) or ""
+        assert doc.startswith((f"Stage {number}:", f"Stage {number},")), f"stages/{name}.py's docstring opens with 'Stage {number}:'"
+
+
+def test_the_pipelines_diagram_numbers_the_stages_as_the_package_does():
+    from pytorch_cuda_build import pipeline  # the package under test, read for its docstring
+    from pytorch_cuda_build.stages import STAGES  # the package under test, read for its list
+
+    doc = pipeline.__doc__ or ""
+    for number, name, _ in STAGES:
+        if name != "publish_index":  # publish's other half: one box in the diagram
+            assert f"{number} {name}" in doc, f"pipeline.py's diagram names stage {number} {name}"
+
+
+# Bad input to a command is found by validation, before anything is touched; what later steps
+# find has a class of its own in errors.py (BadValue, BadFile, NotReady, ImageUnfit, ...).
+VALIDATION = {"validate", "arguments"}
+
+
+def test_only_validation_makes_usage_errors():
+    made = [f"{path.relative_to(ROOT)}:{node.lineno}" for name, path in modules().items()
+            if name.split(".", 1)[-1] not in VALIDATION
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("UsageError", "UsageErrors")]
+    assert not made, f"UsageError made outside validation (raise the finding's own class from errors.py): {made}"

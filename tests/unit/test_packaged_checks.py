@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 import pytorch_cuda_build
+from pytorch_cuda_build import matrix
 from pytorch_cuda_build.errors import TestFailure as GateFailure  # not Test*: pytest would try to collect it
-from pytorch_cuda_build.stages import gate, matrix
+from pytorch_cuda_build.stages import gate
 
 from helpers import ROOT
 

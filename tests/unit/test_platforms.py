@@ -9,11 +9,11 @@ from unittest import mock
 
 import pytest
 
-from pytorch_cuda_build import pipeline
+from pytorch_cuda_build import matrix, pipeline
 from pytorch_cuda_build.engine import docker_env
-from pytorch_cuda_build.errors import EnvironmentProblem, UsageError
+from pytorch_cuda_build.errors import EnvironmentProblem, NoSuchRow
 from pytorch_cuda_build.errors import TestFailure as GateFailure
-from pytorch_cuda_build.stages import build, lock, matrix, render, tag
+from pytorch_cuda_build.stages import build, lock, render, tag
 
 from helpers import one_error_line, run_cli
 
@@ -40,7 +40,7 @@ def test_platform_choice_defaults_to_the_host_and_all_puts_the_host_first():
         assert [i.platform for i in pipeline.platforms(ROW, "all")] == ["linux/amd64", "linux/arm64"]
     with mock.patch.object(docker_env, "host_platform", return_value="linux/arm64"):
         assert [i.platform for i in pipeline.platforms(ROW, "all")] == ["linux/arm64", "linux/amd64"]
-        with pytest.raises(UsageError, match=r"locked for linux/amd64 only, not linux/arm64 \(linux/arm64 needs torch's aarch64"):
+        with pytest.raises(NoSuchRow, match=r"locked for linux/amd64 only, not linux/arm64 \(linux/arm64 needs torch's aarch64"):
             pipeline.platforms(OLD, None)  # an arm64 host asks for its own platform by default
 
 

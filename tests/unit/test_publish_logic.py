@@ -12,10 +12,11 @@ import sys
 import docker.errors
 import pytest
 
-from pytorch_cuda_build.errors import EnvironmentProblem, ImmutableTagTaken, PublishError, UsageError
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.commands import propose
+from pytorch_cuda_build.errors import BadValue, EnvironmentProblem, ImageUnfit, ImmutableTagTaken, PublishError, RegistryRefused
 from pytorch_cuda_build.registry import client as registry
-from pytorch_cuda_build.stages import matrix, publish, render
-from pytorch_cuda_build.tools import propose
+from pytorch_cuda_build.stages import publish, render
 
 from helpers import ROOT, ExportingEngine, layer_tar, oci_export, run_build_py
 
@@ -44,7 +45,7 @@ def test_registry_addresses(text, host, ns, api):
 @pytest.mark.parametrize("text", ["", "127.0.0.1:5000", "https://ghcr.io/acme", "ghcr.io/Acme", "ghcr.io/acme:tag",
                                   "ghcr.io//acme", "ghcr.io/acme/", "-bad.io/acme", "host:0/ml", "host:70000/ml", "host:x/ml"])
 def test_malformed_registry_addresses_are_usage_errors(text):
-    with pytest.raises(UsageError, match="malformed registry address"):
+    with pytest.raises(BadValue, match="malformed registry address"):
         registry.Registry.parse(text)
 
 
@@ -55,7 +56,7 @@ def test_credentials_from_the_environment_need_both(monkeypatch, tmp_path):
     monkeypatch.delenv(registry.PASSWORD_ENV, raising=False)
     assert registry.credentials(reg) is None
     monkeypatch.setenv(registry.USER_ENV, "bot")
-    with pytest.raises(UsageError, match="set both"):
+    with pytest.raises(BadValue, match="set both"):
         registry.credentials(reg)
     monkeypatch.setenv(registry.PASSWORD_ENV, "pw")
     assert registry.credentials(reg) == {"username": "bot", "password": "pw"}
@@ -138,7 +139,7 @@ def test_publish_usage_errors_are_one_line(args, text):
 
 
 def test_a_frozen_index_proposes_only_what_was_uploaded_by_then():
-    from pytorch_cuda_build.tools import propose
+    from pytorch_cuda_build.commands import propose
 
     data = {"name": "torch", "versions": ["2.15.0", "2.15.1"], "files": [
         {"filename": "torch-2.15.0-cp311-cp311-manylinux_2_28_x86_64.whl", "upload-time": "2026-10-01T10:00:00.000Z"},
@@ -161,9 +162,9 @@ def skopeo_said(msg: str) -> str:
 @pytest.mark.parametrize(("msg", "creds", "kind", "needle"), [
     ("reading manifest nope in 127.0.0.1:5000/ml/pytorch-cuda: manifest unknown: manifest unknown", True, registry._Absent, "manifest unknown"),
     ("reading manifest v2.7 in ghcr.io/acme/pytorch-cuda: name unknown: repository name not known to registry", True, registry._Absent, "name unknown"),
-    ("reading manifest v2.7 in 127.0.0.1:5000/ml/pytorch-cuda: unauthorized: authentication required", False, UsageError, "needs credentials: `docker login 127.0.0.1:5000`"),
-    ("reading manifest v2.7 in 127.0.0.1:5000/ml/pytorch-cuda: unauthorized: authentication required", True, UsageError, "refused the credentials given: reading"),
-    ("unable to retrieve auth token: invalid username/password: unauthorized: authentication required", True, UsageError, "refused the credentials given (token)"),
+    ("reading manifest v2.7 in 127.0.0.1:5000/ml/pytorch-cuda: unauthorized: authentication required", False, RegistryRefused, "needs credentials: `docker login 127.0.0.1:5000`"),
+    ("reading manifest v2.7 in 127.0.0.1:5000/ml/pytorch-cuda: unauthorized: authentication required", True, RegistryRefused, "refused the credentials given: reading"),
+    ("unable to retrieve auth token: invalid username/password: unauthorized: authentication required", True, RegistryRefused, "refused the credentials given (token)"),
     ('pinging container registry 127.0.0.1:5000: Get "http://127.0.0.1:5000/v2/": dial tcp 127.0.0.1:5000: connect: connection refused', True, registry.Transient, "registry 127.0.0.1:5000 unreachable"),
     ('Get "http://127.0.0.1:6000/token?scope=repository%3Aml%3Apull": dial tcp 127.0.0.1:6000: connect: connection refused', True, registry.Transient, "token service of 127.0.0.1:5000 unreachable"),
     ("pinging container registry 127.0.0.1:5000: invalid status code from registry 503 (Service Unavailable)", True, registry.Transient, "unreachable"),
@@ -234,7 +235,7 @@ def test_dated_tag_day_is_utc_not_the_local_offset():
     ({publish.LOCK_LABEL: LOCK, publish.CREATED_LABEL: "1970-01-01T00:00:00Z"}, "without a commit time"),
 ])
 def test_an_image_without_the_labels_gets_no_dated_tag(labels, needle):
-    with pytest.raises(UsageError, match=needle) as e:
+    with pytest.raises(ImageUnfit, match=needle) as e:
         publish.dated_tag(ROW, labels, "pytorch-cuda:2.7.1-cuda12.1-runtime")
     assert "rebuild it" in str(e.value) and "\n" not in str(e.value)
 
@@ -327,7 +328,7 @@ def test_the_record_and_the_table_name_the_base_apart_from_the_row(tested, tmp_p
     (LABELS, False, "no longer in this engine's store"),
 ])
 def test_a_row_whose_base_cannot_be_published_is_refused_before_any_push(tested, labels, base, needle):
-    with pytest.raises(UsageError, match=needle) as e:
+    with pytest.raises(ImageUnfit, match=needle) as e:
         _plan({}, labels=labels, base=base)
     assert "rebuild" in str(e.value) and "\n" not in str(e.value)
 

@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from pytorch_cuda_build.errors import UsageError
-from pytorch_cuda_build.stages import lock, matrix
-from pytorch_cuda_build.tools import pullcost
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.errors import BadValue
+from pytorch_cuda_build.stages import lock
+from pytorch_cuda_build.tooling import pullcost
 
 from helpers import ROOT, project_copy
 
@@ -37,7 +38,7 @@ def test_the_cuda_13_rows_are_measured_oldest_first():
     assert names[0] == "2.11.0-cuda13.0-runtime" and names[-1] == "2.15.0-cuda13.2-runtime" and len(names) == 5
     assert [i.name for i in pullcost.rows(MATRIX, 2)] == names[:2]  # --pull-rows 2: the two oldest, neighbours
     for n in (1, 6):
-        with pytest.raises(UsageError, match=f"--pull-rows takes 2 to 5 .*not {n}"):
+        with pytest.raises(BadValue, match=f"--pull-rows takes 2 to 5 .*not {n}"):
             pullcost.rows(MATRIX, n)
 
 

@@ -1,4 +1,4 @@
-"""Image records (tools/record.py): read from a `docker save` stream, written and read back,
+"""Image records (commands/record.py): read from a `docker save` stream, written and read back,
 and compared with another record, naming the differing layers and files. No daemon."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pytorch_cuda_build.errors import ArchiveLayoutError, UsageError
-from pytorch_cuda_build.tools import record
+from pytorch_cuda_build.commands import record
+from pytorch_cuda_build.errors import ArchiveLayoutError, BadFile
 
 EPOCH = 1767225600
 
@@ -152,9 +152,9 @@ def test_a_layer_one_side_did_not_read_is_listed_not_guessed():
 def test_a_file_that_is_no_record_is_one_usage_line(tmp_path: Path, content: bytes):
     path = tmp_path / "bad.json.xz"
     path.write_bytes(content)
-    with pytest.raises(UsageError, match=r"bad.json.xz: not an image record"):
+    with pytest.raises(BadFile, match=r"bad.json.xz: not an image record"):
         record.load(path)
-    with pytest.raises(UsageError, match="no such record file"):
+    with pytest.raises(BadFile, match="no such record file"):
         record.load(tmp_path / "absent.json.xz")
 
 

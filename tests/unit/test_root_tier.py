@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from pytorch_cuda_build.tools.selftest import LEAVE_OUT_ENV
+from pytorch_cuda_build.tooling.selftest import LEAVE_OUT_ENV
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 TESTS = ROOT / "tests"

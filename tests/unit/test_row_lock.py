@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from pytorch_cuda_build import paths, pipeline
+from pytorch_cuda_build import matrix, paths, pipeline
 from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import EnvironmentProblem
-from pytorch_cuda_build.stages import matrix
 
 ROOT = Path(__file__).resolve().parents[2]
 ROW = matrix.load(ROOT / "matrix.yaml").images[0]

@@ -5,11 +5,12 @@ import io
 import sys
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from pytorch_cuda_build import console, errors, pipeline, scheduler
+from pytorch_cuda_build import arguments, console, errors, pipeline, scheduler
 from pytorch_cuda_build.errors import BuildError
 
 ROWS = [SimpleNamespace(name=n, torch="2.7.1", cuda=c, flavor="runtime", platform="linux/amd64") for n, c in
@@ -97,7 +98,8 @@ else:
 
 def test_row_processes_read_each_childs_json_result(tmp_path):
     (tmp_path / "build.py").write_text(FAKE_CHILD)
-    worker = scheduler.RowProcesses(tmp_path, tmp_path / "matrix.yaml", pipeline.Options(no_test=True, no_cache=True).argv())
+    options = arguments.BuildOptions(matrix=tmp_path / "matrix.yaml", all=True, no_test=True, no_cache=True)
+    worker = scheduler.RowProcesses(tmp_path, lambda image, out: options.child_argv(image, out, None))
     results = scheduler.schedule(ROWS, worker, 3, quiet(), worker.log_path)
     assert (results[0].ok, results[0].seconds, results[0].tags, results[0].size_bytes) == (True, {"build": 2.5}, ["t:1"], 5)
     assert (results[1].ok, results[1].exit_code, results[1].error) == (False, 2, ["no disk space for a build"])
@@ -121,10 +123,12 @@ def test_a_child_records_its_typed_error_then_raises_it(tmp_path):
 
 
 def test_options_become_the_childs_flags():
-    reg = pipeline.publish.Registry.parse("127.0.0.1:5000/ml")
-    argv = pipeline.Options(docker="/usr/bin/docker", ca_path="/ca.pem", retest=True, require_gpu=True, registry=reg).argv()
-    assert argv == ["--retest", "--require-gpu", "--docker", "/usr/bin/docker", "--ca-bundle", "/ca.pem",
-                    "--push", "--registry", "127.0.0.1:5000/ml", "--retries", "4"]
+    options = arguments.BuildOptions(matrix=Path("m.yaml"), all=True, jobs=2, docker="/usr/bin/docker", ca_bundle="ca.pem", retest=True,
+                                     require_gpu=True, push=True, registry="127.0.0.1:5000/ml")
+    argv = options.child_argv(ROWS[1], Path("r.json"), "/ca.pem")  # the CA bundle as the parent found it
+    assert argv == ["--matrix", "m.yaml", "build", "--torch", "2.7.1", "--cuda", "12.6", "--docker", "/usr/bin/docker",
+                    "--ca-bundle", "/ca.pem", "--retest", "--require-gpu", "--result-json", "r.json", "--registry", "127.0.0.1:5000/ml",
+                    "--push"]  # --retries 4 is the child's default
     assert sys.executable  # children run with this interpreter
 
 

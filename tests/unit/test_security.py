@@ -11,10 +11,10 @@ import pytest
 import requests
 import yaml
 
-from pytorch_cuda_build import pipeline
+from pytorch_cuda_build import matrix, pipeline
 from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import AdvisoryLookupError, VulnerableImage
-from pytorch_cuda_build.stages import matrix, publish, sbom, security
+from pytorch_cuda_build.stages import publish, sbom, security
 
 from helpers import ROOT, run_cli
 

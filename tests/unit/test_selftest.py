@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pytorch_cuda_build.errors import EnvironmentProblem
-from pytorch_cuda_build.tools import selftest
+from pytorch_cuda_build.tooling import selftest
 
 
 def fake_run(codes):

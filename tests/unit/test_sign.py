@@ -11,7 +11,7 @@ import stat
 
 import pytest
 
-from pytorch_cuda_build.errors import UsageError
+from pytorch_cuda_build.errors import BadFile, BadValue
 from pytorch_cuda_build.registry import sign
 
 pytestmark = pytest.mark.skipif(shutil.which("gpg") is None, reason="gpg missing (Debian: gnupg)")
@@ -38,7 +38,7 @@ def test_only_its_passphrase_opens_it_even_right_after_the_right_one(key, monkey
     monkeypatch.setenv(sign.PASSPHRASE_ENV, "right")
     assert sign.check_key(folder) == fpr
     monkeypatch.setenv(sign.PASSPHRASE_ENV, "wrong")
-    with pytest.raises(UsageError, match="does not open its key"):
+    with pytest.raises(BadValue, match="does not open its key"):
         sign.check_key(folder)
     # gpg unlinks the output of a failed signature: as root, an output of /dev/null was the host's
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
@@ -46,18 +46,18 @@ def test_only_its_passphrase_opens_it_even_right_after_the_right_one(key, monkey
 
 def test_no_passphrase_and_no_key_are_one_line_each(tmp_path, monkeypatch):
     monkeypatch.delenv(sign.PASSPHRASE_ENV, raising=False)
-    with pytest.raises(UsageError, match=f"set {sign.PASSPHRASE_ENV}"):
+    with pytest.raises(BadValue, match=f"set {sign.PASSPHRASE_ENV}"):
         sign.passphrase()
-    with pytest.raises(UsageError, match=r"no gnupg/ in it; make a key with `build.py signing-key"):
+    with pytest.raises(BadFile, match=r"no gnupg/ in it; make a key with `build.py signing-key"):
         sign.fingerprint(tmp_path)
     (tmp_path / sign.HOME).mkdir(mode=0o700)
-    with pytest.raises(UsageError, match="holds no secret key"):
+    with pytest.raises(BadFile, match="holds no secret key"):
         sign.fingerprint(tmp_path)
 
 
 def test_an_existing_key_is_never_replaced(key, monkeypatch):
     monkeypatch.setenv(sign.PASSPHRASE_ENV, "right")
-    with pytest.raises(UsageError, match="exists: a new key never replaces one"):
+    with pytest.raises(BadFile, match="exists: a new key never replaces one"):
         sign.generate(key[0])
 
 

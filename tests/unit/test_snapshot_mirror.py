@@ -7,9 +7,10 @@ from datetime import datetime, timezone
 
 import pytest
 
+from pytorch_cuda_build import matrix
 from pytorch_cuda_build.errors import MatrixError, ResolveError
 from pytorch_cuda_build.resolve import debian as resolve_debian
-from pytorch_cuda_build.stages import matrix, render
+from pytorch_cuda_build.stages import render
 
 from helpers import ROOT
 

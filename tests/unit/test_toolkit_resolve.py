@@ -41,8 +41,9 @@ def test_a_missing_package_is_named(monkeypatch):
 def test_a_toolkit_version_the_suite_no_longer_has_stops_the_lock(monkeypatch):
     from pathlib import Path
 
+    from pytorch_cuda_build import matrix
     from pytorch_cuda_build.errors import LockError
-    from pytorch_cuda_build.stages import lock, matrix
+    from pytorch_cuda_build.stages import lock
 
     image = matrix.load(Path(__file__).resolve().parents[2] / "matrix.yaml").select("2.7", "12.1")
     newer = resolve_debian.Deb("nvidia-cuda-toolkit", "12.4.131~12.4.1-3", "pool/n/t.deb", "ab", 3)

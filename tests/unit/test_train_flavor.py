@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from test_matrix import VALID, load, problems
 
-from pytorch_cuda_build import paths
+from pytorch_cuda_build import matrix, paths
 from pytorch_cuda_build.buildkit import layers, opsseed
 from pytorch_cuda_build.errors import BuildError, LockError
 from pytorch_cuda_build.resolve import pypi as resolve_pypi
-from pytorch_cuda_build.stages import lock, matrix, render, security
+from pytorch_cuda_build.stages import lock, render, security
 
 from helpers import ROOT, project_copy
 
@@ -288,7 +288,7 @@ def test_tebuild_refuses_an_extension_that_needs_the_driver(tmp_path):
 
 
 def test_a_train_bundle_carries_liger_and_torchao_and_says_why_not_te_and_fa4(tmp_path):
-    from pytorch_cuda_build.tools import gpubundle
+    from pytorch_cuda_build.commands import gpubundle
 
     manifest = gpubundle.bundle_manifest(lock.image_dir(ROOT, TRAIN) / "manifest.json", ["liger-kernel", "torchao"])
     assert manifest["extras"] == {"liger-kernel": "0.8.5", "torchao": "0.18.0"}

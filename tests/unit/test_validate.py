@@ -16,7 +16,7 @@ import filelock
 import pytest
 import requests
 
-from pytorch_cuda_build import arguments, files, pipeline
+from pytorch_cuda_build import arguments, files, matrix
 from pytorch_cuda_build import validate as stage
 from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.registry import client as registry
@@ -420,11 +420,12 @@ def test_good_arguments_pass_and_are_completed(monkeypatch, argv, completed):
 def test_a_child_of_all_gets_arguments_that_validate(tmp_path, monkeypatch, registry):
     """--all's rows run as `build.py build ... --result-json F` with the parent's options: those must pass too."""
     monkeypatch.delenv("PYTORCH_CUDA_REGISTRY", raising=False)
-    opts = pipeline.Options(ca_path=certifi.where(), no_test=registry is None, no_cache=True, registry=registry, retries=2,
-                            allow_vulnerable=("GHSA-x",) if registry else (), cache_from=("type=registry,ref=r/c",),
-                            compression="zstd" if registry else "gzip")
-    argv = ["--matrix", str(ROOT / "matrix.yaml"), "build", "--torch", "2.7", "--cuda", "12.1", "--flavor", "runtime",
-            "--result-json", str(tmp_path / "result.json"), *opts.argv(), "--quiet"]
+    opts = arguments.BuildOptions(matrix=ROOT / "matrix.yaml", all=True, jobs=2, no_test=registry is None, no_cache=True,
+                                  push=registry is not None, registry=str(registry) if registry else None, retries=2 if registry else 4,
+                                  allow_vulnerable=("GHSA-x",) if registry else (), cache_from=("type=registry,ref=r/c",),
+                                  compression="zstd" if registry else "gzip", quiet=True)
+    row = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
+    argv = opts.child_argv(row, tmp_path / "result.json", certifi.where())
     stage.validate(arguments.parser().parse_args(argv))
 
 
@@ -442,3 +443,31 @@ def test_a_ca_bundle_with_a_pem_certificate_among_other_text_is_taken(tmp_path):
     bundle.write_text(first.replace("-----BEGIN CERTIFICATE-----", "-----BEGIN PRIVATE KEY-----"))
     with pytest.raises(Exception, match="holds no PEM certificate"):
         stage.check_ca_bundle(str(bundle))
+
+
+def test_publish_sign_key_on_a_row_of_several_platforms_is_refused_before_anything_is_touched(untouched, paths, monkeypatch):
+    """The rows a publish takes come from the arguments and the matrix: signing an index is refused in validation."""
+    from pytorch_cuda_build.registry import sign  # its key check needs gpg: stood in for, the key taken as good
+
+    monkeypatch.setattr(sign, "check_key", lambda folder: "F" * 40)
+    for rows in (["--torch", "2.11"], ["--all"]):
+        proc = run_cli(ROOT, "publish", *rows, *REG, "--sign-key", paths["dir"], env=NO_DOCKER)
+        one_error_line(proc, 2, "--sign-key signs single-platform rows' images; 2.11.0-cuda13.0-runtime is an index of "
+                                "linux/amd64, linux/arm64, which publish does not sign yet")
+        assert proc.stdout == ""
+
+
+@pytest.fixture
+def pulled(tmp_path):
+    """matrix.yaml with its Debian base a registry image instead (written before `untouched` starts)."""
+    text = (ROOT / "matrix.yaml").read_text()
+    pulled = text.replace("    kind: debootstrap\n    suite: bookworm\n    mirror: http://deb.debian.org/debian\n    variant: minbase\n",
+                          "    kind: registry\n    image: debian@sha256:" + "0" * 64 + "\n", 1)
+    assert pulled != text
+    (tmp_path / "pulled.yaml").write_text(pulled)
+    return tmp_path / "pulled.yaml"
+
+
+def test_base_of_a_row_whose_base_is_a_registry_image_is_refused_before_anything_is_touched(pulled, untouched):
+    proc = run_cli(ROOT, "--matrix", str(pulled), "base", "--torch", "2.7", env=NO_DOCKER)
+    one_error_line(proc, 2, f"2.7.1-cuda12.1-runtime's base is the registry image debian@sha256:{'0' * 64}: it is pulled, never built")

@@ -9,10 +9,10 @@ import tarfile
 
 import pytest
 
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.commands import verify
 from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import ArchiveLayoutError, CommandFailed
-from pytorch_cuda_build.stages import matrix
-from pytorch_cuda_build.tools import verify
 
 from helpers import ROOT
 

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytorch_cuda_build.errors import BuildError, UsageError
+from pytorch_cuda_build import matrix
+from pytorch_cuda_build.commands import verify_image
+from pytorch_cuda_build.errors import BuildError, ImageUnfit, RegistryMismatch
 from pytorch_cuda_build.jobs import ImageRef
-from pytorch_cuda_build.stages import matrix
-from pytorch_cuda_build.tools import verify_image
 
 from helpers import ROOT
 
@@ -38,7 +38,7 @@ def test_the_labels_name_the_row_on_the_images_platform():
 @pytest.mark.parametrize("revision, says", [("d" * 40, f"this checkout is at {'d' * 40}, but"),
                                             ("c" * 40 + "-dirty", "this checkout has uncommitted changes, but")])
 def test_a_checkout_at_another_commit_is_told_which_to_check_out(revision, says):
-    with pytest.raises(UsageError) as e:
+    with pytest.raises(ImageUnfit) as e:
         verify_image.row_of(M, published(LABELS), revision)
     assert str(e.value).startswith(says) and str(e.value).endswith(f"was built from {'c' * 40}: git checkout {'c' * 40}")
 
@@ -49,7 +49,7 @@ def test_a_checkout_at_another_commit_is_told_which_to_check_out(revision, says)
     ({**LABELS, verify_image.ROW_LABEL: "2.7.1-cuda12.1-runtime"}, "linux/arm64", "is for linux/arm64, which row 2.7.1"),
 ])
 def test_an_image_this_checkout_cannot_rebuild_is_bad_input(labels, platform, says):
-    with pytest.raises(UsageError) as e:
+    with pytest.raises(ImageUnfit) as e:
         verify_image.row_of(M, published(labels, platform), "c" * 40)
     assert says in str(e.value)
 
@@ -89,7 +89,7 @@ def test_an_index_gives_the_platforms_image_and_says_which_platforms_it_has():
     ref = ImageRef(REF.repository, api.index_digest)
     got = verify_image.read_published(api, "pytorch-cuda", ref, "linux/arm64")
     assert got.platform == "linux/arm64" and got.manifest != ref.digest
-    with pytest.raises(UsageError) as e:
+    with pytest.raises(RegistryMismatch) as e:
         verify_image.read_published(api, "pytorch-cuda", ref, "linux/ppc64le")
     assert "without linux/ppc64le (it has linux/amd64, linux/arm64, unknown/unknown); give --platform" in str(e.value)
 
@@ -98,7 +98,7 @@ def test_bytes_of_another_digest_are_refused():
     api = FakeAPI()
     wrong = "sha256:" + "0" * 64
     api.blobs[wrong] = api.index  # a registry (or a proxy) that serves other bytes under a digest
-    with pytest.raises(UsageError, match="bytes of another digest"):
+    with pytest.raises(RegistryMismatch, match="bytes of another digest"):
         verify_image.read_published(api, "pytorch-cuda", ImageRef(REF.repository, wrong), "linux/amd64")
 
 

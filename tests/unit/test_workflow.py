@@ -8,8 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from pytorch_cuda_build import cli
-from pytorch_cuda_build.stages import matrix
+from pytorch_cuda_build import arguments, matrix
 
 from helpers import ROOT, venv_tool
 
@@ -75,7 +74,7 @@ def _jobs() -> dict:
 def test_every_build_py_call_is_a_real_command():
     runs = " ".join(s.get("run", "") for j in _jobs().values() for s in j["steps"])
     called = set(re.findall(r"build\.py (\w+)", runs))
-    assert called and called <= set(cli.COMMANDS), called - set(cli.COMMANDS)
+    assert called and called <= set(arguments.COMMANDS), called - set(arguments.COMMANDS)
 
 
 def test_fan_out_uses_matrix_json_keys_that_exist():

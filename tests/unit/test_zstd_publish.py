@@ -5,21 +5,23 @@ names), what may and may not be pushed, and the order of a run on a registry hel
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import io
 import json
 import shutil
 import subprocess
 import tarfile
+from pathlib import Path
 
 import pytest
 import requests
 
-from pytorch_cuda_build import pipeline
+from pytorch_cuda_build import arguments, matrix
 from pytorch_cuda_build.errors import EnvironmentProblem, ImmutableTagTaken, PublishError
 from pytorch_cuda_build.registry import client as registry
 from pytorch_cuda_build.registry import zstd
-from pytorch_cuda_build.stages import matrix, publish
+from pytorch_cuda_build.stages import publish
 
 from helpers import ROOT, ExportingEngine, layer_tar, oci_export, require
 
@@ -168,9 +170,10 @@ def test_the_classic_store_is_refused_in_one_line_naming_what_to_do(monkeypatch)
 
 
 def test_a_build_with_all_hands_the_compression_to_each_row():
-    reg = registry.Registry.parse("127.0.0.1:5000/ml")
-    assert "--compression" not in pipeline.Options(registry=reg).argv()
-    argv = pipeline.Options(registry=reg, compression="zstd").argv()
+    row = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
+    pushed = arguments.BuildOptions(all=True, push=True, registry="127.0.0.1:5000/ml")
+    assert "--compression" not in pushed.child_argv(row, Path("r.json"), None)
+    argv = dataclasses.replace(pushed, compression="zstd").child_argv(row, Path("r.json"), None)
     assert argv[argv.index("--compression") + 1] == "zstd"
 
 

@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import Callable
 
 from .. import paths
-from ..errors import BundleTooLarge, CommandFailed, EnvironmentProblem, ResolveError, UsageError
+from ..errors import BadFile, BadValue, BundleTooLarge, CommandFailed, EnvironmentProblem, ImageUnfit, ResolveError
+from ..matrix import Image
 from ..paths import RUNTIME_PACKAGE
 from ..stages import lock
-from ..stages.matrix import Image
 from . import opswheel
 
 LIMIT_MIB = 64
@@ -135,7 +135,7 @@ def sdist_pin(deepspeed_lock: str) -> tuple[str, str, str]:
     """(name, version, sha256) of the one sdist deepspeed.lock pins."""
     m = re.search(r"^([A-Za-z0-9._-]+)==(\S+)\s*\\?\s*\n\s*--hash=sha256:([0-9a-f]{64})", deepspeed_lock, re.M)
     if not m:
-        raise UsageError("deepspeed.lock pins no sdist with a sha256 (run `build.py lock`)")
+        raise BadFile("deepspeed.lock pins no sdist with a sha256 (run `build.py lock`)", path="deepspeed.lock")
     return normalize(m.group(1)), m.group(2), m.group(3)
 
 
@@ -143,7 +143,7 @@ def platforms(lock_platform: str) -> list[str]:
     """pip's --platform tags up to the lock's (x86_64-manylinux_2_28): pip matches each exactly."""
     m = re.fullmatch(r"(\w+?)-manylinux_2_(\d+)", lock_platform)
     if not m:
-        raise UsageError(f"lock platform {lock_platform!r}: expected ARCH-manylinux_2_N")
+        raise BadValue(f"lock platform {lock_platform!r}: expected ARCH-manylinux_2_N", name="lock platform")
     arch, newest = m.group(1), int(m.group(2))
     tags = [f"manylinux_2_{n}_{arch}" for n in range(newest, 16, -1)]
     return tags + [f"manylinux2014_{arch}", f"manylinux2010_{arch}", f"manylinux1_{arch}"]
@@ -233,12 +233,12 @@ def tracked_bytes(root: Path) -> int:
 def check_target(dest: Path) -> None:
     """DIR is new or empty, and its parent writable: fail now, before any download."""
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        raise UsageError(f"{dest} exists and is not an empty directory; name a new one")
+        raise BadFile(f"{dest} exists and is not an empty directory; name a new one", path=dest)
     parent = dest.resolve().parent
     if not parent.is_dir():
-        raise UsageError(f"{parent} does not exist; create it or name another DIR")
+        raise BadFile(f"{parent} does not exist; create it or name another DIR", path=parent)
     if not os.access(parent, os.W_OK | os.X_OK) or (dest.exists() and not os.access(dest, os.W_OK)):
-        raise UsageError(f"cannot write {dest}: {parent} is not writable")
+        raise BadFile(f"cannot write {dest}: {parent} is not writable", path=dest)
 
 
 def describe(root: Path, image: Image, python: str, ops: dict, aio: dict, pins: list[Pin]) -> dict:
@@ -275,9 +275,9 @@ def write(root: Path, image: Image, dest: Path, python: str, ca: str | None, sou
     """Stage the bundle beside dest, measure it, then rename it into place; return bundle.json."""
     check_target(dest)
     if not re.fullmatch(r"3\.\d+", python):
-        raise UsageError(f"--python {python!r}: expected MAJOR.MINOR, e.g. 3.12")
+        raise BadValue(f"--python {python!r}: expected MAJOR.MINOR, e.g. 3.12", name="--python")
     if image.cpu_arch.startswith("arm"):
-        raise UsageError(f"{image.name} is an arm64 row: gpu-bundle makes bundles for x86-64 machines")
+        raise ImageUnfit(f"{image.name} is an arm64 row: gpu-bundle makes bundles for x86-64 machines", ref=image.name)
     if source.ops_wheel:  # before any download: a wrong wheel is the user's to fix
         opswheel.check(source.ops_wheel, image, python)
     exe = None if source.ops_wheel else opswheel.find_python(python, source.build_python)
@@ -294,7 +294,7 @@ def write(root: Path, image: Image, dest: Path, python: str, ca: str | None, sou
         cache.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.resolve().parent))
     except OSError as e:
-        raise UsageError(f"cannot write {dest}: {e.strerror}") from None
+        raise BadFile(f"cannot write {dest}: {e.strerror}", path=dest) from None
     try:
         log(f"libaio from {facts['inputs']['base']['mirror']} ({facts['inputs']['base']['suite']}), checked against its signed index")
         aio_prefix, aio_version = opswheel.libaio(image, root, cache, ca)

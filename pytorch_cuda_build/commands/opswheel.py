@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Callable
 
 from .. import paths
-from ..errors import CommandFailed, EnvironmentProblem, ResolveError, UsageError
+from ..errors import BadFile, BadValue, CommandFailed, EnvironmentProblem, ImageUnfit, ResolveError
+from ..matrix import REPRODUCIBLE_EPOCH, Image
 from ..resolve import debian
 from ..stages import lock
-from ..stages.matrix import REPRODUCIBLE_EPOCH, Image
 
 # The archs a lent machine has: H100 and H200 are sm_90. Each more arch adds its cubins to the
 # wheel and its compile time here; `--ops-arch` names others (docs/ops.md: what fits 64 MiB).
@@ -67,36 +67,36 @@ def wheel_facts(wheel: Path) -> dict:
             if not [n for n in z.namelist() if n.endswith(".dist-info/RECORD")]:
                 raise KeyError("no .dist-info/RECORD")
     except (OSError, KeyError, zipfile.BadZipFile) as e:
-        raise UsageError(f"{wheel}: not a DeepSpeed wheel with its build record ({e})") from None
+        raise BadFile(f"{wheel}: not a DeepSpeed wheel with its build record ({e})", path=wheel) from None
     ns: dict = {}
     exec(compile(text, str(wheel), "exec"), ns)  # DeepSpeed writes plain assignments there
     return ns
 
 
 def check(wheel: Path, image: Image, python: str) -> tuple[list[str], str]:
-    """(ops, torch version) of a wheel fit for this row and Python, else UsageError naming what is wrong."""
+    """(ops, torch version) of a wheel fit for this row and Python, else BadFile naming what is wrong."""
     tag = "cp" + python.replace(".", "")
     m = re.fullmatch(r"deepspeed-([^-]+)-(cp\d+)-(cp\d+|abi3|none)-linux_x86_64\.whl", wheel.name)
     if not m:
-        raise UsageError(f"{wheel.name}: expected deepspeed-{image.deepspeed}-{tag}-{tag}-linux_x86_64.whl (a wheel with "
-                         "compiled ops is tagged for one Python)")
+        raise BadFile(f"{wheel.name}: expected deepspeed-{image.deepspeed}-{tag}-{tag}-linux_x86_64.whl (a wheel with "
+                         "compiled ops is tagged for one Python)", path=wheel)
     if m.group(1) != image.deepspeed or m.group(2) != tag:
-        raise UsageError(f"{wheel.name}: the bundle needs DeepSpeed {image.deepspeed} for Python {python} ({tag})")
+        raise BadFile(f"{wheel.name}: the bundle needs DeepSpeed {image.deepspeed} for Python {python} ({tag})", path=wheel)
     ns = wheel_facts(wheel)
     missing = [op for op in image.prebuilt_ops if not ns.get("installed_ops", {}).get(op)]
     if ns.get("accelerator_name") != "cuda" or missing:
-        raise UsageError(f"{wheel.name}: built for {ns.get('accelerator_name')!r} without {', '.join(missing) or '-'}; "
-                         f"the row's ops are {', '.join(image.prebuilt_ops)} for cuda")
+        raise BadFile(f"{wheel.name}: built for {ns.get('accelerator_name')!r} without {', '.join(missing) or '-'}; "
+                         f"the row's ops are {', '.join(image.prebuilt_ops)} for cuda", path=wheel)
     torch = str(ns.get("torch_info", {}).get("version", "?"))
     if not image.torch.startswith(torch + ".") and image.torch != torch:
-        raise UsageError(f"{wheel.name}: built against torch {torch}, the row's is {image.torch}")
+        raise BadFile(f"{wheel.name}: built against torch {torch}, the row's is {image.torch}", path=wheel)
     return list(image.prebuilt_ops), torch
 
 
 def from_file(given: Path, image: Image, python: str, dest: Path) -> OpsWheel:
     """A wheel made before, checked, copied into dest; its ops-facts.json beside it, when there, gives the archs."""
     if not given.is_file():
-        raise UsageError(f"--ops-wheel {given}: no such file")
+        raise BadFile(f"--ops-wheel {given}: no such file", path=given)
     ops, torch = check(given, image, python)
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy2(given, dest / given.name)
@@ -139,9 +139,9 @@ def find_python(python: str, given: str | None) -> str:
     if given:
         seen = python_version(given)
         if seen is None:
-            raise UsageError(f"--build-python {given}: does not run")
+            raise BadValue(f"--build-python {given}: does not run", name="--build-python")
         if seen[0] != python:
-            raise UsageError(f"--build-python {given} is Python {seen[0]}; the bundle is for {python}")
+            raise BadValue(f"--build-python {given} is Python {seen[0]}; the bundle is for {python}", name="--build-python")
         if not seen[1]:
             raise EnvironmentProblem(f"--build-python {given} has no C headers (Python.h); install its -dev package")
         return given
@@ -174,8 +174,8 @@ def build_requirements(root: Path, image: Image) -> str:
     keep = gpubundle.closure(pins, ("torch", "deepspeed", "setuptools", "ninja", "packaging"), excluded=None)
     toolkit = (folder / "toolkit.lock").read_text() if (folder / "toolkit.lock").exists() else ""
     if not toolkit.strip():
-        raise UsageError(f"{image.name}: the row's toolkit is not from PyPI wheels (no toolkit.lock); build its wheel in "
-                         "the image and give it with --ops-wheel")
+        raise ImageUnfit(f"{image.name}: the row's toolkit is not from PyPI wheels (no toolkit.lock); build its wheel in "
+                         "the image and give it with --ops-wheel", ref=image.name)
     return "".join(p.text for p in keep) + "\n".join(ln for ln in toolkit.splitlines() if not ln.startswith("#")) + "\n"
 
 
@@ -336,7 +336,7 @@ def strip_debug(wheel: Path) -> tuple[int, int]:
             contents[name] = so.read_bytes()
         record = next((n for n in contents if n.endswith(".dist-info/RECORD")), None)
         if record is None:
-            raise UsageError(f"{wheel.name}: a wheel without RECORD")
+            raise BadFile(f"{wheel.name}: a wheel without RECORD", path=wheel)
         contents[record] = rewrite_record(contents[record].decode(), contents).encode()
         stamp = time.gmtime(max(REPRODUCIBLE_EPOCH, 315532800))[:6]
         with zipfile.ZipFile(tmp, "w") as out:

@@ -18,8 +18,8 @@ from typing import Callable
 from packaging.version import InvalidVersion, Version
 
 from ..errors import ResolveError
+from ..matrix import Image, Matrix
 from ..resolve import pypi as resolve_pypi
-from ..stages.matrix import Image, Matrix
 
 
 def stable(version: str) -> Version | None:

@@ -23,15 +23,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
+
+import docker
 
 from .. import files, progress
 from ..engine import docker_env
 from ..engine.docker_env import DOCKER_ENV
-from ..errors import CommandFailed, PipelineError, UsageError
+from ..errors import BadValue, CommandFailed, NoSuchRow, NotReady, PipelineError
+from ..matrix import Image, Matrix
 from ..pipeline import results_dir
 from ..stages import build, render, tag
-from ..stages.matrix import Image
 from . import bench_report as report
 from . import pullcost
 
@@ -49,12 +51,12 @@ def check_consent(only: set[str], yes: bool) -> None:
     wanted = [m for m in EMPTIES_CACHE if m in only]
     if wanted and not yes:
         rest = ",".join(m for m in MEASURES if m not in EMPTIES_CACHE)
-        raise UsageError(f"cold builds (the {' and '.join(wanted)} measure{'s' if len(wanted) > 1 else ''}) need an empty build cache, "
+        raise BadValue(f"cold builds (the {' and '.join(wanted)} measure{'s' if len(wanted) > 1 else ''}) need an empty build cache, "
                          "and emptying it (`docker builder prune --all`) removes every entry of this daemon's build cache, "
-                         f"other projects' too; pass --yes to allow that, or leave them out: --only {rest}")
+                         f"other projects' too; pass --yes to allow that, or leave them out: --only {rest}", name="--yes")
 
 
-def _run(cmd: list[str], timeout: float | None = None, **kw) -> subprocess.CompletedProcess:
+def _run(cmd: list[str], timeout: float | None = None, **kw: Any) -> subprocess.CompletedProcess:
     """Run a command; a failure is a BenchError naming it and its exit code, never a traceback."""
     shown = shlex.join(cmd[:6]) + (" ..." if len(cmd) > 6 else "")
     try:
@@ -156,7 +158,7 @@ def timed(cmd: list[str], env: dict | None = None, cwd: Path | None = None) -> f
     return time.perf_counter() - t0
 
 
-def image_size(c, ref: str) -> int:
+def image_size(c: docker.DockerClient, ref: str) -> int:
     return int(c.images.get(ref).attrs["Size"])
 
 
@@ -165,7 +167,7 @@ def du_venv(docker_cli: str, ref: str) -> int:
     return int(out.split()[0])
 
 
-def unique_bytes(c, new_ref: str, old_ref: str) -> int:
+def unique_bytes(c: docker.DockerClient, new_ref: str, old_ref: str) -> int:
     """Bytes of new_ref's layers that old_ref does not have (the layers after the shared prefix)."""
     new, old = (c.images.get(r).attrs["RootFS"]["Layers"] for r in (new_ref, old_ref))
     shared = 0
@@ -189,7 +191,7 @@ def busy_fraction(before: tuple[int, int], after: tuple[int, int]) -> float:
     return (after[0] - before[0]) / total if total else 0.0
 
 
-def full(c, m, image: Image, root: Path, bc, ca: str | None, runs: int, cold_runs: int, only: set[str],
+def full(c: docker.DockerClient, m: Matrix, image: Image, root: Path, bc: docker_env.BuildClient, ca: str | None, runs: int, cold_runs: int, only: set[str],
          out_dir: Path, log: Callable[[str], None], yes: bool = False, pull_rows: int | None = None) -> dict:
     """Every figure of the benchmark issue for one row, measured in one run on this machine.
 
@@ -329,7 +331,7 @@ def _platform_figures(results: Path) -> dict | None:
     built = [s for s in st if not s["cached"]]
     smoke = json.loads((results / "smoke-report.json").read_text()) if (results / "smoke-report.json").exists() else {}
 
-    def ran(pick) -> float | None:  # None: that step came from the cache in this build, so it was not measured
+    def ran(pick: Callable[[dict], Any]) -> float | None:  # None: that step came from the cache in this build, so it was not measured
         mine = [s["seconds"] for s in built if pick(s)]
         return sum(mine) if mine else None
     return {"log": str(path), "log_time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime)),
@@ -343,13 +345,13 @@ def _platform_figures(results: Path) -> dict | None:
             "smoke_s": smoke.get("seconds"), "smoke_checks": smoke.get("summary")}
 
 
-def platforms(c, image: Image, root: Path, bc, out_dir: Path, log: Callable[[str], None]) -> dict:
+def platforms(c: docker.DockerClient, image: Image, root: Path, bc: docker_env.BuildClient, out_dir: Path, log: Callable[[str], None]) -> dict:
     """The row's linux/arm64 image (emulated here) beside its linux/amd64 one: their builds'
     step times, read from each platform's last build that built (build-results/<row>/[linux-arm64/]),
     their gates' smoke runs, and the arm64 image's size against its floor, measured now.
     Written to out_dir/arm64.{json,md}."""
     if "linux/arm64" not in image.platforms:
-        raise UsageError(f"{image.name} is not built for linux/arm64 (its platforms: {', '.join(image.platforms)})")
+        raise NoSuchRow(f"{image.name} is not built for linux/arm64 (its platforms: {', '.join(image.platforms)})", name="--platform")
     arm = image.on("linux/arm64")
     r: dict = {"image": image.name, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
                "host": docker_env.host_platform(), "commit": build.source(root).revision}
@@ -357,8 +359,8 @@ def platforms(c, image: Image, root: Path, bc, out_dir: Path, log: Callable[[str
         r[p] = _platform_figures(results_dir(root, image.on(p)))
     ref = tag.own_ref(arm)
     if r["linux/arm64"] is None or tag.current(c, arm).get(ref, None) is None and not _exists(c, ref):
-        raise UsageError(f"no built and tagged linux/arm64 image of {image.name} ({ref}); build it first: "
-                         f"python build.py --torch {image.torch} --cuda {image.cuda} --platform linux/arm64")
+        raise NotReady(f"no built and tagged linux/arm64 image of {image.name} ({ref}); build it first: "
+                         f"python build.py --torch {image.torch} --cuda {image.cuda} --platform linux/arm64", ref=ref)
     log("bench: the arm64 image against its floor (base stage + /opt/venv, measured under emulation)")
     with tempfile.TemporaryDirectory(prefix="pytorch-cuda-bench-") as tmp:
         build.stage_context(root, arm, Path(tmp))
@@ -374,7 +376,7 @@ def platforms(c, image: Image, root: Path, bc, out_dir: Path, log: Callable[[str
     return r
 
 
-def _exists(c, ref: str) -> bool:
+def _exists(c: docker.DockerClient, ref: str) -> bool:
     try:
         c.images.get(ref)
         return True
@@ -382,7 +384,7 @@ def _exists(c, ref: str) -> bool:
         return False
 
 
-def _cold(c, image: Image, root: Path, bc, ca: str | None, cold_runs: int, buildpy: list[str], row: list[str],
+def _cold(c: docker.DockerClient, image: Image, root: Path, bc: docker_env.BuildClient, ca: str | None, cold_runs: int, buildpy: list[str], row: list[str],
           log: Callable[[str], None], chosen: dict) -> tuple[dict, dict]:
     """Cold builds from an empty build cache: this tool (through build.py, no tests), the naive
     Dockerfile, and the naive Dockerfile that prebuilds the same ops with DS_BUILD_*.
@@ -431,7 +433,7 @@ def _cold(c, image: Image, root: Path, bc, ca: str | None, cold_runs: int, build
     return r["cold"], r["size"]
 
 
-def _naive_build(bc, ca: str | None, dockerfile: str, ref: str) -> float:
+def _naive_build(bc: docker_env.BuildClient, ca: str | None, dockerfile: str, ref: str) -> float:
     with tempfile.TemporaryDirectory(prefix="pytorch-cuda-naive-") as tmp:
         (Path(tmp) / "Dockerfile").write_text(dockerfile)
         cmd = [*bc.argv, "--progress=plain", "--no-cache", "--tag", ref, *(["--network", bc.network] if bc.network else []), tmp]
@@ -440,12 +442,12 @@ def _naive_build(bc, ca: str | None, dockerfile: str, ref: str) -> float:
         return timed(cmd, env=bc.env)
 
 
-def _empty_build_cache(bc) -> None:
+def _empty_build_cache(bc: docker_env.BuildClient) -> None:
     """Every entry of the daemon's build cache, not only ours: the caller has the user's --yes."""
     _run([bc.argv[0], "builder", "prune", "--all", "--force"], env={**os.environ, **bc.env})
 
 
-def _matrix(c, m, image: Image, root: Path, bc, buildpy: list[str], r: dict, log: Callable[[str], None]) -> dict:
+def _matrix(c: docker.DockerClient, m: Matrix, image: Image, root: Path, bc: docker_env.BuildClient, buildpy: list[str], r: dict, log: Callable[[str], None]) -> dict:
     """`--all --jobs N` over the rows of this torch minor, from an empty build cache: wall
     time against the one-row cold build, how busy the machine was, and how many rows ran
     the locked-wheels step themselves (BuildKit should run a step shared by rows once)."""
@@ -468,7 +470,7 @@ def _matrix(c, m, image: Image, root: Path, bc, buildpy: list[str], r: dict, log
     return out
 
 
-def train_figures(c, m, image: Image, ref: str, docker_cli: str) -> dict:
+def train_figures(c: docker.DockerClient, m: Matrix, image: Image, ref: str, docker_cli: str) -> dict:
     """What the train flavor adds: its size over the row's runtime image (when built here), and the
     Transformer Engine compile its builder stage ran (te-facts.json, baked into the image)."""
     runtime = next(i for i in m.images if (i.torch, i.cuda, i.flavor) == (image.torch, image.cuda, "runtime")).refs()[0]
@@ -492,11 +494,11 @@ def parse_only(text: str | None) -> set[str]:
         return set(MEASURES)
     only = {x.strip() for x in text.split(",") if x.strip()}
     if not only or only - set(MEASURES):
-        raise UsageError(f"--only takes a comma list of {','.join(MEASURES)}, not {text!r}")
+        raise BadValue(f"--only takes a comma list of {','.join(MEASURES)}, not {text!r}", name="--only")
     return only
 
 
-def run(c, m, image: Image, root: Path, only: set[str], runs: int, cold_runs: int, every: bool, yes: bool,
+def run(c: docker.DockerClient, m: Matrix, image: Image, root: Path, only: set[str], runs: int, cold_runs: int, every: bool, yes: bool,
         docker: str | None, ca: Callable[[], str | None], log: Callable[[str], None], pull_rows: int | None = None) -> str:
     """`build.py bench`: the banner alone, or (every: --full) each measure of `only`; the report as markdown."""
 
@@ -505,7 +507,7 @@ def run(c, m, image: Image, root: Path, only: set[str], runs: int, cold_runs: in
     ref = image.refs()[0]
     # The cold builds make their own image; the other measures read the built and tested one.
     if not (every and only <= {*OWN_BUILDS, "cold"}) and tag.current(c, image)[ref] is None:
-        raise UsageError(f"no image {ref}; build it first")
+        raise NotReady(f"no image {ref}; build it first", ref=ref)
     if not every:
         return report.markdown(banner(image, ref, runs, root / "build-results" / "bench", docker_cli=docker_env.docker_cli(docker)))
     bc = docker_env.build_client(docker)

@@ -196,7 +196,7 @@ def _spawn(argv: list[str], log_path: Path, pidfile: Path, env: dict[str, str]) 
     pidfile.write_text(f"{proc.pid}\n")
 
 
-def _wait(ready, what: str, log_path: Path, seconds: int = 60) -> None:
+def _wait(ready: Callable[[], bool], what: str, log_path: Path, seconds: int = 60) -> None:
     for _ in range(seconds):
         if ready():
             return

@@ -24,15 +24,16 @@ import urllib.request
 from pathlib import Path
 from typing import Callable
 
+import docker
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
 from .. import files, progress
 from ..engine import docker_env
-from ..errors import EnvironmentProblem, UsageError
+from ..errors import BadFile, BadValue, EnvironmentProblem, NoSuchRow
+from ..matrix import Image, Matrix
 from ..resolve import wheel_files
 from ..stages import build, lock
-from ..stages.matrix import Image, Matrix
 from . import engine_current
 
 REFRESHED = "certifi"  # the one package a refresh moves: no dependencies, and every TLS client's
@@ -45,7 +46,7 @@ def rows(m: Matrix, first: int | None = None) -> list[Image]:
     other. first (--pull-rows): only the first that many, for a run that must fit a few hours."""
     found = sorted((i for i in m.images if i.cuda_major == "13" and i.flavor == "runtime"), key=lambda i: Version(i.torch))
     if first is not None and not 2 <= first <= len(found):
-        raise UsageError(f"--pull-rows takes 2 to {len(found)} (the matrix's CUDA 13 rows), not {first}")
+        raise BadValue(f"--pull-rows takes 2 to {len(found)} (the matrix's CUDA 13 rows), not {first}", name="--pull-rows")
     return found[:first]
 
 
@@ -119,7 +120,7 @@ class Registry:
         self.__exit__()
         raise EnvironmentProblem(f"docker-registry did not answer on {self.host}; see {self.dir / 'registry.log'}")
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(timeout=30)
@@ -151,7 +152,7 @@ def layout_copy(root: Path, dest: Path, layout: str, docker: dict, log: Callable
         text = m.read_text()
         text, n = re.subn(r"^  layers: \{[^}\n]*\}$", "  layers: {own_layer_min_mb: null}", text, flags=re.M)
         if n != 1:
-            raise UsageError("matrix.yaml's defaults have no one-line `layers: {...}` for the pull measure to replace")
+            raise BadFile("matrix.yaml's defaults have no one-line `layers: {...}` for the pull measure to replace", path="matrix.yaml")
         m.write_text(text)
     _buildpy(copy, ["render"], docker, log)
     return copy
@@ -195,7 +196,7 @@ def refresh_lock(copy: Path, image: Image, index: wheel_files.Index) -> str:
     return str(version)
 
 
-def build_and_push(c, copy: Path, image: Image, reg: Registry, repo: str, tag_: str, docker: dict, docker_cli: str, log: Callable[[str], None]) -> float:
+def build_and_push(c: docker.DockerClient, copy: Path, image: Image, reg: Registry, repo: str, tag_: str, docker: dict, docker_cli: str, log: Callable[[str], None]) -> float:
     """The row built in the copy (no tests: only its layers are measured), pushed; the build's seconds."""
     log(f"bench pull: building {image.name} ({repo}:{tag_})")
     seconds = _buildpy(copy, ["--torch", image.torch, "--cuda", image.cuda, "--no-test", "--quiet"], docker, log)
@@ -227,7 +228,7 @@ def rebuilt(log_path: Path, dockerfile: Path) -> dict:
 KEEP_CACHE = "8GB"
 
 
-def _bound_cache(bc) -> None:
+def _bound_cache(bc: docker_env.BuildClient) -> None:
     proc = subprocess.run([bc.argv[0], "builder", "prune", "--force", "--filter", "type=regular", "--keep-storage", KEEP_CACHE],
                           capture_output=True, text=True, env={**os.environ, **bc.env})
     if proc.returncode != 0:
@@ -286,16 +287,16 @@ def at_commit(r: dict) -> str:
     return f"at commit {r['commit']}" if r.get("commit") else "(commit not recorded)"
 
 
-def measure(c, m: Matrix, root: Path, bc, ca: str | None, log: Callable[[str], None], work: Path | None = None, first: int | None = None) -> dict:
+def measure(c: docker.DockerClient, m: Matrix, root: Path, bc: docker_env.BuildClient, ca: str | None, log: Callable[[str], None], work: Path | None = None, first: int | None = None) -> dict:
     """Both layouts built, pushed and read back; the figures and the pull times. first: --pull-rows."""
     if getattr(bc, "export", "load") != "oci":
         # Without rewrite-timestamp a layer's tar keeps the build's time on the directories of its
         # mount points (/etc, /run/secrets, /tmp): every build is another blob, and nothing is shared.
-        raise UsageError(f"the pull measure needs an engine that rewrites file times ({bc.description} does not): "
+        raise EnvironmentProblem(f"the pull measure needs an engine that rewrites file times ({bc.description} does not): "
                          "a containerd image store with buildx >= 0.13, e.g. eval \"$(python3 build.py engine)\"")
     chosen = rows(m, first)
     if len(chosen) < 2:
-        raise UsageError("the pull measure needs at least two CUDA 13 rows in the matrix")
+        raise NoSuchRow("the pull measure needs at least two CUDA 13 rows in the matrix", name="--pull-rows")
     docker = {docker_env.DOCKER_ENV: bc.argv[0]}
     index = wheel_files.Index(chosen[0].index, ca)
     names = [i.name for i in chosen]

@@ -27,10 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import docker
+
 from .. import files
 from ..engine import docker_env
-from ..errors import PipelineError, UsageError
+from ..errors import BadValue, ImageUnfit, NotReady, PipelineError, RegistryMismatch
 from ..jobs import ImageRef
+from ..matrix import Image, Matrix
 from ..registry.client import Registry, RegistryAPI, credentials
 from ..stages import base, build, publish, render
 from . import record
@@ -67,7 +70,7 @@ def api_for(ref: ImageRef, ca: str | None) -> tuple[RegistryAPI, str]:
     """A reader of ref's registry, and the repository's path under its namespace."""
     host, path = ref.split()
     if host is None or "/" not in path:
-        raise UsageError(f"--image {ref}: expected HOST[:PORT]/NAMESPACE/NAME@sha256:<64 hex>, a registry's image")
+        raise BadValue(f"--image {ref}: expected HOST[:PORT]/NAMESPACE/NAME@sha256:<64 hex>, a registry's image", name="--image")
     namespace, name = path.rsplit("/", 1)
     reg = Registry(host, namespace)
     return RegistryAPI(reg, credentials(reg), ca), name
@@ -76,9 +79,9 @@ def api_for(ref: ImageRef, ca: str | None) -> tuple[RegistryAPI, str]:
 def read_published(api: RegistryAPI, name: str, ref: ImageRef, platform: str) -> Published:
     raw = api.raw(name, ref.digest)
     if raw is None:
-        raise UsageError(f"{ref} is not in the registry (manifest unknown)")
+        raise RegistryMismatch(f"{ref} is not in the registry (manifest unknown)", ref=ref)
     if "sha256:" + hashlib.sha256(raw).hexdigest() != ref.digest:
-        raise UsageError(f"the registry served {ref} as bytes of another digest")
+        raise RegistryMismatch(f"the registry served {ref} as bytes of another digest", ref=ref)
     doc = json.loads(raw)
     manifest = ref.digest
     if doc.get("mediaType") in INDEX_TYPES or "manifests" in doc:
@@ -87,33 +90,33 @@ def read_published(api: RegistryAPI, name: str, ref: ImageRef, platform: str) ->
                  if {k: (m.get("platform") or {}).get(k) for k in want} == want]
         if not found:
             have = sorted({"/".join(str((m.get("platform") or {}).get(k)) for k in ("os", "architecture")) for m in doc["manifests"]})
-            raise UsageError(f"{ref} is an index without {platform} (it has {', '.join(have)}); give --platform")
+            raise RegistryMismatch(f"{ref} is an index without {platform} (it has {', '.join(have)}); give --platform", ref=ref)
         manifest = found[0]["digest"]
         doc = json.loads(api.raw(name, manifest) or b"{}")
     config_digest = (doc.get("config") or {}).get("digest")
     if not config_digest:
-        raise UsageError(f"{ref} is not an image manifest")
+        raise RegistryMismatch(f"{ref} is not an image manifest", ref=ref)
     config_raw = api.config(name, manifest)
     if "sha256:" + hashlib.sha256(config_raw).hexdigest() != config_digest:
-        raise UsageError(f"the registry served {ref}'s config as bytes of another digest")
+        raise RegistryMismatch(f"the registry served {ref}'s config as bytes of another digest", ref=ref)
     config = json.loads(config_raw)
     return Published(ref, manifest, config_digest, config, f"{config.get('os')}/{config.get('architecture')}")
 
 
-def row_of(matrix, published: Published, revision: str):
+def row_of(matrix: Matrix, published: Published, revision: str) -> Image:
     """The row the labels name, on the image's platform; the checkout must be the labels' commit."""
     labels = published.labels
     want, name = labels.get(REVISION_LABEL, ""), labels.get(ROW_LABEL, "")
     if not want or not name:
-        raise UsageError(f"{published.ref} has no {REVISION_LABEL} and {ROW_LABEL} labels: not an image build.py made")
+        raise ImageUnfit(f"{published.ref} has no {REVISION_LABEL} and {ROW_LABEL} labels: not an image build.py made", ref=published.ref)
     if revision != want:
         said = "has uncommitted changes" if revision == f"{want}-dirty" else f"is at {revision}"
-        raise UsageError(f"this checkout {said}, but {published.ref} was built from {want}: git checkout {want}")
+        raise ImageUnfit(f"this checkout {said}, but {published.ref} was built from {want}: git checkout {want}", ref=published.ref)
     row = next((i for i in matrix.images if i.name == name), None)
     if row is None:
-        raise UsageError(f"{published.ref} names row {name}, which this checkout's matrix.yaml does not have")
+        raise ImageUnfit(f"{published.ref} names row {name}, which this checkout's matrix.yaml does not have", ref=published.ref)
     if published.platform not in row.platforms:
-        raise UsageError(f"{published.ref} is for {published.platform}, which row {name} is not built for")
+        raise ImageUnfit(f"{published.ref} is for {published.platform}, which row {name} is not built for", ref=published.ref)
     return row.on(published.platform)
 
 
@@ -134,7 +137,7 @@ def read_local(ref: str, docker_cli: str) -> Local:
         archive = Path(tmp) / "image.tar"
         proc = subprocess.run([docker_cli, "save", "--output", str(archive), ref], capture_output=True, text=True)
         if proc.returncode != 0:
-            raise UsageError(f"cannot read the local image {ref}: {(proc.stderr.strip().splitlines() or [''])[-1]}")
+            raise NotReady(f"cannot read the local image {ref}: {(proc.stderr.strip().splitlines() or [''])[-1]}", ref=ref)
         with tarfile.open(archive) as tar:
             manifest_file = tar.extractfile("manifest.json")
             assert manifest_file is not None  # docker save writes regular files
@@ -198,7 +201,7 @@ def compare(api: RegistryAPI, name: str, published: Published, local: Local, doc
                            "verdict: DIFFERENT: " + ("the files above differ" if differing else "the config differs, the layers are the same")])
 
 
-def base_for(c, api: RegistryAPI, image, published: Published, results: Path, docker_cli: str, root: Path, log: Callable[[str], None]) -> str:
+def base_for(c: docker.DockerClient, api: RegistryAPI, image: Image, published: Published, results: Path, docker_cli: str, root: Path, log: Callable[[str], None]) -> str:
     """The base the image names, here: this machine's (built from the recipe if absent), else the
     registry's copy publish pushed; NotRebuilt where neither is that base."""
     want = published.labels.get(publish.BASE_LABEL, "")
@@ -221,7 +224,7 @@ def base_for(c, api: RegistryAPI, image, published: Published, results: Path, do
         raise NotRebuilt(f"the image's base {want[:19]} is neither the one rebuilt here from the recipe ({have[:19]}: the mirror "
                          f"may have moved, see build-results) nor in the registry ({remote}: "
                          f"{(pulled.stderr.strip().splitlines() or ['not found'])[-1]})")
-    got = c.images.get(remote).id
+    got = str(c.images.get(remote).id)
     if got != want:
         raise NotRebuilt(f"{remote} is {got[:19]}, not the image's base {want[:19]} (a base pulled onto another image store "
                          "has another ID: rebuild on the store the image was built on)")
@@ -229,7 +232,7 @@ def base_for(c, api: RegistryAPI, image, published: Published, results: Path, do
     return got
 
 
-def rebuild(c, bc, api: RegistryAPI, image, published: Published, root: Path, results: Path, ca: str | None, log: Callable[[str], None]) -> str:
+def rebuild(c: docker.DockerClient, bc: docker_env.BuildClient, api: RegistryAPI, image: Image, published: Published, root: Path, results: Path, ca: str | None, log: Callable[[str], None]) -> str:
     """The row rebuilt without cache, ops compiled, on the image's base; its local reference."""
     try:
         base_id = base_for(c, api, image, published, results, bc.argv[0], root, log)
@@ -245,8 +248,8 @@ def rebuild(c, bc, api: RegistryAPI, image, published: Published, root: Path, re
     return ref
 
 
-def run(root: Path, matrix, ref: ImageRef, platform: str, against: str | None, docker: str | None, ca: str | None,
-        log: Callable[[str], None], check_inputs, results_of) -> Verdict:
+def run(root: Path, matrix: Matrix, ref: ImageRef, platform: str, against: str | None, docker: str | None, ca: str | None,
+        log: Callable[[str], None], check_inputs: Callable[[Image], None], results_of: Callable[[Image], Path]) -> Verdict:
     """The whole check: read the published image, take its row from this checkout (its inputs
     checked by check_inputs), rebuild it (or take `against`), compare, and write the lines to
     results_of(image)/verify-image/verdict.txt."""

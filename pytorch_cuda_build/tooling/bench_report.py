@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
+from typing import Any
 
-from ..stages.matrix import Image
+from ..matrix import Image
 from . import pullcost
 
 
@@ -68,7 +69,7 @@ def save_partial(path: Path, r: dict) -> None:
     path.write_text(json.dumps({**r, "partial": True}, indent=2) + "\n")
 
 
-def previous(path: Path, image: Image, key: str):
+def previous(path: Path, image: Image, key: str) -> Any:
     """One figure of the last full report for this image, or None."""
     try:
         old = json.loads(path.read_text())

@@ -31,7 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator, TypeVar
 
-from ..errors import ArchiveLayoutError, CommandFailed, UsageError
+import docker.errors
+
+from ..engine import docker_env
+from ..errors import ArchiveLayoutError, BadFile, CommandFailed, NotReady
 
 SCHEMA = 1
 T = TypeVar("T")
@@ -93,7 +96,7 @@ def content_sha256(layer: tarfile.TarFile, member: tarfile.TarInfo) -> str:
 # ---- reading: a record file, or a local image through `docker save`
 
 def load(path: Path) -> Record:
-    """A record from FILE (.json.xz or .json); UsageError naming the file when it is not one."""
+    """A record from FILE (.json.xz or .json); BadFile naming the file when it is not one."""
     try:
         raw = path.read_bytes()
         doc = json.loads(lzma.decompress(raw) if path.suffix == ".xz" else raw)
@@ -102,9 +105,9 @@ def load(path: Path) -> Record:
         return Record(str(doc.get("manifest") or ""), str(doc["config"]), dict(doc["config_json"]), layers,
                       str(doc.get("what", "")), dict(doc.get("machine") or {}))
     except FileNotFoundError:
-        raise UsageError(f"{path}: no such record file") from None
+        raise BadFile(f"{path}: no such record file", path=path) from None
     except (OSError, lzma.LZMAError, ValueError, KeyError, TypeError, IndexError) as e:
-        raise UsageError(f"{path}: not an image record ({type(e).__name__}: {e})") from None
+        raise BadFile(f"{path}: not an image record ({type(e).__name__}: {e})", path=path) from None
 
 
 def _entry(e: list[Any]) -> Entry:
@@ -348,3 +351,38 @@ def redact(config: dict[str, Any]) -> dict[str, Any]:
     history = [{**h, "created_by": MIRROR.sub(r"\1DEBIAN_MIRROR\2", h["created_by"])} if "created_by" in h else h
                for h in config.get("history") or []]
     return {**config, "history": history} if "history" in config else config
+
+
+# ---- the commands: `record`, and `verify --record` -------------------------------------------
+
+def local_image_id(c: Any, ref: str) -> str:
+    """The local image's ID, or NotReady naming it."""
+    try:
+        return str(c.images.get(ref).id)
+    except docker.errors.ImageNotFound:
+        raise NotReady(f"no local image {ref}: build the row first, or name one with --against/--image", ref=ref) from None
+
+
+def record_local(ref: str, what: str, out: Path, docker: str | None, log: Callable[[str], None]) -> Record:
+    """`build.py record`: the local image ref's record, written to out."""
+    c, bc = docker_env.ensure_engine(log), docker_env.build_client(docker)
+    image_id = local_image_id(c, ref)
+    log(f"record: reading {ref}'s layers (every file's sha256)")
+    rec = from_image(ref, image_id, bc.argv[0], f"{what} as {ref}, built on Docker {c.version().get('Version', '?')}, "
+                                                f"{docker_env.image_store(c)} store")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write(rec, out)
+    return rec
+
+
+def against_record(ref: str, name: str, recorded: Path, docker: str | None, log: Callable[[str], None]) -> tuple[list[str], bool]:
+    """`verify --record`: the local image ref against a record, with no build and no access to the
+    recorded image; the lines to print and whether they are the same image."""
+    theirs = load(recorded)
+    c, bc = docker_env.ensure_engine(log), docker_env.build_client(docker)
+    log(f"verify: reading {ref}'s layers (every file's sha256)")
+    ours = from_image(ref, local_image_id(c, ref), bc.argv[0], f"{name} here")
+    d = compare(theirs, ours, ("the record", "the image here"))
+    return [f"image digests: {theirs.image or '(none recorded)'} vs {ours.image or '(none: classic store)'}",
+            f"config digests: {theirs.config_digest} vs {ours.config_digest}", *lines(d),
+            "verdict: THE SAME IMAGE" if d.same_image else "verdict: DIFFERENT"], d.same_image

@@ -1,16 +1,17 @@
-"""Stage 1: load matrix.yaml, the single source of truth, in three steps.
+"""The model every layer reads: matrix.yaml, the single source of truth, loaded in three steps.
 
 parse (YAML, with line numbers) -> validate (schema, every problem at once) ->
 complete (one `Image` per row and flavor, with its name, tags and platform facts).
 Everything downstream (locks, Dockerfiles, tags, labels, README table, CI fan-out)
-derives from the `Image` objects made here.
+derives from the `Image` objects made here. It sits below the stages and their helpers, which
+import it; it imports only errors.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import yaml
 from packaging.requirements import InvalidRequirement, Requirement
@@ -18,7 +19,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..errors import MatrixError, Problem, UsageError
+from .errors import BadFile, MatrixError, NoSuchRow, Problem
 
 # SOURCE_DATE_EPOCH for BuildKit: 2026-01-01T00:00:00Z, one fixed time for every build, never the
 # commit's. rewrite-timestamp clamps only the file times later than it, and a cached layer keeps
@@ -47,7 +48,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _version(what: str, parts: tuple[int, int], local: bool = False, exact: bool = True):
+def _version(what: str, parts: tuple[int, int], local: bool = False, exact: bool = True) -> Callable[[Any], str]:
     """A validator: a final release (PEP 440, no pre, post or dev part) of parts[0] to
     parts[1] numbers, a local part (+cu128) only where `local`. `exact`: written as PEP 440
     writes it, since the text becomes image names and tags; else digits and dots (NVIDIA
@@ -426,30 +427,30 @@ class Matrix:
     extras: tuple[str, ...] = ()  # the train flavor's extras, in matrix.yaml's order
 
     def select(self, torch: str | None, cuda: str | None, flavor: str = "runtime") -> Image:
-        """The one image a `--torch/--cuda/--flavor` selection names, or a UsageError listing what exists."""
+        """The one image a `--torch/--cuda/--flavor` selection names, or NoSuchRow listing what exists."""
         if torch is None:
-            raise UsageError("--torch is required (e.g. --torch 2.7); `build.py list` shows the matrix")
+            raise NoSuchRow("--torch is required (e.g. --torch 2.7); `build.py list` shows the matrix", name="--torch")
         if flavor not in FLAVORS:
-            raise UsageError(f"unknown --flavor {flavor!r}; allowed: {', '.join(FLAVORS)}")
+            raise NoSuchRow(f"unknown --flavor {flavor!r}; allowed: {', '.join(FLAVORS)}", name="--flavor")
         same_torch = [i for i in self.images if torch in (i.torch, i.torch_minor)]
         if not same_torch:
             known = sorted({i.torch_minor for i in self.images}, key=Version)
-            raise UsageError(f"no row for torch {torch}; torch versions in {self.path.name}: {', '.join(known)}")
+            raise NoSuchRow(f"no row for torch {torch}; torch versions in {self.path.name}: {', '.join(known)}", name="--torch")
         hits = [i for i in same_torch if i.flavor == flavor and (cuda is None and i.default or i.cuda == cuda)]
         if cuda is None and not hits:
             hits = [i for i in same_torch if i.flavor == flavor]
             if len(hits) == 1:
                 return hits[0]
-            raise UsageError(f"torch {torch} has no default row; pick --cuda from: {_choices(same_torch)}")
+            raise NoSuchRow(f"torch {torch} has no default row; pick --cuda from: {_choices(same_torch)}", name="--cuda")
         if not hits:
-            raise UsageError(f"no row for torch {torch} with CUDA {cuda} ({flavor}); rows for torch {torch}: {_choices(same_torch)}")
+            raise NoSuchRow(f"no row for torch {torch} with CUDA {cuda} ({flavor}); rows for torch {torch}: {_choices(same_torch)}", name="--cuda")
         return hits[0]
 
     def by_name(self, name: str) -> Image:
         for image in self.images:
             if image.name == name:
                 return image
-        raise UsageError(f"no image named {name!r} in {self.path.name}")
+        raise NoSuchRow(f"no image named {name!r} in {self.path.name}", name=name)
 
 
 def _choices(images: list[Image]) -> str:
@@ -478,7 +479,7 @@ def _line_map(node: yaml.Node, path: tuple[Any, ...] = (), out: dict | None = No
 class _NoDuplicateKeys(yaml.SafeLoader):
     """A repeated key in a mapping is an error, not a silent overwrite."""
 
-    def construct_mapping(self, node, deep=False):
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
@@ -494,7 +495,7 @@ def parse(path: Path) -> tuple[Any, dict]:
     try:
         text = path.read_text()
     except OSError as e:
-        raise UsageError(f"cannot read matrix file {path}: {e.strerror}") from None
+        raise BadFile(f"cannot read matrix file {path}: {e.strerror}", path=path) from None
     try:
         node = yaml.compose(text, Loader=_NoDuplicateKeys)
         data = yaml.load(text, Loader=_NoDuplicateKeys)

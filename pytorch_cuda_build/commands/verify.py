@@ -15,13 +15,15 @@ import shutil
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import IO, Callable, Iterator
 
 import docker.errors
 
 from .. import files
 from ..engine import docker_env
 from ..errors import ArchiveLayoutError
+from ..matrix import Image
+from ..paths import results_dir
 from ..stages import base, build
 from . import record
 
@@ -56,7 +58,7 @@ def layer_index(ref: str, *, docker_cli: str) -> list[dict[str, tuple[Entry, int
     return [by_name[name] for name in order]
 
 
-def read_save(stream, ref: str) -> tuple[list[str], dict[str, dict]]:
+def read_save(stream: IO[bytes], ref: str) -> tuple[list[str], dict[str, dict]]:
     """The layer order (manifest.json) and every layer's index from a `docker save` stream.
 
     Docker before 25 names layers <id>/layer.tar; from 25 on the archive is an OCI layout
@@ -144,7 +146,7 @@ def verdict(c: Comparison, buildkit_note: str, show: int = 200) -> str:
 KEEP_FILES, KEEP_FILE_BYTES = 50, 256 * 1024**2
 
 
-def keep_differing(c, refs: tuple[str, ...], paths: list[str], dest: Path) -> int:
+def keep_differing(c: docker.DockerClient, refs: tuple[str, ...], paths: list[str], dest: Path) -> int:
     """Copy each differing file out of both images, as the finished images have them, to
     dest/build1/<path> and dest/build2/<path>; how many files were kept from both."""
     shutil.rmtree(dest, ignore_errors=True)
@@ -155,11 +157,11 @@ def keep_differing(c, refs: tuple[str, ...], paths: list[str], dest: Path) -> in
     return kept
 
 
-def _copy_out(c, ref: str, path: str, dest: Path) -> bool:
+def _copy_out(c: docker.DockerClient, ref: str, path: str, dest: Path) -> bool:
     container = c.containers.create(ref, command=["true"], entrypoint=[])
     try:
         stream, stat = container.get_archive("/" + path)
-        if stat.get("size", 0) > KEEP_FILE_BYTES:
+        if (stat or {}).get("size", 0) > KEEP_FILE_BYTES:
             return False
         target = dest / path
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -175,7 +177,7 @@ def _copy_out(c, ref: str, path: str, dest: Path) -> bool:
         container.remove(force=True)
 
 
-def run(root: Path, image, results: Path, docker: str | None, ca: str | None, log: Callable[[str], None],
+def run(root: Path, image: Image, results: Path, docker: str | None, ca: str | None, log: Callable[[str], None],
         compile_ops: bool = False) -> tuple[Comparison, str]:
     """Build the row twice without the layer cache (same base, same wheelhouse), compare,
     write verdict.txt beside the two build logs, and remove both builds; the comparison and
@@ -238,7 +240,7 @@ def _room_for_two(docker_root: str, image_size: int) -> bool:
     return build.free_bytes(docker_root)[0] >= 2 * image_size + SECOND_BUILD_MARGIN
 
 
-def _keep(c, refs: tuple[str, ...], paths: list[str], dest: Path, log: Callable[[str], None]) -> str:
+def _keep(c: docker.DockerClient, refs: tuple[str, ...], paths: list[str], dest: Path, log: Callable[[str], None]) -> str:
     """Copy the differing files out of both builds where both are still there; what was done, for the verdict."""
     try:
         for ref in refs:
@@ -253,8 +255,18 @@ def _keep(c, refs: tuple[str, ...], paths: list[str], dest: Path, log: Callable[
     return f"{kept} differing file(s) kept from both builds under {dest}"
 
 
-def _remove(c, ref: str) -> None:
+def _remove(c: docker.DockerClient, ref: str) -> None:
     try:
         c.images.remove(ref, force=True)
     except Exception:
         pass  # never built, or already gone
+
+
+def each_platform(root: Path, images: list[Image], docker: str | None, ca: str | None, log: Callable[[str], None],
+                  compile_ops: bool) -> Iterator[tuple[str, bool]]:
+    """`build.py verify`: each platform in turn, its own two builds and its own verdict; the lines to
+    print and whether its two builds were one image."""
+    for image in images:
+        docker_env.ensure_emulation(image.platform, log)
+        comparison, note = run(root, image, results_dir(root, image) / "verify", docker, ca, log, compile_ops=compile_ops)
+        yield f"{image.name} on {image.platform}:\n{verdict(comparison, note)}", comparison.reproducible

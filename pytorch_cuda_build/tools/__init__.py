@@ -1,1 +1,0 @@
-"""Commands beside the pipeline: the second engine, verify, bench, propose, the GPU bundle, selftest."""
