@@ -22,7 +22,7 @@ pytestmark = pytest.mark.docker
 
 COMMANDS = ["python", "torchrun", "deepspeed", "ds_report", "zero_to_fp32", "pdsh", "ssh", "/usr/sbin/sshd",
             "jupyter", "jupyter-lab", "tensorboard", "tini", "pytorch-cuda-smoke", "pytorch-cuda-banner", "pytorch-cuda-entrypoint",
-            "pytorch-cuda-launch"]
+            "pytorch-cuda-launch", "pytorch-cuda-preflight"]
 
 
 def test_default_user_is_non_root_with_writable_workspace(host):
