@@ -345,4 +345,7 @@ def _job(sub) -> None:
     jb.add_argument("--deadline", metavar="DURATION",
                     help="kubernetes: the job's activeDeadlineSeconds, e.g. 24h, 90m, 1h30m, 2d or seconds "
                          "(default: none); not with --cluster-runtime")
+    jb.add_argument("--preflight", action="store_true",
+                    help="run pytorch-cuda-preflight on every node first (driver, GPUs, /dev/shm, RDMA, the fabric measured, a "
+                         "slow node named) and start training only if it passed; bounded (docs/clusters.md#preflight)")
     jb.add_argument("script", nargs="*", metavar="SCRIPT", help="after --: SCRIPT [ARGS...], run by pytorch-cuda-launch in the image")

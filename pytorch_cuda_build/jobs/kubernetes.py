@@ -53,7 +53,7 @@ import textwrap
 
 import yaml
 
-from . import LAUNCH, Job, quantity
+from . import Job, quantity
 
 KINDS = ("trainjob", "pytorchjob", "jobset", "indexed-job")
 TRAINER = "trainer.kubeflow.org/v1alpha1"
@@ -223,7 +223,7 @@ def container(job: Job, name: str, env: dict[str, str], image: bool = True, port
     c: dict = {"name": name}
     if image:
         c["image"] = str(job.image)
-        c["command"] = [LAUNCH, *job.command]
+        c["command"] = job.entry()
     if image and workdir(job):
         c["workingDir"] = workdir(job)
     if env:
@@ -266,7 +266,7 @@ def _nproc(job: Job) -> int:
 
 
 def trainjob(job: Job) -> list[dict]:
-    trainer = {"image": str(job.image), "command": [LAUNCH, *job.command], "numNodes": job.nodes,
+    trainer = {"image": str(job.image), "command": job.entry(), "numNodes": job.nodes,
                "numProcPerNode": _nproc(job)}
     env = {**job.nccl_env(), **({WORKDIR: wd} if job.cluster_runtime and (wd := workdir(job)) else {})}
     if env:

@@ -93,9 +93,10 @@ def call(p, result, timeout_s, store_cls=None):
         if error is not None:
             return _alone(p, result, f"cannot reach the preflight's roll call at {p.host}:{p.port} within {timeout_s:.0f} s: "
                              f"the first node, {p.expected[0]}, did not answer ({error})")
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # the store's retries are not this tool's lines
-    import torch.distributed as dist  # here, not at the top: phase 1 runs without torch
-    store_cls = store_cls or dist.TCPStore
+    if store_cls is None:
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # the store's retries are not this tool's lines
+        import torch.distributed as dist  # here, not at the top: phase 1 runs without torch
+        store_cls = dist.TCPStore
     left = max(1.0, timeout_s - (time.monotonic() - t0))
     try:
         store = store_cls(p.host, p.port, None, p.first, timedelta(seconds=left), wait_for_workers=False)
