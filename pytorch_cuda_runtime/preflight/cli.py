@@ -95,11 +95,24 @@ def failed(lines):
     return 1
 
 
+def announce(verdict):
+    """The roll call's verdict, said as soon as this node has it."""
+    if verdict["lines"]:
+        failed(verdict["lines"])
+    else:
+        say(f"{len(verdict['answered'])} node(s) answered and passed their checks: {', '.join(verdict['answered'])}")
+
+
 def roll_call(topo, env, me, result, timeout_s):
     if topo.nnodes == 1:
-        return rollcall.verdict((me,), {me: result}, 0)
+        verdict = rollcall.verdict((me,), {me: result}, 0)
+        announce(verdict)
+        return verdict
     hosts = hostlist.hostnames(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")) if topo.node_rank is None else ()
-    return rollcall.call(rollcall.place(topo, me, hosts), result, timeout_s)
+    verdict = rollcall.call(rollcall.place(topo, me, hosts), result, timeout_s, announce=announce)
+    if not verdict["answered"]:  # this node could not take part: its own verdict, not yet said
+        announce(verdict)
+    return verdict
 
 
 def fabric_phase(args, topo, env, verdict):
@@ -109,7 +122,9 @@ def fabric_phase(args, topo, env, verdict):
         left, nodes = os.path.join(tmp, "verdict.json"), os.path.join(tmp, "nodes.json")
         with open(nodes, "w", encoding="utf-8") as f:
             json.dump(verdict["summaries"], f)
-        child = {**env, fabric.VERDICT: left, fabric.NODES: nodes, "PYTORCH_CUDA_RDZV_TIMEOUT": str(int(args.timeout))}
+        # Only rank 0 prints (the table): no rank labels before its lines.
+        child = {**env, fabric.VERDICT: left, fabric.NODES: nodes, "PYTORCH_CUDA_RDZV_TIMEOUT": str(int(args.timeout)),
+                 "PYTORCH_CUDA_RANK_LABELS": "0"}
         if topo.source in PORT_VARIABLE:
             child[PORT_VARIABLE[topo.source]] = str(topo.master_port + 2)
         workdir = env.get(WORKDIR) or os.getcwd()
@@ -171,8 +186,7 @@ def main(argv=None, env=None):
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     if verdict["lines"]:
-        return failed(verdict["lines"])
-    say(f"{len(verdict['answered'])} node(s) answered and passed their checks: {', '.join(verdict['answered'])}")
+        return 1  # announced
     measured = fabric_phase(args, topo, env, verdict)
     if not measured["passed"]:
         return failed(measured["lines"])

@@ -85,8 +85,10 @@ def reach(host, port, timeout_s, connect=socket.create_connection):
         time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
-def call(p, result, timeout_s, store_cls=None):
-    """Take part in the roll call; the verdict, or one whose lines say this node could not take part."""
+def call(p, result, timeout_s, store_cls=None, announce=print):
+    """Take part in the roll call; the verdict, or one whose lines say this node could not take part.
+    announce(verdict) runs as soon as this node has it: before the first node waits for the others'
+    acknowledgements, since a scheduler may end every task once one has exited."""
     t0 = time.monotonic()
     if not p.first:
         error = reach(p.host, p.port, timeout_s)
@@ -105,11 +107,12 @@ def call(p, result, timeout_s, store_cls=None):
                          f"{str(e).splitlines()[0][:160]}")
     store.set(_key(p.name), json.dumps(result))
     if p.first:
-        return _gather(store, p, t0, timeout_s)
+        return _gather(store, p, t0, timeout_s, announce)
     try:
         store.wait(["verdict"], timedelta(seconds=max(1.0, timeout_s - (time.monotonic() - t0)) + ACK_WAIT_S))
         out = json.loads(store.get("verdict"))
         store.set("ack/" + _key(p.name), "1")
+        announce(out)
         return out
     except Exception as e:  # the first node went away or never answered in time
         return _alone(p, result, f"the first node, {p.expected[0]}, gave no verdict within {timeout_s:.0f} s "
@@ -117,12 +120,13 @@ def call(p, result, timeout_s, store_cls=None):
 
 
 def _alone(p, result, why):
-    """The verdict this node gives itself when it could not take part: its own lines, and why."""
+    """The verdict this node gives itself when it could not take part: its own lines, and why
+    (announced by the caller)."""
     return {"answered": [], "missing": [], "summaries": [result["summary"]],
             "lines": [f"{label(p.name)}: {line}" for line in [*result["lines"], why]]}
 
 
-def _gather(store, p, t0, timeout_s):
+def _gather(store, p, t0, timeout_s, announce):
     results = {}
     while True:
         for name in p.expected:
@@ -133,6 +137,7 @@ def _gather(store, p, t0, timeout_s):
         time.sleep(0.5)
     out = verdict(p.expected, results, time.monotonic() - t0)
     store.set("verdict", json.dumps(out))
+    announce(out)
     others = ["ack/" + _key(n) for n in out["answered"] if n != p.name]
     deadline = time.monotonic() + ACK_WAIT_S
     while others and not store.check(others) and time.monotonic() < deadline:
