@@ -21,6 +21,10 @@ kinds differ in how a pod learns its place, read from each controller's source
 JobSet and Indexed Jobs set no rendezvous variables: the manifest sets the contract's own
 PYTORCH_CUDA_NNODES and PYTORCH_CUDA_MASTER_ADDR, and Kubernetes sets JOB_COMPLETION_INDEX.
 
+--preflight (Job.entry): each pod's command is `pytorch-cuda-preflight ARGS -- pytorch-cuda-launch
+SCRIPT [ARGS]`; the preflight execs the launch contract once every node has passed, and a failure
+is the container's non-zero exit, which fails the gang as below.
+
 Code and data (--mount, mounts.py): each mount is a volume, a PersistentVolumeClaim or a hostPath
 of type Directory, and a volumeMount in the container. The working directory (`workingDir`) is
 --workdir, else the first mount's TARGET; with neither, the image's /workspace. A TrainJob over a
