@@ -181,7 +181,9 @@ def main(argv=None):
             json.dump({"passed": passed, "lines": out["lines"], "slow": verdict["slow"]}, f)
     rk.dist.barrier()
     rk.dist.destroy_process_group()
-    return 0 if passed else 1
+    # Where the node's process reads the verdict, a failed one is its to say: exit 0, so that
+    # torchrun does not add a traceback of "failed" ranks to the lines that say why.
+    return 0 if passed or os.environ.get(VERDICT) else 1
 
 
 if __name__ == "__main__":
