@@ -361,8 +361,9 @@ def test_a_node_below_the_row_or_the_job_is_refused_before_training_within_the_b
     assert state == "FAILED", f"{state}\n{out[-4000:]}"
     assert took < REFUSED_BOUND_S, f"{took:.0f} s\n{out[-4000:]}"
     failed = [ln.split(": ", 1)[1] for ln in out.splitlines() if "pytorch-cuda-preflight: FAILED: " in ln]
-    # every node says it (the roll call gave each the verdict), naming the node
-    assert sum(f"pytorch-cuda-preflight: FAILED: node {cluster.names[1]}: {says}" in ln for ln in failed) == 3, out[-4000:]
+    # each node that printed before srun --kill-on-bad-exit ended it says it (the roll call gave every node the verdict)
+    assert any(f"pytorch-cuda-preflight: FAILED: node {cluster.names[1]}: {says}" in ln for ln in failed), out[-4000:]
+    assert not [ln for ln in failed if "FAILED: node" in ln and cluster.names[1] not in ln], out[-4000:]  # no other node
     assert "error: the preflight failed (its lines above): training not started" in out
     assert "[rank0]" not in out  # the training step never ran
 
@@ -379,6 +380,7 @@ def _shape(cluster, i: int, rate: str | None) -> None:
 
 def test_a_slowed_node_is_named_and_training_never_starts(cluster, bundle, submit, user):
     """Three nodes, one CPU rank each; the third's link slowed to 50 Mbit/s with traffic control."""
+    require(shutil.which("tc"), "tc (iproute2) is not installed")
     slow = cluster.names[2]
     _shape(cluster, 2, SLOW_RATE)
     try:
@@ -390,7 +392,7 @@ def test_a_slowed_node_is_named_and_training_never_starts(cluster, bundle, submi
     bound = int(PREFLIGHT_BOUNDS["PYTORCH_CUDA_PREFLIGHT_JOIN_TIMEOUT"]) + int(PREFLIGHT_BOUNDS["PYTORCH_CUDA_PREFLIGHT_TIMEOUT"]) + 60
     assert took < bound + 60, f"{took:.0f} s\n{out[-6000:]}"
     named = [ln for ln in out.splitlines() if f"pytorch-cuda-preflight: FAILED: node {slow}: slow: its best link" in ln]
-    assert len(named) == 3, out[-6000:]  # each node says it
+    assert named, out[-6000:]
     assert not [ln for ln in out.splitlines() if "FAILED: node" in ln and ": slow:" in ln and slow not in ln], out[-6000:]
     report = json.loads((submit / f"pytorch-cuda-preflight-{job}.json").read_text())
     assert report["neighbours"]["slow"] == [slow] and not report["passed"] and len(report["neighbours"]["links"]) == 3
