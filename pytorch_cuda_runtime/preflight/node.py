@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import re
 import resource
+import shutil
 import socket
+import subprocess
 from dataclasses import dataclass, field
 
 from .. import banner
@@ -58,11 +60,32 @@ def has_ipc_lock(status="/proc/self/status"):
     return bool(int(line.split()[1], 16) >> CAP_IPC_LOCK & 1)
 
 
+def query_without_cap(timeout=10, run=subprocess.run):
+    """[(name, driver, '?')] from an nvidia-smi that lacks the compute_cap field (drivers before
+    R510 refuse the banner's query as a whole), or None where nvidia-smi is absent or fails."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        out = run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                  capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return [(f[0], f[1], "?") for f in (line.split(", ") for line in out.stdout.splitlines()) if len(f) >= 2 and f[0]]
+
+
 def gather(env, node=None):
-    """This node's facts: stand-in GPUs where the test hook names them, else nvidia-smi's."""
+    """This node's facts: stand-in GPUs where the test hook names them, else nvidia-smi's (an old
+    driver's nvidia-smi answers without the compute capability)."""
     node = node or hostname()
     fake = standin.gpus(env, node)
-    gpus, source = (fake, standin.source(env)) if fake is not None else (banner.query_gpus(timeout=10), "nvidia-smi")
+    if fake is not None:
+        gpus, source = fake, standin.source(env)
+    else:
+        gpus, source = banner.query_gpus(timeout=10), "nvidia-smi"
+        gpus = gpus if gpus is not None else query_without_cap()
     names, passed = banner.ib_devices()
     return Facts(node=node, gpus=gpus, gpu_source=source,
                  device_nodes=sorted(d for d in nproc.dev_nodes() if re.fullmatch(r"nvidia\d+", d)),

@@ -263,3 +263,18 @@ def test_after_a_double_dash_the_command_is_kept_whole():
     args = cli.parse(["--gpus-per-node", "8", "--", "pytorch-cuda-launch", "train.py", "--lr", "1e-4"], {})
     assert args.then == ["pytorch-cuda-launch", "train.py", "--lr", "1e-4"] and args.gpus_per_node == 8
     assert cli.parse([], {"PYTORCH_CUDA_PREFLIGHT_JOIN_TIMEOUT": "60"}).join_timeout == 60
+
+
+def test_an_old_driver_s_nvidia_smi_is_asked_again_without_the_compute_capability(monkeypatch):
+    """nvidia-smi before R510 refuses --query-gpu=...,compute_cap as a whole: the driver is still read."""
+    calls = []
+
+    def run(argv, **kw):
+        calls.append(argv)
+        return __import__("subprocess").CompletedProcess(argv, 0, "Tesla V100-SXM2-32GB, 470.57.02\n", "")
+
+    monkeypatch.setattr(node.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    assert node.query_without_cap(run=run) == [("Tesla V100-SXM2-32GB", "470.57.02", "?")]
+    assert calls == [["/usr/bin/nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]]
+    (line,) = node.check(facts(gpus=[("Tesla V100-SXM2-32GB", "470.57.02", "?")] * 2), needs())
+    assert line.startswith("driver 470.57.02 (nvidia-smi) is older than 525.60.13")  # and no arch line: the cap is unknown
