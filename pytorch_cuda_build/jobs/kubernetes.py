@@ -135,6 +135,12 @@ def notes(job: Job) -> list[str]:
                     f"replacement pod): {FAILURE[job.kind]}. "
                     + (f"Deadline: activeDeadlineSeconds {job.deadline_s}." if job.deadline_s
                        else "No deadline (--deadline sets activeDeadlineSeconds)."))
+    if job.preflight:
+        said.append("Preflight (--preflight): each pod runs pytorch-cuda-preflight first, which checks the node's driver, "
+                    "GPUs, /dev/shm and RDMA against the image's row, measures the fabric and names a slow node, then "
+                    "execs the launch contract; a failure is the container's non-zero exit. Bound: every pod answers "
+                    "within PYTORCH_CUDA_PREFLIGHT_JOIN_TIMEOUT (600 s), then the fabric within "
+                    "PYTORCH_CUDA_PREFLIGHT_TIMEOUT (300 s) + 60 s; set either in the pods' env.")
     return [""] + [wrapped for line in said for wrapped in textwrap.wrap(line, 96)]
 
 

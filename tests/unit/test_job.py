@@ -1025,6 +1025,9 @@ def test_with_preflight_every_pod_runs_it_before_the_launch_contract_and_validat
     commands = [c["command"] for d in docs for p in pod_specs(d) for c in p["containers"] if "command" in c]
     commands += [d["spec"]["trainer"]["command"] for d in docs if d["kind"] == "TrainJob"]
     assert commands and all(c == want for c in commands), commands
+    header = " ".join(line.removeprefix("# ") for line in kubernetes.render(job).splitlines() if line.startswith("#"))
+    assert "Preflight (--preflight): each pod runs pytorch-cuda-preflight first" in header
+    assert "PYTORCH_CUDA_PREFLIGHT_JOIN_TIMEOUT (600 s)" in header and "PYTORCH_CUDA_PREFLIGHT_TIMEOUT (300 s) + 60 s" in header
 
 
 def test_the_cli_writes_preflight_into_the_header_and_the_script(tmp_path):
