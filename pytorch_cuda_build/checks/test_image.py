@@ -426,7 +426,7 @@ PREFLIGHT_OPTS = ("--shm-size", "1g", "-e", "PYTORCH_CUDA_NO_BANNER=1", "-e", "P
 def test_the_preflight_passes_on_two_cpu_ranks_and_prints_the_table_and_its_json_report(image_ref):
     """One node, two gloo ranks: the node's checks, then all_reduce and all_gather as nccl-tests
     prints them; the JSON report has the same rows. About 30 s natively; the bound leaves room for
-    an emulated arm64 image (about 12x slower, ../shared measurements in docs/arm64.md)."""
+    an emulated arm64 image (emulation costs about 12x, docs/arm64.md)."""
     proc = run_image(image_ref, ["sh", "-c", "cd /tmp && pytorch-cuda-preflight --report pf.json && cat pf.json"],
                      PREFLIGHT_OPTS, timeout=600)
     assert proc.returncode == 0, shown(proc)
