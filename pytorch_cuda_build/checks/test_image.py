@@ -25,7 +25,7 @@ pytestmark = pytest.mark.docker
 
 COMMANDS = ["python", "torchrun", "deepspeed", "ds_report", "zero_to_fp32", "pdsh", "ssh", "/usr/sbin/sshd",
             "jupyter", "jupyter-lab", "tensorboard", "tini", "pytorch-cuda-smoke", "pytorch-cuda-banner", "pytorch-cuda-entrypoint",
-            "pytorch-cuda-launch"]
+            "pytorch-cuda-launch", "pytorch-cuda-preflight"]
 
 
 def test_default_user_is_non_root_with_writable_workspace(host: Host) -> None:
@@ -421,3 +421,40 @@ def test_debian_packages_are_the_locked_versions(host: Host, row: matrix.Image, 
     for name in row.os.packages:
         pkg = host.package(name)
         assert pkg.is_installed and pkg.version == lock_meta["apt"][name], (name, pkg.version, lock_meta["apt"][name])
+
+
+PREFLIGHT_OPTS = ("--shm-size", "1g", "-e", "PYTORCH_CUDA_NO_BANNER=1", "-e", "PYTORCH_CUDA_NPROC_PER_NODE=2")
+
+
+def test_the_preflight_passes_on_two_cpu_ranks_and_prints_the_table_and_its_json_report(image_ref):
+    """One node, two gloo ranks: the node's checks, then all_reduce and all_gather as nccl-tests
+    prints them; the JSON report has the same rows. About 30 s natively; the bound leaves room for
+    an emulated arm64 image (emulation costs about 12x, docs/arm64.md)."""
+    proc = run_image(image_ref, ["sh", "-c", "cd /tmp && pytorch-cuda-preflight --report pf.json && cat pf.json"],
+                     PREFLIGHT_OPTS, timeout=600)
+    assert proc.returncode == 0, shown(proc)
+    assert "pytorch-cuda-preflight: passed" in proc.stderr, shown(proc)
+    out = proc.stdout
+    assert "# all_reduce: 2 ranks on 1 node (gloo, cpu)" in out and "# all_gather: 2 ranks on 1 node (gloo, cpu)" in out, shown(proc)
+    assert "# busbw = algbw * 2(n-1)/n, n = 2 ranks" in out and "# busbw = algbw * (n-1)/n, n = 2 ranks" in out
+    report = json.loads(out[out.index("\n{") + 1:])
+    assert report["passed"] and report["backend"] == "gloo" and report["ranks"] == 2
+    for op in ("all_reduce", "all_gather"):
+        rows = report[op]
+        assert [r["size"] for r in rows][:2] == [1024, 4096] and all(r["wrong"] == 0 and r["busbw"] > 0 for r in rows), rows
+    assert report["node_checks"][0].startswith("node ") and "requested 0 GPU(s) per node" in report["node_checks"][0]
+
+
+def test_the_preflight_refuses_an_old_driver_and_a_missing_gpu_in_one_line_each_before_any_rank(image_ref):
+    """Stand-in GPUs through the test hook (PYTORCH_CUDA_PREFLIGHT_STANDIN): one GPU of two, its
+    driver below the row's floor. Both lines, exit 1, and no fabric step (no table)."""
+    standin = '{"*": [{"name": "stand-in GPU", "driver": "470.57.02", "capability": "9.0"}]}'
+    script = f"echo '{standin}' > /tmp/s.json && PYTORCH_CUDA_PREFLIGHT_STANDIN=/tmp/s.json pytorch-cuda-preflight --gpus-per-node 2"
+    proc = run_image(image_ref, ["sh", "-c", script], PREFLIGHT_OPTS, timeout=120)
+    assert proc.returncode == 1, shown(proc)
+    failed = [ln for ln in proc.stderr.splitlines() if ln.startswith("pytorch-cuda-preflight: FAILED: ")]
+    assert len(failed) == 3 and failed[-1].endswith("training not started"), shown(proc)
+    assert "1 GPU visible (stand-in GPUs (PYTORCH_CUDA_PREFLIGHT_STANDIN=s.json), not a driver: 1 listed), the job requested 2" \
+        in failed[0], shown(proc)
+    assert "driver 470.57.02 (stand-in GPUs" in failed[1] and "older than 525.60.13" in failed[1], shown(proc)
+    assert "all_reduce" not in proc.stdout

@@ -28,6 +28,8 @@ from .mounts import Mount
 
 LAUNCH = "pytorch-cuda-launch"
 LAUNCH_PATH = "/usr/local/bin/pytorch-cuda-launch"  # srun's PATH replaces the image's inside containers
+PREFLIGHT = "pytorch-cuda-preflight"  # --preflight: every node proves itself before training (pytorch_cuda_runtime/preflight)
+PREFLIGHT_PATH = "/usr/local/bin/pytorch-cuda-preflight"
 DIGEST = r"sha256:[0-9a-f]{64}"
 # REPO[:TAG]@sha256:<64 hex>; the tag, where given, is dropped: the digest decides.
 REFERENCE = re.compile(rf"(?P<repo>[a-z0-9][a-z0-9._/:-]*?)(?::(?P<tag>\w[\w.-]{{0,127}}))?@(?P<digest>{DIGEST})")
@@ -121,6 +123,7 @@ class Job:
     qos: str = "burstable"  # kubernetes: burstable (requests) or guaranteed (limits equal to the requests)
     pull_secrets: tuple[str, ...] = ()  # kubernetes: --image-pull-secret, in the order given
     deadline_s: int | None = None  # kubernetes: --deadline in seconds, the job's activeDeadlineSeconds; None: no deadline
+    preflight: bool = False  # --preflight: pytorch-cuda-preflight on every node before training
 
     def nccl_env(self) -> dict[str, str]:
         """NCCL's environment. NCCL finds InfiniBand (and RoCE) itself; only a socket-only choice
@@ -136,6 +139,16 @@ class Job:
         """The launch contract's ranks per node: one per requested GPU; with none requested the
         contract decides (one CPU rank where the node shows no GPU)."""
         return {"PYTORCH_CUDA_NPROC_PER_NODE": str(self.gpus_per_node)} if self.gpus_per_node else {}
+
+    def preflight_args(self) -> list[str]:
+        """pytorch-cuda-preflight's options: what this job asked of each node."""
+        return ["--gpus-per-node", str(self.gpus_per_node), "--shm-size", quantity(self.shm_mib), *(["--rdma"] if self.rdma else [])]
+
+    def entry(self) -> list[str]:
+        """A pod's command: the launch contract, after the preflight where --preflight asks for it
+        (the preflight execs it once every node has passed)."""
+        launch = [LAUNCH, *self.command]
+        return [PREFLIGHT, *self.preflight_args(), "--", *launch] if self.preflight else launch
 
     def header(self) -> list[str]:
         """The GENERATED lines both renderers open with (as comments)."""

@@ -21,6 +21,10 @@ kinds differ in how a pod learns its place, read from each controller's source
 JobSet and Indexed Jobs set no rendezvous variables: the manifest sets the contract's own
 PYTORCH_CUDA_NNODES and PYTORCH_CUDA_MASTER_ADDR, and Kubernetes sets JOB_COMPLETION_INDEX.
 
+--preflight (Job.entry): each pod's command is `pytorch-cuda-preflight ARGS -- pytorch-cuda-launch
+SCRIPT [ARGS]`; the preflight execs the launch contract once every node has passed, and a failure
+is the container's non-zero exit, which fails the gang as below.
+
 Code and data (--mount, mounts.py): each mount is a volume, a PersistentVolumeClaim or a hostPath
 of type Directory, and a volumeMount in the container. The working directory (`workingDir`) is
 --workdir, else the first mount's TARGET; with neither, the image's /workspace. A TrainJob over a
@@ -54,7 +58,7 @@ from typing import Any
 
 import yaml
 
-from . import LAUNCH, Job, quantity
+from . import Job, quantity
 
 KINDS = ("trainjob", "pytorchjob", "jobset", "indexed-job")
 TRAINER = "trainer.kubeflow.org/v1alpha1"
@@ -132,6 +136,12 @@ def notes(job: Job) -> list[str]:
                     f"replacement pod): {FAILURE[job.kind]}. "
                     + (f"Deadline: activeDeadlineSeconds {job.deadline_s}." if job.deadline_s
                        else "No deadline (--deadline sets activeDeadlineSeconds)."))
+    if job.preflight:
+        said.append("Preflight (--preflight): each pod runs pytorch-cuda-preflight first, which checks the node's driver, "
+                    "GPUs, /dev/shm and RDMA against the image's row, measures the fabric and names a slow node, then "
+                    "execs the launch contract; a failure is the container's non-zero exit. Bound: every pod answers "
+                    "within PYTORCH_CUDA_PREFLIGHT_JOIN_TIMEOUT (600 s), then the fabric within "
+                    "PYTORCH_CUDA_PREFLIGHT_TIMEOUT (300 s) + 60 s; set either in the pods' env.")
     return [""] + [wrapped for line in said for wrapped in textwrap.wrap(line, 96)]
 
 
@@ -224,7 +234,7 @@ def container(job: Job, name: str, env: dict[str, str], image: bool = True, port
     c: dict = {"name": name}
     if image:
         c["image"] = str(job.image)
-        c["command"] = [LAUNCH, *job.command]
+        c["command"] = job.entry()
     if image and workdir(job):
         c["workingDir"] = workdir(job)
     if env:
@@ -267,7 +277,7 @@ def _nproc(job: Job) -> int:
 
 
 def trainjob(job: Job) -> list[dict]:
-    trainer = {"image": str(job.image), "command": [LAUNCH, *job.command], "numNodes": job.nodes,
+    trainer = {"image": str(job.image), "command": job.entry(), "numNodes": job.nodes,
                "numProcPerNode": _nproc(job)}
     env = {**job.nccl_env(), **({WORKDIR: wd} if job.cluster_runtime and (wd := workdir(job)) else {})}
     if env:

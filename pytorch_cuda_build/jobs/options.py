@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from .. import spec
-from ..spec import many, opt
+from ..spec import flag, many, opt
 from . import ImageRef, Job, deadline_seconds, default_name, kubernetes, memory_mib, shm_mib, slurm
 from .mounts import parse_all
 
@@ -100,6 +100,8 @@ class JobOptions(spec.Row):
                                               metavar="NAME")
     deadline: str | None = opt(None, "kubernetes: the job's activeDeadlineSeconds, e.g. 24h, 90m, 1h30m, 2d or seconds "
                                      "(default: none); not with --cluster-runtime", metavar="DURATION")
+    preflight: bool = flag("run pytorch-cuda-preflight on every node first (driver, GPUs, /dev/shm, RDMA, the fabric measured, a "
+                           "slow node named) and start training only if it passed; bounded (docs/clusters.md#preflight)")
     script: tuple[str, ...] = opt((), "after --: SCRIPT [ARGS...], run by pytorch-cuda-launch in the image", kind="many", metavar="SCRIPT")
 
 
@@ -122,7 +124,7 @@ def job(o: JobOptions, row: str, image: ImageRef) -> Job:
              *(["--memory-per-node", o.memory_per_node] if o.memory_per_node else []),
              *(["--qos", o.qos] if o.qos == "guaranteed" else []),
              *[a for s in o.image_pull_secret for a in ("--image-pull-secret", s)],
-             *(["--deadline", o.deadline] if o.deadline else [])]
+             *(["--deadline", o.deadline] if o.deadline else []), *(["--preflight"] if o.preflight else [])]
     argv += [*(["--shm-size", o.shm_size] if o.shm_size != "16Gi" else []),
              *(["--network", o.network] if o.network != "auto" else []), "--", *o.script]
     return Job(scheduler=o.scheduler, name=o.name or default_name(o.torch), row=row, image=image, nodes=o.nodes,
@@ -132,4 +134,4 @@ def job(o: JobOptions, row: str, image: ImageRef) -> Job:
                namespace=o.namespace, cluster_runtime=o.cluster_runtime, mounts=mounts, workdir=o.workdir,
                cpus=o.cpus_per_node, memory_mib=memory_mib(o.memory_per_node) if o.memory_per_node else None,
                qos=o.qos, pull_secrets=tuple(o.image_pull_secret),
-               deadline_s=deadline_seconds(o.deadline) if o.deadline else None)
+               deadline_s=deadline_seconds(o.deadline) if o.deadline else None, preflight=o.preflight)

@@ -34,7 +34,7 @@ import shlex
 import textwrap
 from pathlib import Path
 
-from . import LAUNCH_PATH, Job, ocibundle
+from . import LAUNCH_PATH, PREFLIGHT_PATH, Job, ocibundle
 
 RUNTIMES = ("oci", "pyxis", "apptainer")
 # One task per node. --kill-on-bad-exit: a task that exits non-zero (torchrun does when one of its
@@ -283,30 +283,45 @@ def _command(job: Job) -> str:
     return " ".join([LAUNCH_PATH, *map(shlex.quote, job.command)])
 
 
+def _preflight_command(job: Job) -> str:
+    """--preflight's step: its report is named by the job, in the working directory."""
+    return " ".join([PREFLIGHT_PATH, *job.preflight_args(), "--report", '"pytorch-cuda-preflight-${SLURM_JOB_ID}.json"'])
+
+
+# --preflight's step, before the training step: the bound the script states (pytorch_cuda_runtime/preflight).
+PREFLIGHT_NOTE = [
+    "# Preflight (--preflight): every node checks its driver, GPUs, /dev/shm and RDMA against the image's",
+    "# row, then the fabric is measured (all_reduce, all_gather, each pair of ring neighbours) and a slow",
+    "# node named, with the same image and launch contract; training starts only if it passed. Bound: every",
+    "# node answers within PYTORCH_CUDA_PREFLIGHT_JOIN_TIMEOUT (600 s), then the fabric within",
+    "# PYTORCH_CUDA_PREFLIGHT_TIMEOUT (300 s) + 60 s; the table and pytorch-cuda-preflight-JOBID.json are",
+    "# written in the working directory."]
+
+
 def _srun(job: Job) -> list[str]:
-    lines = _run(job)
+    prelude, launcher = _run(job)
+    lines = list(prelude)
+    if job.preflight:
+        lines += [*PREFLIGHT_NOTE, f"if ! {launcher[0]}", *launcher[1:], f"  {_preflight_command(job)}; then",
+                  '  echo "error: the preflight failed (its lines above): training not started" >&2', "  exit 1", "fi"]
     if any(c in a for a in job.command for c in "$`"):  # a directive applies to the command right after it
-        at = next(i for i, line in enumerate(lines) if line.startswith("srun "))
-        lines.insert(at, "# shellcheck disable=SC2016  # the ARGS reach the script as written, $ and all")
-    return lines
+        lines.append("# shellcheck disable=SC2016  # the ARGS reach the script as written, $ and all")
+    return lines + [*launcher, f"  {_command(job)}"]
 
 
-def _run(job: Job) -> list[str]:
+def _run(job: Job) -> tuple[list[str], list[str]]:
+    """(what comes before the steps, the srun lines of a step up to its command, each ending in a backslash)."""
     if job.runtime == "oci":
-        return [
+        return ([
             'if [ ! -f "$BUNDLE/config.json" ]; then',
             f'  echo "error: no bundle at $BUNDLE: make it first, from the submit directory: bash {job.name}.sbatch --make-bundle" >&2',
             "  exit 1",
-            "fi",
-            f"srun {SRUN_FLAGS} --container=\"$BUNDLE\" \\",
-            f"  {_command(job)}"]
+            "fi"], [f"srun {SRUN_FLAGS} --container=\"$BUNDLE\" \\"])
     if job.runtime == "pyxis":
-        return [f"IMAGE={shlex.quote(job.image.pyxis())}",
-                f"srun {SRUN_FLAGS} --container-image=\"$IMAGE\" --no-container-entrypoint \\",
-                f'  --container-mounts="{_binds(job, f"{SUBMIT}:{SUBMIT}")}" --container-workdir="${WORKDIR}" \\',
-                f"  {_command(job)}"]
+        return ([f"IMAGE={shlex.quote(job.image.pyxis())}"],
+                [f"srun {SRUN_FLAGS} --container-image=\"$IMAGE\" --no-container-entrypoint \\",
+                 f'  --container-mounts="{_binds(job, f"{SUBMIT}:{SUBMIT}")}" --container-workdir="${WORKDIR}" \\'])
     image = job.sif or f"docker://{job.image}"
     nv = "--nv " if job.gpus_per_node else ""
-    return [f'IMAGE="{image}"',  # validated: no quote, backslash or backquote; a $VAR in --sif expands
-            f"srun {SRUN_FLAGS} apptainer exec {nv}--bind \"{_binds(job, SUBMIT)}\" --pwd \"${WORKDIR}\" \"$IMAGE\" \\",
-            f"  {_command(job)}"]
+    return ([f'IMAGE="{image}"'],  # validated: no quote, backslash or backquote; a $VAR in --sif expands
+            [f"srun {SRUN_FLAGS} apptainer exec {nv}--bind \"{_binds(job, SUBMIT)}\" --pwd \"${WORKDIR}\" \"$IMAGE\" \\"])

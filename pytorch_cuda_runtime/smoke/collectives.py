@@ -1,6 +1,8 @@
 """Check 3: all_reduce, all_gather and reduce_scatter give exact values; bus bandwidth."""
 import time
 
+from ..preflight import report
+
 N = 1024
 
 
@@ -57,7 +59,7 @@ def _seen(t):
 
 
 def _bus_bandwidth(ctx, torch, dist, dev, w):
-    """nccl-tests convention: busbw = bytes/time * 2(w-1)/w for all_reduce."""
+    """nccl-tests convention (preflight/report.py): busbw = bytes/time * 2(w-1)/w for all_reduce."""
     nbytes = (256 if ctx.device_type == "cuda" else 8) << 20
     iters = 20 if ctx.device_type == "cuda" else 5
     t = torch.ones(nbytes // 4, device=dev)
@@ -71,8 +73,7 @@ def _bus_bandwidth(ctx, torch, dist, dev, w):
         dist.all_reduce(t)
     sync()
     dt = (time.perf_counter() - t0) / iters
-    algbw = nbytes / dt / 1e9
-    busbw = algbw * 2 * (w - 1) / w
+    algbw, busbw = report.bandwidths("all_reduce", nbytes, dt, w)
     if ctx.rank == 0:
         ctx.rec.info("collectives.bus_bandwidth", f"{busbw:.2f} GB/s",
                      f"all_reduce {nbytes >> 20} MiB x{iters}, algbw {algbw:.2f} GB/s, "

@@ -64,9 +64,9 @@ def reference(default_build) -> str:
     return f"pytorch-cuda@{digests[0] if digests else 'sha256:' + 'f' * 64}"
 
 
-def render(kind: str, reference: str, args: tuple[str, ...]) -> list[dict]:
+def render(kind: str, reference: str, args: tuple[str, ...], options: tuple[str, ...] = ()) -> list[dict]:
     proc = run_cli(ROOT, "job", "--torch", "2.7", "--scheduler", "kubernetes", "--kind", kind, "--nodes", str(NODES),
-                   "--gpus-per-node", str(NPROC), "--image", reference, "--name", NAME, "--", f"{JOB_DIR}/train.py", *args)
+                   "--gpus-per-node", str(NPROC), "--image", reference, "--name", NAME, *options, "--", f"{JOB_DIR}/train.py", *args)
     assert proc.returncode == 0, shown(proc)
     docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
     assert {d.get("spec", {}).get("trainer", {}).get("image") for d in docs if d["kind"] == "TrainJob"} <= {reference}
@@ -194,12 +194,15 @@ def finish(cid: str, deadline: float) -> tuple[int, str]:
     return (int(rc) if rc.lstrip("-").isdigit() else -1), f"exit {rc}\n{(log.stdout + log.stderr)[-6000:]}"
 
 
-def replay(kind: str, reference: str, job_dir: Path, families: tuple[str, ...]) -> dict[int, tuple[int, str]]:
-    pods, containers, envs = PODS[kind](render(kind, reference, families))
-    assert [c["command"] for c in containers] == [["pytorch-cuda-launch", f"{JOB_DIR}/train.py", *families]] * NODES
+def replay(kind: str, reference: str, job_dir: Path, families: tuple[str, ...], options: tuple[str, ...] = (),
+           before: tuple[str, ...] = (), extra: dict[str, str] | None = None) -> dict[int, tuple[int, str]]:
+    """The pods' containers to their end. options: more `job` options; before: what the command has
+    before the launch contract (--preflight's); extra: environment beyond the manifest's and the controller's."""
+    pods, containers, envs = PODS[kind](render(kind, reference, families, options))
+    assert [c["command"] for c in containers] == [[*before, "pytorch-cuda-launch", f"{JOB_DIR}/train.py", *families]] * NODES
     master = {"trainjob": f"{NAME}-node-0-0.{NAME}", "pytorchjob": f"{NAME}-master-0",
               "jobset": f"{NAME}-node-0-0.{NAME}", "indexed-job": f"{NAME}-0.{NAME}"}[kind]
-    envs = on_loopback(envs, master, str(free_port()))
+    envs = [{**e, **(extra or {})} for e in on_loopback(envs, master, str(free_port()))]
     cids: list[str] = []
     try:
         for i in range(NODES):
@@ -258,3 +261,31 @@ def test_bad_environment_exits_2_before_any_rank(reference, tmp_path):
     proc = subprocess.CompletedProcess(containers[1]["command"], rc, out.stdout, out.stderr)
     one_error_line(proc, 2, "PET_NODE_RANK=2 is not below PET_NNODES=2", prefix="pytorch-cuda: error: ", only_line=True)
     assert out.stdout == "" and not (d / "results").exists(), shown(proc)
+
+
+# --preflight, replayed in one kind of each source: Kubeflow's PET_* (PyTorchJob) and the contract's
+# own variables (JobSet). The pods run it before the launch contract, which it execs once both
+# passed. No GPU here: the preflight's test hook (PYTORCH_CUDA_PREFLIGHT_STANDIN) says what
+# nvidia-smi would list, two stand-in GPUs per pod, and the fabric runs on the 2 gloo ranks.
+PREFLIGHT = ("pytorch-cuda-preflight", "--gpus-per-node", str(NPROC), "--shm-size", "1Gi", "--")
+STANDIN = {"*": [{"name": "stand-in GPU", "driver": "550.54.15", "capability": "9.0"}] * NPROC}
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "jobset"])
+def test_replayed_pods_run_the_preflight_then_train(kind, reference, tmp_path):
+    d = job_dir(tmp_path)
+    (d / "standin.json").write_text(json.dumps(STANDIN))
+    t0 = time.monotonic()
+    results = replay(kind, reference, d, ("zero3",), ("--preflight", "--shm-size", "1Gi"), PREFLIGHT,
+                     {"PYTORCH_CUDA_PREFLIGHT_STANDIN": f"{JOB_DIR}/standin.json",
+                      "PYTORCH_CUDA_PREFLIGHT_REPORT": f"{JOB_DIR}/preflight.json", "PYTORCH_CUDA_PREFLIGHT_JOIN_TIMEOUT": "120"})
+    print(f"{kind}: preflight + zero3 on 2 pods x {NPROC} ranks in {time.monotonic() - t0:.0f} s")
+    for i, (rc, log) in results.items():
+        assert rc == 0, f"pod {i}: {log}"
+        assert "2 node(s) answered and passed their checks: node 0, node 1" in log, log
+        assert "pytorch-cuda-preflight: passed; starting pytorch-cuda-launch" in log, log
+    report = json.loads((d / "preflight.json").read_text())
+    assert report["passed"] and report["ranks"] == NODES * NPROC and report["backend"] == "gloo"
+    assert all("2 GPU(s) via stand-in GPUs" in line for line in report["node_checks"]), report["node_checks"]
+    recs = [r for f in sorted((d / "results" / "zero3").glob("rank*.json")) for r in json.loads(f.read_text())]
+    assert recs and not [r for r in recs if r["status"] == "FAIL"] and {r["rank"] for r in recs} == set(range(NODES * NPROC))

@@ -1,4 +1,4 @@
-"""The Slurm path, for real, as an ordinary user: a two-node Slurm 22.05 cluster on this machine
+"""The Slurm path, for real, as an ordinary user: a three-node Slurm 22.05 cluster on this machine
 (tests/slurm.py) with three stand-in GPUs per node, oci.conf as docs/slurm.md gives it for a
 site (rootless runc under NVIDIA's runtime, pytorch-cuda-oci-gpus before it on create), and the
 sbatch script docs/slurm.md shows, submitted as it is.
@@ -54,6 +54,7 @@ DOC = (ROOT / "docs" / "slurm.md").read_text()
 FAMILIES = ("zero3", "fsdp2")
 CONSOLIDATED = {"zero3": "zero3.consolidated", "fsdp2": "fsdp2.consolidated"}
 GPUS_PER_NODE = 3  # stand-ins on each node; the documented job asks for 2 of them
+NODES = 3  # the documented job takes 2; the preflight's slow-node test compares all 3
 JOB_TIMEOUT = 900  # both families on 2 nodes x 2 CPU ranks
 
 
@@ -125,7 +126,7 @@ def cluster(work, standin, wrapper):
     needs_root("a Slurm cluster of network namespaces")
     gone = missing_tools()
     require(not gone, f"{', '.join(gone)} missing: engine.sh --with-registry (build.py selftest) installs them")
-    c = SlurmCluster(work, slurm_job.oci_conf(runtime=str(standin)), gpus=GPUS_PER_NODE).start()
+    c = SlurmCluster(work, slurm_job.oci_conf(runtime=str(standin)), nodes=NODES, gpus=GPUS_PER_NODE).start()
     yield c
     c.stop()
 
@@ -304,7 +305,7 @@ def test_each_node_s_container_sees_exactly_its_allocated_gpus_as_the_user(clust
     probe = "echo $(cat /proc/sys/kernel/hostname) uid=$(id -u) nvd=$NVIDIA_VISIBLE_DEVICES cvd=${CUDA_VISIBLE_DEVICES-unset} $(ls /dev | grep nvidia)"
     seen = {}
     for gpus in (2, 0):
-        proc = subprocess.run(["runuser", "-u", user.pw_name, "--", "srun", "-N2", "--ntasks-per-node=1", f"--gpus-per-node={gpus}",
+        proc = subprocess.run(["runuser", "-u", user.pw_name, "--", "srun", f"-N{NODES}", "--ntasks-per-node=1", f"--gpus-per-node={gpus}",
                                f"--container={bundle}", "sh", "-c", probe],
                               capture_output=True, text=True, env=cluster.env(), timeout=300, cwd=submit)
         assert proc.returncode == 0, shown(proc) + cluster.logs()
@@ -313,9 +314,9 @@ def test_each_node_s_container_sees_exactly_its_allocated_gpus_as_the_user(clust
     assert seen[0] == [f"{n} uid=0 nvd=void cvd=unset" for n in cluster.names], seen
     calls = [json.loads(ln) for ln in (standin.parent.parent / "standin.log").read_text().splitlines()]
     creates = [c for c in calls if "create" in c["argv"]]
-    assert sorted((c["node"], c["NVIDIA_VISIBLE_DEVICES"]) for c in creates[-4:]) == sorted(
+    assert sorted((c["node"], c["NVIDIA_VISIBLE_DEVICES"]) for c in creates[-2 * NODES:]) == sorted(
         [(n, "0,1") for n in cluster.names] + [(n, "void") for n in cluster.names]), creates
-    for c in creates[-4:]:
+    for c in creates[-2 * NODES:]:
         assert c["uid"] == user.pw_uid, c  # Slurm called the runtime as the job's user
         assert "--rootless=true" in c["argv"] and f"--root=/tmp/runc-{user.pw_name}" in c["argv"], c["argv"]
 
@@ -346,8 +347,10 @@ def test_the_documented_script_trains_zero3_then_fsdp2_with_two_ranks_per_node(c
     # --exclusive: Slurm 22.05 gives the job every GPU of its nodes (scontrol: IDX:0-2), and the
     # wrapper names what Slurm gave; the script still starts one rank per GPU it asked for
     calls = standin_calls(standin, job)
+    allocated = sorted({c["node"] for c in calls})
+    assert len(allocated) == 2 and set(allocated) <= set(cluster.names), calls  # the job's 2 nodes of the cluster's 3
     assert sorted((c["node"], c["NVIDIA_VISIBLE_DEVICES"]) for c in calls if "create" in c["argv"]) == \
-        [(n, ",".join(map(str, range(GPUS_PER_NODE)))) for n in sorted(cluster.names)], calls
+        [(n, ",".join(map(str, range(GPUS_PER_NODE)))) for n in allocated], calls
 
 
 def _render(submit: Path, user, name: str, *args: str) -> Path:
@@ -400,3 +403,105 @@ def test_a_rank_that_fails_after_the_rendezvous_ends_the_whole_job_within_the_bo
     joined = sorted(ln.strip() for ln in out.splitlines() if "JOINED" in ln)
     assert len(joined) == 4 and {ln.split(":", 1)[0] for ln in joined} == {"0", "1"}, out[-4000:]
     assert all(any(f"[rank{r}]: JOINED {r}" in ln for ln in joined) for r in range(4)), out[-4000:]
+
+
+# --preflight (pytorch_cuda_runtime/preflight), on the same cluster, bundle and user. The stand-in
+# GPUs have no driver behind them, so the preflight's test hook says what nvidia-smi would:
+# PYTORCH_CUDA_PREFLIGHT_STANDIN names a file in the submit directory, per node, and every line it
+# gives says "stand-in". The fabric runs on the CPU ranks (gloo), as training does here.
+GOOD_GPU = {"name": "stand-in GPU", "driver": "550.54.15", "capability": "9.0"}
+PREFLIGHT_BOUNDS = {"PYTORCH_CUDA_PREFLIGHT_JOIN_TIMEOUT": "120", "PYTORCH_CUDA_PREFLIGHT_TIMEOUT": "120"}
+REFUSED_BOUND_S = 120  # submission to the job's end, when a node's own checks refuse it
+SLOW_RATE = "50mbit"  # the slowed node's link, both ways (tbf: this kernel has no netem); its peers' are unshaped
+
+
+def _preflight_job(cluster, submit, user, name: str, standin: dict | None, *args: str, timeout: int = 600):
+    """Render NAME with --preflight (and args), submit it as the user, wait: (state, output, seconds)."""
+    env = {"DS_ACCELERATOR": "cpu", "GLOO_SOCKET_IFNAME": "eth0", **PREFLIGHT_BOUNDS}
+    if standin is not None:
+        path = submit / f"{name}-standin.json"
+        path.write_text(json.dumps(standin))
+        os.chown(path, user.pw_uid, user.pw_gid)
+        env["PYTORCH_CUDA_PREFLIGHT_STANDIN"] = str(path)
+    script = _render(submit, user, name, "--preflight", *args)
+    t0 = time.monotonic()
+    job = cluster.sbatch(script, submit, env, user=user.pw_name)
+    state = cluster.wait(job, timeout)
+    took = time.monotonic() - t0
+    out = submit / f"{name}-{job}.out"
+    text = out.read_text(errors="replace") if out.exists() else "(no output file)"
+    print(f"{name}: job {job} {state} after {took:.0f} s")
+    return state, text, took, job
+
+
+def test_the_preflight_passes_on_every_node_then_training_starts(cluster, bundle, submit, user):
+    """Two nodes, two ranks each: the nodes' checks, the roll call, the fabric table; then ZeRO-3 trains."""
+    state, out, took, job = _preflight_job(cluster, submit, user, "pfok", {"*": [GOOD_GPU] * GPUS_PER_NODE},
+                                           "--bundle", str(bundle), "--", "train.py", "zero3")
+    assert state == "COMPLETED", f"{state}\n{out[-6000:]}\n{cluster.logs()}"
+    assert out.count("pytorch-cuda-preflight: passed") == 2, out[-6000:]
+    assert "2 node(s) answered and passed their checks" in out, out[-6000:]
+    assert "# all_reduce: 4 ranks on 2 nodes (gloo, cpu)" in out and "# all_gather: 4 ranks on 2 nodes (gloo, cpu)" in out, out[-6000:]
+    assert "two nodes: one link" in out  # with two nodes no node is named
+    report = json.loads((submit / f"pytorch-cuda-preflight-{job}.json").read_text())
+    assert report["passed"] and report["ranks"] == 4 and len(report["nodes"]) == 2 and set(report["nodes"]) <= set(cluster.names)
+    assert all(r["wrong"] == 0 and r["busbw"] > 0 for op in ("all_reduce", "all_gather") for r in report[op])
+    assert [link["busbw"] > 0 for link in report["neighbours"]["links"]] == [True]
+    assert all("3 GPU(s) via stand-in GPUs" in line for line in report["node_checks"]), report["node_checks"]
+    # training came after the preflight, in the same job
+    assert out.index("pytorch-cuda-preflight: passed") < out.index("[rank0]")
+    recs = [r for f in sorted((submit / "results" / "zero3").glob("rank*.json")) for r in json.loads(f.read_text())]
+    assert recs and not [r for r in recs if r["status"] == "FAIL"] and {r["rank"] for r in recs} == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("case, bad, says", [
+    ("old-driver", [{**GOOD_GPU, "driver": "470.57.02"}] * GPUS_PER_NODE,
+     "driver 470.57.02 (stand-in GPUs (PYTORCH_CUDA_PREFLIGHT_STANDIN=pfold-driver-standin.json), not a driver) is older "
+     "than 525.60.13, the floor of this image's CUDA 12.1 platform"),
+    ("missing-gpu", [GOOD_GPU], "1 GPU visible (stand-in GPUs (PYTORCH_CUDA_PREFLIGHT_STANDIN=pfmissing-gpu-standin.json), "
+                                "not a driver: 1 listed), the job requested 2 per node"),
+])
+def test_a_node_below_the_row_or_the_job_is_refused_before_training_within_the_bound(cluster, bundle, submit, user, case, bad, says):
+    """One node of two (the cluster's second) has an old driver, or one GPU where the job asked for two."""
+    name = f"pf{case}"
+    state, out, took, _ = _preflight_job(cluster, submit, user, name, {"*": [GOOD_GPU] * GPUS_PER_NODE, cluster.names[1]: bad},
+                                         "--bundle", str(bundle), "--nodes", "3", "--", "train.py", "zero3")
+    assert state == "FAILED", f"{state}\n{out[-4000:]}"
+    assert took < REFUSED_BOUND_S, f"{took:.0f} s\n{out[-4000:]}"
+    failed = [ln.split(": ", 1)[1] for ln in out.splitlines() if "pytorch-cuda-preflight: FAILED: " in ln]
+    # each node that printed before srun --kill-on-bad-exit ended it says it (the roll call gave every node the verdict)
+    assert any(f"pytorch-cuda-preflight: FAILED: node {cluster.names[1]}: {says}" in ln for ln in failed), out[-4000:]
+    assert not [ln for ln in failed if "FAILED: node" in ln and cluster.names[1] not in ln], out[-4000:]  # no other node
+    assert "error: the preflight failed (its lines above): training not started" in out
+    assert "[rank0]" not in out  # the training step never ran
+
+
+def _shape(cluster, i: int, rate: str | None) -> None:
+    """tbf on node i's link, both ways (its eth0 and the bridge's end of its veth), or none."""
+    host_end = f"{cluster.bridge[:10]}v{i}"
+    for ns, dev in ((["-n", cluster.netns[i]]), "eth0"), ([], host_end):
+        args = ["tc", *ns, "qdisc", "replace" if rate else "del", "dev", dev, "root"]
+        proc = subprocess.run(args + (["tbf", "rate", rate, "burst", "32kbit", "latency", "400ms"] if rate else []),
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0 or not rate, shown(proc)
+
+
+def test_a_slowed_node_is_named_and_training_never_starts(cluster, bundle, submit, user):
+    """Three nodes, one CPU rank each; the third's link slowed to 50 Mbit/s with traffic control."""
+    require(shutil.which("tc"), "tc (iproute2) is not installed")
+    slow = cluster.names[2]
+    _shape(cluster, 2, SLOW_RATE)
+    try:
+        state, out, took, job = _preflight_job(cluster, submit, user, "pfslow", None, "--bundle", str(bundle), "--nodes", "3",
+                                               "--gpus-per-node", "0", "--", "train.py", "zero3")
+    finally:
+        _shape(cluster, 2, None)
+    assert state == "FAILED", f"{state}\n{out[-6000:]}"
+    bound = int(PREFLIGHT_BOUNDS["PYTORCH_CUDA_PREFLIGHT_JOIN_TIMEOUT"]) + int(PREFLIGHT_BOUNDS["PYTORCH_CUDA_PREFLIGHT_TIMEOUT"]) + 60
+    assert took < bound + 60, f"{took:.0f} s\n{out[-6000:]}"
+    named = [ln for ln in out.splitlines() if f"pytorch-cuda-preflight: FAILED: node {slow}: slow: its best link" in ln]
+    assert named, out[-6000:]
+    assert not [ln for ln in out.splitlines() if "FAILED: node" in ln and ": slow:" in ln and slow not in ln], out[-6000:]
+    report = json.loads((submit / f"pytorch-cuda-preflight-{job}.json").read_text())
+    assert report["neighbours"]["slow"] == [slow] and not report["passed"] and len(report["neighbours"]["links"]) == 3
+    assert "[rank0]" not in out and "training not started" in out

@@ -1029,3 +1029,89 @@ def test_the_scripts_comment_shows_the_rank_prefix_the_launcher_writes():
                    "127.0.0.1:5000/ml/pytorch-cuda@sha256:" + "0123456789abcdef" * 4, "--", "train.py")
     assert proc.returncode == 0, proc.stderr
     assert f"# Every line of every rank starts with '{slurm.RANK_LABEL_SHOWN}';" in proc.stdout
+
+
+# --preflight: pytorch-cuda-preflight on every node first, training only if it passed.
+PREFLIGHT = ["/usr/local/bin/pytorch-cuda-preflight", "--gpus-per-node", "8", "--shm-size", "16Gi",
+             "--report", "pytorch-cuda-preflight-4242.json"]
+
+
+def run_steps(tmp_path: Path, text: str, preflight_rc: int) -> tuple[int, list[list[str]], str]:
+    """The script under bash with a stand-in srun that records each step's argv and fails the
+    preflight's step with preflight_rc: (exit status, the steps' argv, stderr)."""
+    submit = tmp_path / "submit dir"
+    (submit / "bundles" / USER / f"{ROW}-0123456789ab").mkdir(parents=True, exist_ok=True)
+    (submit / "bundles" / USER / f"{ROW}-0123456789ab" / "config.json").write_text("{}")
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "srun").write_text('#!/bin/bash\nprintf "%s\\0" "$@" >> "$OUT/steps"; printf "\\n" >> "$OUT/steps"\n'
+                                 'case "$*" in *pytorch-cuda-preflight*) echo "pytorch-cuda-preflight: FAILED: node n2: x" >&2;'
+                                 ' exit "$PREFLIGHT_RC";; esac\n')
+    (bindir / "srun").chmod(0o755)
+    (tmp_path / "job.sbatch").write_text(text)
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "OUT": str(tmp_path), "SLURM_SUBMIT_DIR": str(submit), "HOME": "/home/u",
+           "SLURM_JOB_ID": "4242", "PREFLIGHT_RC": str(preflight_rc)}
+    r = subprocess.run(["bash", str(tmp_path / "job.sbatch")], env=env, capture_output=True, text=True, timeout=30)
+    steps = [[a.replace(str(submit), SUBMIT) for a in step.split("\0") if a] for step in
+             (tmp_path / "steps").read_text().split("\n") if step] if (tmp_path / "steps").exists() else []
+    return r.returncode, steps, r.stderr
+
+
+@pytest.mark.parametrize("runtime", slurm.RUNTIMES)
+def test_preflight_is_a_step_before_training_with_the_same_runtime_and_training_starts_only_if_it_passed(tmp_path, runtime):
+    text = slurm.render(make(runtime=runtime, preflight=True))
+    rc, steps, _ = run_steps(tmp_path, text, 0)
+    assert rc == 0 and len(steps) == 2, steps
+    first, second = steps
+    assert first[first.index(PREFLIGHT[0]):] == PREFLIGHT  # what the job asked of each node, and its report
+    assert second[second.index(LAUNCHED[0]):] == LAUNCHED
+    assert first[:first.index(PREFLIGHT[0])] == second[:second.index(LAUNCHED[0])]  # the same image, runtime and flags
+    (tmp_path / "failed").mkdir()
+    rc, steps, err = run_steps(tmp_path / "failed", text, 1)
+    assert rc == 1 and len(steps) == 1, steps  # no training step
+    assert "pytorch-cuda-preflight: FAILED: node n2: x" in err and "the preflight failed (its lines above): training not started" in err
+    assert "PYTORCH_CUDA_PREFLIGHT_JOIN_TIMEOUT (600 s)" in text and "PYTORCH_CUDA_PREFLIGHT_TIMEOUT (300 s) + 60 s" in text
+
+
+def test_without_preflight_the_script_has_no_preflight_step(tmp_path):
+    text = slurm.render(make())
+    assert "pytorch-cuda-preflight" not in text
+    assert len(run_steps(tmp_path, text, 1)[1]) == 1
+
+
+@pytest.mark.parametrize("runtime", slurm.RUNTIMES)
+def test_the_preflight_script_passes_bash_n_and_shellcheck(tmp_path, runtime):
+    path = tmp_path / "job.sbatch"
+    path.write_text(slurm.render(make(runtime=runtime, preflight=True, command=("train.py", "$HOME"))))
+    r = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    require(shutil.which("shellcheck"), "shellcheck is not installed (Debian: apt-get install shellcheck)")
+    r = subprocess.run(["shellcheck", "--shell=bash", str(path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=["gpu-rdma", "cpu-one-node", "guaranteed-secrets-deadline"])
+@pytest.mark.parametrize("kind", kubernetes.KINDS)
+def test_with_preflight_every_pod_runs_it_before_the_launch_contract_and_validates(kind, variant):
+    job = make("kubernetes", kind=kind, preflight=True, **variant)
+    docs = list(yaml.safe_load_all(kubernetes.render(job)))
+    for doc in docs:
+        validate(doc)
+    gpus = str(variant.get("gpus_per_node", 8))
+    want = ["pytorch-cuda-preflight", "--gpus-per-node", gpus, "--shm-size", "16Gi", *(["--rdma"] if job.rdma else []),
+            "--", "pytorch-cuda-launch", *SCRIPT]
+    commands = [c["command"] for d in docs for p in pod_specs(d) for c in p["containers"] if "command" in c]
+    commands += [d["spec"]["trainer"]["command"] for d in docs if d["kind"] == "TrainJob"]
+    assert commands and all(c == want for c in commands), commands
+    header = " ".join(line.removeprefix("# ") for line in kubernetes.render(job).splitlines() if line.startswith("#"))
+    assert "Preflight (--preflight): each pod runs pytorch-cuda-preflight first" in header
+    assert "PYTORCH_CUDA_PREFLIGHT_JOIN_TIMEOUT (600 s)" in header and "PYTORCH_CUDA_PREFLIGHT_TIMEOUT (300 s) + 60 s" in header
+
+
+def test_the_cli_writes_preflight_into_the_header_and_the_script(tmp_path):
+    out = tmp_path / "job.sbatch"
+    proc = run_cli(ROOT, "job", "--torch", "2.7", "--scheduler", "slurm", "--nodes", "2", "--image", IMAGE, "--preflight",
+                   "--output", str(out), "--", "train.py")
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert "--preflight -- train.py`" in text.splitlines()[1] and "/usr/local/bin/pytorch-cuda-preflight --gpus-per-node 0" in text

@@ -1,0 +1,28 @@
+"""A test hook, for stand-in GPUs only: what nvidia-smi would say, from a file the test writes.
+
+The tests' GPUs are stand-ins (character devices with NVIDIA's major number, tests/slurm.py) with
+no driver behind them, so nvidia-smi cannot answer for them. PYTORCH_CUDA_PREFLIGHT_STANDIN names a
+JSON file, {"HOSTNAME" or "*": [{"name": ..., "driver": ..., "capability": "9.0"}, ...]}, read here
+and nowhere else; every line the preflight prints from it says "stand-in". A site never sets it.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+VARIABLE = "PYTORCH_CUDA_PREFLIGHT_STANDIN"
+
+
+def gpus(env, hostname):
+    """[(name, driver, capability)] for this host from the stand-in file, or None where the hook is unset."""
+    path = env.get(VARIABLE)
+    if not path:
+        return None
+    with open(path, encoding="utf-8") as f:
+        table = json.load(f)
+    rows = table.get(hostname, table.get("*", []))
+    return [(g["name"], g["driver"], g["capability"]) for g in rows]
+
+
+def source(env):
+    return f"stand-in GPUs ({VARIABLE}={os.path.basename(env[VARIABLE])}), not a driver"
