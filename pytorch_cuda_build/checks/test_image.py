@@ -426,7 +426,7 @@ def test_debian_packages_are_the_locked_versions(host: Host, row: matrix.Image, 
 PREFLIGHT_OPTS = ("--shm-size", "1g", "-e", "PYTORCH_CUDA_NO_BANNER=1", "-e", "PYTORCH_CUDA_NPROC_PER_NODE=2")
 
 
-def test_the_preflight_passes_on_two_cpu_ranks_and_prints_the_table_and_its_json_report(image_ref):
+def test_the_preflight_passes_on_two_cpu_ranks_and_prints_the_table_and_its_json_report(image_ref: str) -> None:
     """One node, two gloo ranks: the node's checks, then all_reduce and all_gather as nccl-tests
     prints them; the JSON report has the same rows. About 30 s natively; the bound leaves room for
     an emulated arm64 image (emulation costs about 12x, docs/arm64.md)."""
@@ -445,7 +445,7 @@ def test_the_preflight_passes_on_two_cpu_ranks_and_prints_the_table_and_its_json
     assert report["node_checks"][0].startswith("node ") and "requested 0 GPU(s) per node" in report["node_checks"][0]
 
 
-def test_the_preflight_refuses_an_old_driver_and_a_missing_gpu_in_one_line_each_before_any_rank(image_ref):
+def test_the_preflight_refuses_an_old_driver_and_a_missing_gpu_in_one_line_each_before_any_rank(image_ref: str) -> None:
     """Stand-in GPUs through the test hook (PYTORCH_CUDA_PREFLIGHT_STANDIN): one GPU of two, its
     driver below the row's floor. Both lines, exit 1, and no fabric step (no table)."""
     standin = '{"*": [{"name": "stand-in GPU", "driver": "470.57.02", "capability": "9.0"}]}'
