@@ -24,6 +24,10 @@ record` writes B's record, `verify --record` of B's image against A's record say
 (exit 0), and against the second machine's record of f3d6c71 (docs/measurements/records/) says
 DIFFERENT and names the files (exit 1). Records and both verdicts stay in
 build-results/reproducible-machine/.
+
+PYTORCH_CUDA_TEST_REPRODUCIBLE_COMMIT=REV builds that commit instead of HEAD, and
+PYTORCH_CUDA_TEST_REPRODUCIBLE_AGAINST=RECORD[,RECORD...] (records of that commit made elsewhere)
+stands for machine A: B's image must be the same as each.
 """
 from __future__ import annotations
 
