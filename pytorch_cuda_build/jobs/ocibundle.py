@@ -22,12 +22,13 @@ import json
 import os
 import sys
 import tempfile
+from typing import Any, Dict, List, Tuple
 
 DROPPED = ("network", "uts")
 HOST_FILES = ("/etc/hosts", "/etc/resolv.conf")
 
 
-def patch(config, shm_mib, binds):
+def patch(config: Dict[str, Any], shm_mib: int, binds: List[Tuple[str, str, bool]]) -> Dict[str, Any]:
     """config.json with the changes above; binds are (SRC, DST, read_only). The input is left as it was."""
     out = json.loads(json.dumps(config))
     if not out.get("linux", {}).get("uidMappings"):
@@ -49,7 +50,7 @@ def patch(config, shm_mib, binds):
     return out
 
 
-def parse_bind(text):
+def parse_bind(text: str) -> Tuple[str, str, bool]:
     """SRC:DST:ro or SRC:DST:rw, both absolute."""
     parts = text.rsplit(":", 2)
     if len(parts) != 3 or not (parts[0].startswith("/") and parts[1].startswith("/") and parts[2] in ("ro", "rw")):
@@ -57,7 +58,7 @@ def parse_bind(text):
     return parts[0], parts[1], parts[2] == "ro"
 
 
-def write(path, config):
+def write(path: str, config: Dict[str, Any]) -> None:
     """Whole or not at all: a temporary file beside it, then a rename."""
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".config.json.")
     with os.fdopen(fd, "w") as f:
@@ -66,7 +67,7 @@ def write(path, config):
     os.rename(tmp, path)
 
 
-def main(argv):
+def main(argv: List[str]) -> None:
     if len(argv) < 2:
         raise SystemExit("usage: python3 - BUNDLE SHM_MIB [SRC:DST:ro|rw]...")
     path = os.path.join(argv[0], "config.json")
