@@ -169,4 +169,5 @@ def test_two_machines_that_differ_in_all_this_one_can_vary_build_one_digest(tmp_
             engine_current.down(store)
             shutil.rmtree(store.state, ignore_errors=True)
             shutil.rmtree(store.run, ignore_errors=True)
+            subprocess.run(["ip", "link", "del", store.bridge], capture_output=True, check=False)  # down() keeps a store's bridge
         shutil.rmtree(elsewhere, ignore_errors=True)
