@@ -45,7 +45,9 @@ def build_part(tmp: Path, image: matrix.Image, content: str = "", created: str =
         cmd.insert(len(bc.argv), "--provenance=false")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=docker_env.build_env(bc))
     assert proc.returncode == 0, shown(proc)
-    image_id = iid.read_text().strip()
+    # the engine's ID for it: buildx's iidfile names the config digest, which on the containerd
+    # store is not the image ID (that is the manifest digest)
+    image_id = docker_env.client().images.get(tag.own_ref(image)).id
     tag.record_pass(image, image_id, {}, "test-code")
     return image_id
 
@@ -54,9 +56,15 @@ def build_part(tmp: Path, image: matrix.Image, content: str = "", created: str =
 def images(docker_client, row, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("index-images")
     ids = {p: build_part(tmp, row.on(p)) for p in row.platforms}
+    # A second name for each: tests below move a platform's own tag to another image and back, and
+    # the containerd store drops an image whose last name moves away.
+    kept = {p: f"{row.repository}-kept:{row.on(p).arch}" for p in row.platforms}
+    for p, ref in kept.items():
+        docker_client.images.get(ids[p]).tag(*ref.rsplit(":", 1))
     yield ids
     for p in row.platforms:
         docker_client.images.remove(tag.own_ref(row.on(p)), force=True)
+        docker_client.images.remove(kept[p], force=True)
 
 
 def run(docker_client, row, reg: LocalRegistry, namespace: str, push: bool = True) -> list[str]:
@@ -79,8 +87,10 @@ def test_the_index_lists_each_platform_and_each_pulls_back_as_the_tested_image(d
         proc = subprocess.run([cli, "pull", "--quiet", "--platform", platform, ref], capture_output=True, text=True)
         assert proc.returncode == 0, shown(proc)
         pulled = docker_client.images.get(ref)
-        assert pulled.attrs["Architecture"] == platform.split("/")[1]
+        # On the containerd store the pull keeps the index, whose inspect shows this host's
+        # platform, not the one pulled: the pull by --platform succeeding is the check there.
         if docker_env.image_store(docker_client) == "classic":
+            assert pulled.attrs["Architecture"] == platform.split("/")[1]
             assert pulled.id == image_id  # the config digest: the tested image itself
         docker_client.images.remove(ref)
 
