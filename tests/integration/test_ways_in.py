@@ -210,10 +210,11 @@ def test_a_kernel_runs_torch_and_the_notebook_is_saved_in_workspace(lab):
                                   "data": {"text/plain": version}}]}]}
     saved = jupyter(port, token, "/api/contents/proof.ipynb", method="PUT", json={"type": "notebook", "content": nb})
     assert saved.status_code in (200, 201), saved.text
-    on_disk = lab["workspace"] / "proof.ipynb"
-    assert on_disk.stat().st_uid == 1000
-    # the image user's file, which this user may not read (a hosted runner's is not root): read as root
-    text = json.loads(as_root("cat", str(on_disk)).stdout)["cells"][0]["outputs"][0]["data"]["text/plain"]
+    # The image user's folder (0700, uid 1000), which this user may not enter where it is not root
+    # (a hosted runner's): looked at as root, through sudo there.
+    on_disk = str(lab["workspace"] / "proof.ipynb")
+    assert as_root("stat", "--format", "%u", on_disk).stdout.strip() == "1000"
+    text = json.loads(as_root("cat", on_disk).stdout)["cells"][0]["outputs"][0]["data"]["text/plain"]
     assert "".join(text) == "'2.7.1+cu126'"  # nbformat stores multi-line strings on disk as lists of lines
 
 
