@@ -260,10 +260,30 @@ def run(root: Path, matrix: Matrix, ref: ImageRef, platform: str, against: str |
     c, bc = docker_env.ensure_engine(log), docker_env.build_client(docker)
     results = results_of(image) / "verify-image"
     results.mkdir(parents=True, exist_ok=True)
-    if against is None:
+    if against is not None:
+        verdict = compare(api, name, published, read_local(against, bc.argv[0]), bc.argv[0])
+    else:
         docker_env.ensure_emulation(image.platform, log)
         build.check_disk(docker_env.root_dir(c))
-        against = rebuild(c, bc, api, image, published, root, results, ca, log)
-    verdict = compare(api, name, published, read_local(against, bc.argv[0]), bc.argv[0])
+        rebuilt = rebuild(c, bc, api, image, published, root, results, ca, log)
+        try:
+            verdict = compare(api, name, published, read_local(rebuilt, bc.argv[0]), bc.argv[0])
+        except PipelineError:
+            log(f"verify: the rebuild stays as {rebuilt}: `--against {rebuilt}` compares it again without rebuilding")
+            raise
+        verdict = kept_unless_same(c, rebuilt, verdict)
     files.write_atomic(results / "verdict.txt", "\n".join(verdict.lines) + "\n")
     return verdict
+
+
+def kept_unless_same(c: docker.DockerClient, rebuilt: str, verdict: Verdict) -> Verdict:
+    """The rebuild (the row's size: 10 GB for the default) is removed when it is the published
+    image. When it differs it is what a user inspects (diffoscope, `docker run`), so it stays,
+    named in the last line."""
+    if verdict.same:
+        try:
+            c.images.remove(rebuilt, force=True)
+        except docker.errors.NotFound:
+            pass
+        return verdict
+    return Verdict(False, [*verdict.lines, f"the rebuild is kept as {rebuilt} (remove it with `docker image rm {rebuilt}`)"])

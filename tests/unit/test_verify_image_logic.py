@@ -133,3 +133,28 @@ def test_the_same_rootfs_under_another_stores_id_says_which_engine_to_rebuild_on
     with pytest.raises(verify_image.NotRebuilt) as e:
         verify_image.base_for(c, None, image, pub, tmp_path, "docker", ROOT, print)
     assert "the base here is the image's rootfs" in str(e.value) and "containerd: build.py engine" in str(e.value)
+
+
+class Images:
+    def __init__(self, held: set[str]):
+        self.held = held
+
+    def remove(self, ref, force=False):
+        import docker
+        if ref not in self.held:
+            raise docker.errors.NotFound(ref)
+        self.held.discard(ref)
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_the_rebuild_is_removed_when_it_is_the_published_image_and_kept_and_named_when_it_differs(same):
+    rebuilt = "pytorch-cuda-verify:2.7.1-cuda12.1-runtime-published"
+    client = SimpleNamespace(images=Images({rebuilt, "pytorch-cuda:v2.7"}))
+    verdict = verify_image.kept_unless_same(client, rebuilt, verify_image.Verdict(same, ["verdict: ..."]))
+    if same:
+        assert client.images.held == {"pytorch-cuda:v2.7"} and verdict.lines == ["verdict: ..."]
+    else:
+        assert client.images.held == {rebuilt, "pytorch-cuda:v2.7"} and not verdict.same
+        assert verdict.lines[-1] == f"the rebuild is kept as {rebuilt} (remove it with `docker image rm {rebuilt}`)"
+    # one already gone (removed by hand meanwhile) is no error
+    assert verify_image.kept_unless_same(SimpleNamespace(images=Images(set())), rebuilt, verify_image.Verdict(True, [])).same
