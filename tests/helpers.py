@@ -479,6 +479,37 @@ def containerd_client():
             c.close()
 
 
+@contextlib.contextmanager
+def store_restored(env: dict[str, str]):
+    """The engine `env` points at (one `build.py engine` printed) left with what it held before:
+    the images added meanwhile removed, the build cache pruned back to its size before (least
+    recently used first). An on-request job leaves tens of GB in that store (a 10 GB row, its
+    verify rebuild, 26 GB of cache), on the filesystem every later build's disk check reads."""
+    client = docker.DockerClient(base_url=env["DOCKER_HOST"], timeout=600)
+    try:
+        held = {image.id for image in client.images.list(all=True)}
+        cache = sum(r["Size"] for r in client.api.df().get("BuildCache") or [])
+        yield
+    finally:
+        try:
+            for image in client.images.list(all=True):
+                if image.id not in held:
+                    with contextlib.suppress(docker.errors.NotFound):  # gone with its parent meanwhile
+                        client.images.remove(image.id, force=True)
+            client.api.prune_builds(keep_storage=cache, all=True)  # 0 keeps nothing: it held none
+        finally:
+            client.close()
+
+
+def config_of(c, image_id: str) -> str:
+    """The config digest a registry's manifest names for a local image: its ID on the classic
+    store, read from its manifest on the containerd store (whose IDs are manifest digests)."""
+    from pytorch_cuda_build.engine import docker_env
+    from pytorch_cuda_build.registry import zstd
+
+    return zstd.config_digest(c, image_id) if docker_env.image_store(c) == "containerd" else image_id
+
+
 def base_in_current_engine(current: dict[str, str], docker_client, row, tmp: Path) -> str:
     """The row's base rootfs in the current engine's store: built by mmdebstrap and loaded into 20.10
     if need be, then carried over with docker save | docker load. Its reference."""

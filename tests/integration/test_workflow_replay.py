@@ -7,9 +7,10 @@ that asks for a password, `merge`), a pull request (`checks`, `pr-build`) and th
 schedule (`propose`, `security-refresh`). As on a hosted runner:
 
 - a user that is not root, with password-less sudo, in the docker group;
-- an engine that is already up: Docker 26 with buildx and the containerd image store
-  (`build.py engine`), reached through DOCKER_HOST and a `docker` on PATH, with buildx in
-  ~/.docker/cli-plugins;
+- an engine that is already up: Docker 26 with buildx (`build.py engine`), reached through
+  DOCKER_HOST and a `docker` on PATH, with buildx in ~/.docker/cli-plugins; with the image store
+  each job's step asks for (the containerd store for `build`, the classic one for `pr-build`), so
+  that step finds it and restarts nothing;
 - a fresh checkout, `python` 3.11 on PATH, and the files named by GITHUB_OUTPUT and
   GITHUB_STEP_SUMMARY;
 - each step run as `bash --noprofile --norc -eo pipefail FILE`, with the env of the workflow,
@@ -35,6 +36,8 @@ More than CI's budget leaves, on request:
 - PYTORCH_CUDA_TEST_BUILD_JOB=1: the `build` job through publish, the full pipeline on the current
   engine with the containerd store (build, smoke, structure, tag, publish, a pull back by digest):
   about 12 min with the row's layers in that engine's build cache, 23 to 40 min cold on 2 cores.
+  The engine's store is left as the test found it (its images removed, its build cache pruned
+  back), so a run after it is cold unless that cache held the row before.
   With PYTORCH_CUDA_TEST_VERIFY_IMAGE=1 too, `verify --image` of what it published, from a fresh
   clone (the row rebuilt without cache, ops compiled).
 - PYTORCH_CUDA_TEST_PR_BUILD=1: `pr-build` whole (the build, then the suite), alone.
@@ -59,7 +62,7 @@ from pytorch_cuda_build import matrix
 from pytorch_cuda_build.stages import build, publish
 from pytorch_cuda_build.tooling.selftest import LEAVE_OUT_ENV
 
-from helpers import ROOT, base_in_current_engine, current_engine, needs_root
+from helpers import ROOT, base_in_current_engine, current_engine, needs_root, store_restored
 from registry import BINARY, LocalRegistry
 
 pytestmark = [pytest.mark.docker, pytest.mark.engine26]
@@ -159,6 +162,18 @@ def as_runner(argv: list[str], env: dict[str, str], cwd: Path, log: Path, timeou
 def current():
     with current_engine() as env:
         yield env
+
+
+@pytest.fixture(scope="module")
+def classic(current):
+    """The runner's engine for pr-build, which keeps (or switches to) Docker's classic image store:
+    Docker 26 with that store, as `build.py engine --store classic` starts it."""
+    with current_engine("classic") as env:
+        yield env
+
+
+def on_engine(runner_env: dict[str, str], engine: dict[str, str]) -> dict[str, str]:
+    return {**runner_env, "DOCKER_HOST": engine["DOCKER_HOST"]}
 
 
 @pytest.fixture(scope="module")
@@ -317,7 +332,13 @@ def test_the_build_job_runs_as_a_runner_user_through_publish_and_the_pushed_dige
     # fromJSON(needs.matrix.outputs.rows): the fan-out, of which this runner gets the default row
     assert workflow["jobs"]["build"]["strategy"]["matrix"] == "${{ fromJSON(needs.matrix.outputs.rows) }}"
     row = next(r for r in json.loads(checked["matrix"]["rows"])["include"] if r["image"] == ROW.name)
-    base_in_current_engine(current, docker_client, ROW, tmp_path / "base")
+    with store_restored(current):
+        base_in_current_engine(current, docker_client, ROW, tmp_path / "base")
+        _build_job(workflow, row, workspace, runner_env, current, docker_client, logs, tmp_path)
+
+
+def _build_job(workflow: dict, row: dict, workspace: Path, runner_env: dict[str, str], current: dict[str, str], docker_client,
+               logs: Path, tmp_path: Path) -> None:
     reg = LocalRegistry(tmp_path / "registry").start(users={REGISTRY_USER: REGISTRY_PASSWORD})
     try:
         run_job(workflow, "build", expressions("push", reg.address("ml"), row), workspace, runner_env, logs)
@@ -348,12 +369,12 @@ def test_the_build_job_runs_as_a_runner_user_through_publish_and_the_pushed_dige
             docker_client.images.remove(pulled.id, force=True)
         if os.environ.get("PYTORCH_CUDA_TEST_VERIFY_IMAGE") == "1":
             _verified_from_a_fresh_clone(workspace, runner_env, ref, logs)
+            # the same image: its rebuild (10 GB) is not left behind
+            rebuilt = f"{ROW.repository}-verify:{ROW.local_name}-published"
+            assert _current(current, "image", "inspect", rebuilt).returncode == 1, f"{rebuilt} left in the store"
     finally:
         reg.stop()
         shutil.rmtree(reg.storage, ignore_errors=True)  # gigabytes of image and cache: CI's disk is shared
-        # Each commit's image is new bytes (its files' times are the commit's), about 10 GB in
-        # that store; the build cache, which the next run needs, stays.
-        _current(current, "image", "rm", "--force", build.candidate_ref(ROW), *ROW.refs())
 
 
 def _verified_from_a_fresh_clone(seeded: Path, runner_env: dict[str, str], ref: str, logs: Path) -> None:
@@ -550,7 +571,7 @@ def _collected(out: str) -> set[str]:
     return {ln.strip() for ln in out.splitlines() if re.match(r"^tests/\S+\.py::", ln.strip())}
 
 
-def test_pr_build_up_to_its_test_step_leaves_out_only_the_root_tier_by_name(runner, checked, tmp_path):
+def test_pr_build_up_to_its_test_step_leaves_out_only_the_root_tier_by_name(runner, checked, classic, tmp_path):
     """pr-build as its runner runs it, but for the default row's build (the README's build line
     under CI=true, which the build job's replay runs as this user, on request): the disk step, the
     suite's tools through sudo (engine.sh as root), then the test step itself with pytest told to
@@ -570,9 +591,13 @@ def test_pr_build_up_to_its_test_step_leaves_out_only_the_root_tier_by_name(runn
     assert leave_out == ["root"], leave_out
     freed = [p for p in job["steps"][step_index(workflow, "pr-build", "sudo rm -rf")]["run"].split()[3:]]
     assert freed and not [p for p in freed if Path(p).exists()], f"the disk step would delete {freed} on this machine"
+    store_step = job["steps"][step_index(workflow, "pr-build", "containerd-snapshotter\"] = false")]
+    runner_env = on_engine(runner_env, classic)
     run_job(workflow, "pr-build", expressions("pull_request"), workspace, runner_env, logs, event="pull_request",
             until=test_step["name"], left={build_step["name"]: "the default row's build: the build job's replay, on request"},
             step_env={test_step["name"]: {"PYTEST_ADDOPTS": "--collect-only -q -p no:cacheprovider"}})
+    said = (logs / f"pr-build-{job['steps'].index(store_step)}.log").read_text(errors="replace")
+    assert said.strip() == "the engine uses the classic image store", said  # nothing restarted here
     out = (logs / f"pr-build-{job['steps'].index(test_step)}.log").read_text(errors="replace")
     collected = _collected(out)
 
@@ -669,9 +694,10 @@ def test_the_schedule_proposes_rows_and_a_security_refresh_follows_the_findings(
 @pytest.mark.skipif(os.environ.get("PYTORCH_CUDA_TEST_PR_BUILD") != "1",
                     reason="the default row's build and the whole suite as the runner user (an hour or more on 2 cores): "
                            "on request, PYTORCH_CUDA_TEST_PR_BUILD=1, alone")
-def test_pr_build_runs_whole_as_the_runner_user(runner, checked, tmp_path):
+def test_pr_build_runs_whole_as_the_runner_user(runner, checked, current, classic, tmp_path):
     """pr-build with nothing left out of the job: the default row's build under CI=true, then the
-    whole suite but the root tier, as the runner user, on the runner's engine (Docker 26 here).
+    whole suite but the root tier, as the runner user, on the runner's engine (Docker 26 with the
+    classic store here); both engines' stores are left as they were found.
     Run it alone (`build.py selftest -- tests/integration/test_workflow_replay.py -k
     pr_build_runs_whole`): the suite it runs builds, tags and deletes the default row in that
     engine, and would meet another suite's tests there."""
@@ -680,7 +706,9 @@ def test_pr_build_runs_whole_as_the_runner_user(runner, checked, tmp_path):
     logs.mkdir()
     workflow = yaml.safe_load(WORKFLOW.read_text())
     started = time.monotonic()
-    run_job(workflow, "pr-build", expressions("pull_request"), workspace, runner_env, logs, event="pull_request")
+    with store_restored(classic), store_restored(current):  # the runner's engine; the suite's second one
+        run_job(workflow, "pr-build", expressions("pull_request"), workspace, on_engine(runner_env, classic), logs,
+                event="pull_request")
     out = (logs / f"pr-build-{step_index(workflow, 'pr-build', 'build.py selftest')}.log").read_text(errors="replace")
     print(f"pr-build, every step, as {USER}: {time.monotonic() - started:.0f} s")
     assert re.search(rf"left out by name \({LEAVE_OUT_ENV}\): \d+ tests marked root", out), out[-3000:]
