@@ -17,11 +17,9 @@ import uuid
 import pytest
 
 from pytorch_cuda_build import matrix
-from pytorch_cuda_build.engine import docker_env
-from pytorch_cuda_build.registry import zstd
 from pytorch_cuda_build.stages import render, sbom
 
-from helpers import image_exists, project_copy, run_build_py, shown
+from helpers import config_of, image_exists, project_copy, run_build_py, shown
 from registry import LocalRegistry, require_binary
 
 pytestmark = [pytest.mark.docker]
@@ -41,12 +39,6 @@ def _import(tmp_path, ref: str, content: bytes, labels: dict[str, str]) -> str:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, shown(proc)
     return proc.stdout.strip()
-
-
-def config_of(c, image_id: str) -> str:
-    """The config digest a registry's manifest names for a local image: its ID on the classic
-    store, read from its manifest on the containerd store (whose IDs are manifest digests)."""
-    return zstd.config_digest(c, image_id) if docker_env.image_store(c) == "containerd" else image_id
 
 
 def _tested(state, image_ids: list[str], name: str) -> None:

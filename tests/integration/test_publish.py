@@ -21,7 +21,7 @@ from pytorch_cuda_build.registry import attach
 from pytorch_cuda_build.stages import gate, tag
 from pytorch_cuda_build.stages import publish as publishing
 
-from helpers import ROOT, image_exists, run_build_py, shown
+from helpers import ROOT, config_of, image_exists, run_build_py, shown
 from published import DEFAULT, RESULTS, publish, remote_state
 from registry import LocalRegistry
 
@@ -37,6 +37,12 @@ def registry(session_registry):
 def image_id(docker_client, default_build):
     """The row built and tested, as the README builds it: the session's one build of it."""
     return docker_client.images.get(DEFAULT.refs()[0]).id
+
+
+@pytest.fixture(scope="module")
+def config(docker_client, image_id) -> str:
+    """The config digest the registry's manifests name for the row (its ID on the classic store)."""
+    return config_of(docker_client, image_id)
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +93,7 @@ def test_dry_run_prints_the_moves_and_pushes_nothing(registry, image_id, all_tag
 
 
 @pytest.mark.fault
-def test_registry_stopped_mid_push_moves_no_alias_and_a_retry_completes(registry, image_id, all_tags, pushed, default_published):
+def test_registry_stopped_mid_push_moves_no_alias_and_a_retry_completes(registry, config, all_tags, pushed, default_published):
     stopped = default_published.stopped  # the run the registry was stopped under (published.through_a_stop)
     err = stopped["stderr"]
     assert stopped["returncode"] == 1, f"exit {stopped['returncode']}\n{stopped['stdout']}\n{err}"
@@ -97,7 +103,7 @@ def test_registry_stopped_mid_push_moves_no_alias_and_a_retry_completes(registry
     assert all(stopped["remote"][t] is None for t in DEFAULT.tags), stopped["remote"]  # the name and the aliases never moved
 
     assert default_published.retry.stdout.count("pushed, verified") == 4, default_published.retry.stdout
-    assert remote_state(registry, "ml", all_tags) == {t: image_id for t in all_tags}
+    assert remote_state(registry, "ml", all_tags) == {t: config for t in all_tags}
     assert registry.manifest("ml/pytorch-cuda", pushed["digest"])[0] == pushed["digest"]
 
 
@@ -108,7 +114,7 @@ def test_republish_is_idempotent(registry, pushed):
 
 
 @pytest.mark.fault
-def test_read_only_registry_moves_nothing_then_recovers(registry, image_id, all_tags):
+def test_read_only_registry_moves_nothing_then_recovers(registry, config, all_tags):
     registry.start(readonly=True)
     try:
         proc = publish(registry.address("ro"), "--push", "--retries", "2")
@@ -121,7 +127,7 @@ def test_read_only_registry_moves_nothing_then_recovers(registry, image_id, all_
     assert remote_state(registry, "ro", all_tags) == {t: None for t in all_tags}
     proc = publish(registry.address("ro"), "--push")
     assert proc.returncode == 0, shown(proc)
-    assert remote_state(registry, "ro", all_tags) == {t: image_id for t in all_tags}
+    assert remote_state(registry, "ro", all_tags) == {t: config for t in all_tags}
 
 
 @pytest.mark.parametrize("address, needle", [
@@ -183,7 +189,7 @@ def test_the_base_is_published_under_the_id_the_row_names(registry, image_id, pu
     assert base["image_id"] == base_id and base["repository"] == f"{registry.address('ml')}/pytorch-cuda-rootfs"
     assert base["tag"].startswith("bookworm-") and base["tag"].endswith("-" + base_id.removeprefix("sha256:")[:12])
     digest, manifest = registry.manifest("ml/pytorch-cuda-rootfs", base["tag"])
-    assert digest == base["digest"] and manifest["config"]["digest"] == base_id  # 20.10: the ID is the config digest
+    assert digest == base["digest"] and manifest["config"]["digest"] == config_of(docker_client, base_id)
     by_digest = registry.manifest("ml/pytorch-cuda-rootfs", base["digest"])
     assert by_digest is not None and by_digest[0] == digest
 
