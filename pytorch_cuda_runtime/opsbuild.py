@@ -298,18 +298,27 @@ def nvcc_flags():
     return " ".join(filter(None, [os.environ.get("NVCC_APPEND_FLAGS"), *flags]))
 
 
+def arch_scope(given, dropped):
+    """What the arch list covers, for the log: --arch-list narrows it on purpose (the GPU bundle
+    compiles for the one GPU it runs on), which is not torch's list."""
+    if given:
+        return "the archs --arch-list names, not every torch arch"
+    return "not compiled by this nvcc: " + ", ".join(dropped) if dropped else "every torch arch"
+
+
 def build(a, ops):
     with build_dir() as tmp:
         with tarfile.open(a.sdist) as t:
             t.extractall(tmp, filter="data") if hasattr(tarfile, "data_filter") else t.extractall(tmp)
         src = next(Path(tmp).iterdir())
         patches = patch(src, a.cpu_arch)
-        archs, dropped = (a.arch_list, []) if getattr(a, "arch_list", None) else arch_list()
+        given = getattr(a, "arch_list", None)
+        archs, dropped = (given, []) if given else arch_list()
         env = dict(os.environ, DS_ACCELERATOR="cuda", DS_BUILD_OPS="0", DS_ENABLE_NINJA="1", TORCH_CUDA_ARCH_LIST=archs,
                    MAX_JOBS=str(os.cpu_count() or 1), PYTHONHASHSEED="0", **build_vars(src, ops), **no_driver_link(tmp))
         env["NVCC_APPEND_FLAGS"] = nvcc_flags()
         print(f"opsbuild: {', '.join(ops)} for TORCH_CUDA_ARCH_LIST={archs} with {nvcc()} ({a.toolkit}); "
-              f"{'not compiled by this nvcc: ' + ', '.join(dropped) if dropped else 'every torch arch'}", flush=True)
+              f"{arch_scope(bool(given), dropped)}", flush=True)
         t0 = time.monotonic()
         # DeepSpeed's setup.py lists extras from sets: PYTHONHASHSEED=0 keeps METADATA stable.
         subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",

@@ -246,3 +246,12 @@ def test_with_epoch_a_wheel_from_the_seed_is_made_canonical_too(tmp_path, no_com
     opsbuild.canonical_wheel(fresh, 1767225600)
     assert (dist / "deepspeed-0.17.6-cp311-cp311-linux_x86_64.whl").read_bytes() == fresh.read_bytes()
     assert (tmp_path / "cache" / ("k" * 64) / "deepspeed-0.17.6-cp311-cp311-linux_x86_64.whl").read_bytes() == fresh.read_bytes()
+
+
+@pytest.mark.parametrize("given, dropped, says", [
+    (True, [], "the archs --arch-list names, not every torch arch"),
+    (False, [], "every torch arch"),
+    (False, ["sm_50", "sm_60"], "not compiled by this nvcc: sm_50, sm_60"),
+])
+def test_the_log_says_what_the_arch_list_covers(given, dropped, says):
+    assert opsbuild.arch_scope(given, dropped) == says
