@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -110,23 +111,10 @@ def job(o: JobOptions, row: str, image: ImageRef) -> Job:
     assert o.torch is not None and o.scheduler is not None and o.nodes is not None  # required: the parser refused a run without
     slurm_job = o.scheduler == "slurm"
     mounts = parse_all(list(o.mount))
-    argv = ["job", "--torch", o.torch, *(["--cuda", o.cuda] if o.cuda else []),
-            *(["--flavor", o.flavor] if o.flavor != "runtime" else []), "--scheduler", o.scheduler,
-            *(["--runtime", o.runtime or "oci"] if slurm_job else ["--kind", str(o.kind)]),
-            "--nodes", str(o.nodes), *(["--gpus-per-node", str(o.gpus_per_node)] if o.gpus_per_node else [])]
-    for dest in ("image", "name", "bundle", "sif", "namespace", "cluster_runtime", "socket_ifname"):
-        if getattr(o, dest):
-            argv += [spec.flag_of(dest), getattr(o, dest)]
-    argv += [a for r in o.rdma for a in ("--rdma", r)]
-    argv += [a for m in mounts for a in ("--mount", str(m))]
-    argv += ["--workdir", o.workdir] if o.workdir else []
-    argv += [*(["--cpus-per-node", str(o.cpus_per_node)] if o.cpus_per_node else []),
-             *(["--memory-per-node", o.memory_per_node] if o.memory_per_node else []),
-             *(["--qos", o.qos] if o.qos == "guaranteed" else []),
-             *[a for s in o.image_pull_secret for a in ("--image-pull-secret", s)],
-             *(["--deadline", o.deadline] if o.deadline else []), *(["--preflight"] if o.preflight else [])]
-    argv += [*(["--shm-size", o.shm_size] if o.shm_size != "16Gi" else []),
-             *(["--network", o.network] if o.network != "auto" else []), "--", *o.script]
+    # The header's command: every option that differs from its default, in the spec's order, with
+    # what validation settled (the Slurm runtime, each mount's canonical form); never --output.
+    argv = spec.argv(dataclasses.replace(o, matrix=None, output=None, runtime=(o.runtime or "oci") if slurm_job else None,
+                                         mount=tuple(str(m) for m in mounts)))
     return Job(scheduler=o.scheduler, name=o.name or default_name(o.torch), row=row, image=image, nodes=o.nodes,
                gpus_per_node=o.gpus_per_node, command=tuple(o.script), shm_mib=shm_mib(o.shm_size), network=o.network,
                socket_ifname=o.socket_ifname, argv=tuple(argv), runtime=(o.runtime or "oci") if slurm_job else "",
