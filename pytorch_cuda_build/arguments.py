@@ -290,8 +290,7 @@ class BaseOptions(spec.Row):
     rebuild: bool = flag("build the base anew even if this machine has it")
     record: bool = flag("write its identity to images/<image>/base.json of every row that shares this base")
     platform: str | None = spec.platform()
-    docker: str | None = spec.docker()
-    ca_bundle: str | None = spec.ca_bundle()
+    docker: str | None = spec.docker()  # no --ca-bundle: mmdebstrap reads the mirror's signed indexes over HTTP
 
 
 @dataclass(frozen=True)
