@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import ROOT, free_port, one_error_line, owned_by_image_user, run_cli, shown
+from helpers import ROOT, free_port, one_error_line, owned_by_image_user, run_cli, shown, write_as_image_user
 
 pytestmark = [pytest.mark.docker, pytest.mark.both_cores]
 
@@ -274,7 +274,7 @@ STANDIN = {"*": [{"name": "stand-in GPU", "driver": "550.54.15", "capability": "
 @pytest.mark.parametrize("kind", ["pytorchjob", "jobset"])
 def test_replayed_pods_run_the_preflight_then_train(kind, reference, tmp_path):
     d = job_dir(tmp_path)
-    (d / "standin.json").write_text(json.dumps(STANDIN))
+    write_as_image_user(d / "standin.json", json.dumps(STANDIN))  # d is uid 1000's; this user may not be root
     t0 = time.monotonic()
     results = replay(kind, reference, d, ("zero3",), ("--preflight", "--shm-size", "1Gi"), PREFLIGHT,
                      {"PYTORCH_CUDA_PREFLIGHT_STANDIN": f"{JOB_DIR}/standin.json",
