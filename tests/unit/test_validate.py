@@ -95,7 +95,7 @@ VALUE_CASES = {
                               ([cmd, *extra, "--ca-bundle", "{notpem}"], "holds no PEM certificate"),
                               ([cmd, *extra, "--ca-bundle", "{dir}"], "Is a directory")]
        for cmd, extra in [("build", ["--torch", "2.7"]), ("matrix", ["--propose"]), ("publish", ["--torch", "2.7", *REG]),
-                          ("lock", []), ("verify", ["--torch", "2.7"]), ("base", ["--torch", "2.7"]), ("bench", ["--torch", "2.7"]), ("engine", []),
+                          ("lock", []), ("verify", ["--torch", "2.7"]), ("bench", ["--torch", "2.7"]), ("engine", []),
                           ("gpu-bundle", ["--torch", "2.7", "{dir}/b"])]},
     **{(cmd, "--docker"): [([cmd, "--torch", "2.7", "--docker", "/nonexistent/docker"], "--docker '/nonexistent/docker' is neither")]
        for cmd in ("build", "verify", "record", "base", "bench")},
