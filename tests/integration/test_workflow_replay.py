@@ -692,7 +692,7 @@ def test_the_schedule_proposes_rows_and_a_security_refresh_follows_the_findings(
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("PYTORCH_CUDA_TEST_PR_BUILD") != "1",
-                    reason="the default row's build and the whole suite as the runner user (an hour or more on 2 cores): "
+                    reason="the default row's build and the whole suite as the runner user (38 min on 2 cores, cold): "
                            "on request, PYTORCH_CUDA_TEST_PR_BUILD=1, alone")
 def test_pr_build_runs_whole_as_the_runner_user(runner, checked, current, classic, tmp_path):
     """pr-build with nothing left out of the job: the default row's build under CI=true, then the
