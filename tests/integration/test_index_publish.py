@@ -3,6 +3,7 @@ per platform, built here with BuildKit (no RUN step, so no emulation). A row's r
 the same path: the arm64 run recorded in docs/arm64.md published the 2.11 row that way."""
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from pathlib import Path
 
@@ -39,15 +40,15 @@ def build_part(tmp: Path, image: matrix.Image, content: str = "", created: str =
     (ctx / "Dockerfile").write_text(f'FROM scratch\nCOPY file /file\nLABEL org.opencontainers.image.created="{created}" '
                                     f'io.pytorch-cuda.lock-sha256="{LOCK}"\n')
     bc = docker_env.build_client(None)
-    iid = tmp / f"{image.arch}.iid"
-    cmd = [*bc.argv, "--platform", image.platform, "--iidfile", str(iid), "--tag", tag.own_ref(image), str(ctx)]
+    cmd = [*bc.argv, "--platform", image.platform, "--tag", tag.own_ref(image), str(ctx)]
     if "buildx" in bc.argv:
         cmd.insert(len(bc.argv), "--provenance=false")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=docker_env.build_env(bc))
     assert proc.returncode == 0, shown(proc)
-    # the engine's ID for it: buildx's iidfile names the config digest, which on the containerd
-    # store is not the image ID (that is the manifest digest)
-    image_id = docker_env.client().images.get(tag.own_ref(image)).id
+    # the engine's ID for it, not buildx's iidfile: that names the config digest, which on the
+    # containerd store is not the image ID (that is the manifest digest)
+    with contextlib.closing(docker_env.client()) as c:
+        image_id = c.images.get(tag.own_ref(image)).id
     tag.record_pass(image, image_id, {}, "test-code")
     return image_id
 
