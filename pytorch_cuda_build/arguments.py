@@ -232,6 +232,23 @@ class LockOptions(spec.Rows):
 
 
 @dataclass(frozen=True)
+class FetchOptions(spec.Row):
+    NAME: ClassVar[str] = "fetch"
+    HELP: ClassVar[str] = ("download every file a row's lock names into the store, once, checked by its sha256 (a build does this "
+                           "first); or carry them: --to writes them to a folder, --from fills the store from one (an air-gapped host)")
+    CLASHES: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("to", "from_", "--from fills this host's store from a folder, --to writes the store's files to one: one at a time"),
+        ("from_", "ca_bundle", "--from reads a folder, not the network, which is the only use of a CA"))
+
+    platform: str | None = spec.platform()
+    to: Path | None = opt(None, "also write the row's files to this folder (FOLDER/sha256/<hex> and FOLDER/INDEX), for a host "
+                                "without the network", type=Path, metavar="FOLDER")
+    from_: Path | None = opt(None, "fill the store from this folder (one `fetch --to` wrote, or the files by name) instead of the "
+                                   "network; a file of other bytes than the lock's is refused", type=Path, metavar="FOLDER")
+    ca_bundle: str | None = spec.ca_bundle()
+
+
+@dataclass(frozen=True)
 class RenderOptions(Command):
     NAME: ClassVar[str] = "render"
     HELP: ClassVar[str] = "render images/<image>/Dockerfile (offline)"
@@ -372,10 +389,10 @@ class PruneOptions(Command):
 
 
 COMMAND_OPTIONS: dict[str, type[Command]] = {c.NAME: c for c in (
-    BuildOptions, ListOptions, MatrixOptions, PublishOptions, SigningKeyOptions, LockOptions, RenderOptions, ImageTestOptions,
+    BuildOptions, ListOptions, MatrixOptions, PublishOptions, SigningKeyOptions, LockOptions, FetchOptions, RenderOptions, ImageTestOptions,
     VerifyOptions, RecordOptions, BaseOptions, SbomOptions, BenchOptions, SelftestOptions, EngineOptions, GpuBundleOptions,
     JobOptions, PruneOptions)}
-COMMANDS = ("build", "list", "matrix", "lock", "render", "test", "publish", "prune", "selftest", "bench", "sbom", "verify", "record",
+COMMANDS = ("build", "list", "matrix", "lock", "fetch", "render", "test", "publish", "prune", "selftest", "bench", "sbom", "verify", "record",
             "base", "signing-key", "engine", "gpu-bundle", "job")
 
 

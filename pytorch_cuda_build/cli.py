@@ -13,14 +13,14 @@ import docker.errors
 import requests
 
 from . import arguments as a
-from . import ca, console, files, inputs, jobs, matrix, pipeline, scheduler
+from . import ca, console, errors, files, inputs, jobs, matrix, pipeline, scheduler
 from .commands import gpubundle, propose, record, verify, verify_image
 from .engine import docker_env
 from .errors import PipelineError, UsageErrors
 from .jobs import options as job_options
 from .jobs import renderers
 from .registry import sign
-from .stages import build, lock, publish, render, sbom, tag
+from .stages import build, fetch, lock, publish, render, sbom, tag
 from .tooling import bench, engine_current, pullcost, selftest
 from .validate import validate
 
@@ -52,6 +52,26 @@ def cmd_lock(m: matrix.Matrix, args: a.LockOptions) -> int:
     moved = inputs.relock(ROOT, m, images, args.upgrade, lambda: ca.ca_bundle(args.ca_bundle), log)
     for line in [f"locks current for {len(images)} image(s); use --upgrade to re-resolve"] if moved is None else moved:
         print(line)
+    return 0
+
+
+def cmd_fetch(m: matrix.Matrix, args: a.FetchOptions) -> int:
+    image = m.select(args.torch, args.cuda, args.flavor)
+    pipeline.check_inputs(ROOT, m, [image])
+    for row in pipeline.platforms(image, args.platform):
+        items = lock.build_inputs(ROOT, row).all()
+        what = f"{row.name} ({row.platform})"
+        if args.from_ is not None:
+            fetch.fill_from(items, args.from_, log)
+            lacking = fetch.store().missing(items)
+            if lacking:
+                raise errors.InputUnavailable(f"{args.from_} lacks {len(lacking)} of {what}'s {len(items)} files, "
+                                              f"{lacking[0].file} among them", url=lacking[0].url)
+        else:
+            fetch.fetch(items, ca.ca_bundle(args.ca_bundle), log, what)
+        if args.to is not None:
+            fetch.write_to(items, args.to, log)
+        print(f"{what}: {len(items)} files, {fetch.size_text(sum(i.size for i in items))}, in the store {fetch.store().root}")
     return 0
 
 
@@ -243,7 +263,7 @@ def _terminated(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-HANDLERS: dict[str, Callable[[matrix.Matrix, Any], int]] = {"build": cmd_build, "list": cmd_list, "matrix": cmd_matrix, "lock": cmd_lock, "render": cmd_render, "test": cmd_test,
+HANDLERS: dict[str, Callable[[matrix.Matrix, Any], int]] = {"build": cmd_build, "list": cmd_list, "matrix": cmd_matrix, "lock": cmd_lock, "fetch": cmd_fetch, "render": cmd_render, "test": cmd_test,
             "publish": cmd_publish, "prune": cmd_prune, "selftest": cmd_selftest, "bench": cmd_bench, "sbom": cmd_sbom,
             "verify": cmd_verify, "record": cmd_record, "base": cmd_base, "signing-key": cmd_signing_key, "engine": cmd_engine,
             "gpu-bundle": cmd_gpu_bundle, "job": cmd_job}

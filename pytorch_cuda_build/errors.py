@@ -16,7 +16,7 @@ Each class says what kind of problem it is, so a caller can tell them apart:
       ImageUnfit        an image or row lacks what the command needs of it (its labels, its platform, its kind)
       RegistryRefused   a registry asks for credentials, or refused the ones given
       RegistryMismatch  a registry served something other than what was asked for
-      MatrixError, LockError, ResolveError, RenderError, EnvironmentProblem, BuildError, TestFailure,
+      MatrixError, LockError, ResolveError, InputUnavailable, RenderError, EnvironmentProblem, BuildError, TestFailure,
       PublishError, CommandFailed, ...: below
 
 Validation calls the parsers that raise BadValue, NoSuchRow and BadFile, and reports what
@@ -165,6 +165,18 @@ class ResolveError(PipelineError):
     """The package index could not resolve a row (network, or no such version)."""
 
     exit_code = 1
+
+
+class InputUnavailable(PipelineError):
+    """A file the lock names is not in the store, and its source cannot give it (gone from the
+    mirror, unreachable, or other bytes than the lock's hash); `url` is the file's address.
+    Nothing was built or tagged."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, url: str = "") -> None:
+        super().__init__(message)
+        self.url = url
 
 
 class RenderError(PipelineError):

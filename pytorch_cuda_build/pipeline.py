@@ -3,8 +3,9 @@
 `build_row`, after the engine check, with the stages numbered as in stages/__init__.py's STAGES
 (1 lock and 2 render write committed files; check_inputs refuses a row whose files are stale):
 
-    3 base -> 4 build (BuildKit) -> 5 gate (smoke + structure tests, the pass recorded)
-    -> 6 sbom -> 7 security -> 8 tag -> 9 publish (with --push)
+    3 fetch (every locked file into the store) -> 4 base -> 5 build (BuildKit, no network)
+    -> 6 gate (smoke + structure tests, the pass recorded) -> 7 sbom -> 8 security -> 9 tag
+    -> 10 publish (with --push)
 
 Each stage is a call into the module named after it; this module only orders them, times them
 and tells the console.
@@ -33,7 +34,7 @@ from .errors import BuildError, NoSuchRow, NotReady, PipelineError
 from .matrix import Image, Matrix
 from .registry import attach, sign, zstd
 from .registry import client as registry
-from .stages import base, build, gate, lock, publish, publish_index, render, sbom, security, tag
+from .stages import base, build, fetch, gate, lock, publish, publish_index, render, sbom, security, tag
 
 results_dir = paths.results_dir
 
@@ -214,8 +215,11 @@ class _Row:
         caller moves them once every platform of the row has passed: promote)."""
         image, opts, log = self.image, self.opts, self.console.log
         self.results.mkdir(parents=True, exist_ok=True)
+        with self.stage("fetch"):
+            inputs = lock.build_inputs(self.root, image)
+            fetch.fetch(inputs.all(), opts.ca_path, log, f"{image.name} ({image.platform})")
         with self.stage("base"):
-            base_id = base.ensure(c, image, self.results, log, docker_cli=bc.argv[0], root=self.root)
+            base_id = base.ensure(c, image, self.results, log, docker_cli=bc.argv[0], root=self.root, inputs=inputs.base)
         image_id = self.build(c, bc, base_id)
         self.result.image_id = image_id
         if opts.no_test:
@@ -413,7 +417,9 @@ def base_command(root: Path, m: Matrix, images: list[Image], docker: str | None,
         c, bc = docker_env.ensure_engine(log), docker_env.build_client(docker)
         results = results_dir(root, image)
         results.mkdir(parents=True, exist_ok=True)
-        base.ensure(c, image, results, log, docker_cli=bc.argv[0], root=root, rebuild=rebuild)
+        inputs = lock.build_inputs(root, image).base
+        fetch.fetch(list(inputs), None, log, f"the base of {image.name} ({image.platform})")  # Debian's mirror: plain HTTP, no CA
+        base.ensure(c, image, results, log, docker_cli=bc.argv[0], root=root, rebuild=rebuild, inputs=inputs)
         found = {**base.identity(c, render.base_ref(image), results), "store": docker_env.image_store(c)}
         yield base.describe(render.base_ref(image), found)
         if record:

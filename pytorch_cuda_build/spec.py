@@ -86,7 +86,9 @@ def options(cls: type[Command]) -> list[tuple[dataclasses.Field, Opt]]:
 
 
 def flag_of(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    """A field's flag: `keep_storage` -> --keep-storage; a trailing _ (a field named after a Python
+    keyword, `from_`) is not part of it: --from."""
+    return "--" + name.rstrip("_").replace("_", "-")
 
 
 def add_command(sub: Any, cls: type[Command]) -> argparse.ArgumentParser:
@@ -107,6 +109,8 @@ def _names(name: str, o: Opt) -> list[str]:
 
 def _settings(f: dataclasses.Field, o: Opt) -> dict[str, Any]:
     kw: dict[str, Any] = {"help": o.help}
+    if o.kind not in ("positional", "rest", "many"):
+        kw["dest"] = f.name  # the field's own name, also where the flag drops a keyword's trailing _
     if o.kind == "flag":
         return {**kw, "action": "store_true"}
     if o.kind == "rest":

@@ -47,7 +47,7 @@ CACHE_SPEC = r"type=[a-z]+(,.*)?"  # buildx's --cache-from/--cache-to: type=...,
 
 
 def flag(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
+    return spec.flag_of(dest)
 
 
 def given(args: argparse.Namespace, dest: str) -> bool:
@@ -201,6 +201,11 @@ def _files(args: argparse.Namespace, c: Checks) -> None:
     snapshot = getattr(args, "security_snapshot", None)
     if snapshot is not None and not snapshot.is_dir():
         c.fail("security_snapshot", f"--security-snapshot {snapshot} is not a folder")
+    if args.command == "fetch":
+        if args.from_ is not None and not args.from_.is_dir():
+            c.fail("from_", f"--from {args.from_} is not a folder")
+        if args.to is not None:
+            c.run("to", lambda: _writable_folder("--to", args.to))
     for dest in ("output", "result_json"):
         path = getattr(args, dest, None)
         if path is not None:
@@ -256,6 +261,17 @@ def _writable_file(name: str, path: Path, dir_ok: bool = False) -> None:
         raise UsageError(f"{name} {path}: {parent} is not a directory; create it first")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{name} {path}: {parent} is not writable")
+
+
+def _writable_folder(name: str, path: Path) -> None:
+    """A folder to write into: one that is writable, or one a writable folder can hold."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{name} {path} is not a folder")
+    there = path if path.exists() else path.parent
+    if not there.is_dir():
+        raise UsageError(f"{name} {path}: {there} is not a folder; create it first")
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise UsageError(f"{name} {path}: {there} is not writable")
 
 
 def _combinations(args: argparse.Namespace, c: Checks) -> None:

@@ -1,13 +1,12 @@
 """Build Transformer Engine's PyTorch extension against the image's torch, then prove it.
 
-    tebuild.py fetch extras-build.lock --index URL --wheelhouse DIR --dest DIR
     tebuild.py build SDIST --dist DIR --epoch N [--cache DIR] [--seed DIR]
 
 PyPI has transformer-engine-torch only as an sdist; installed as it is, it compiles for 20 minutes
 or more on each machine, after trying to download a wheel from GitHub. Here it is compiled once, in
 the train flavor's builder stage, into a wheel the image installs (docs/train.md):
-- the sdist comes from the index and must match the lock's sha256 (pip would run its setup.py to
-  read its metadata before checking anything);
+- the sdist is the locked file (extras-build.lock), which the build bind-mounts from the host's
+  store, where it entered only with the lock's sha256: nothing is downloaded here;
 - NVTE_PYTORCH_FORCE_BUILD: no download; NVTE_BUILD_USE_NVIDIA_WHEELS: the headers of NVIDIA's
   wheels (CUDA, cuDNN, NCCL, CCCL) that the image itself carries, not a toolkit's;
 - the extension is C++ only (no device code: the GPU kernels are in transformer-engine-cu13's
@@ -15,8 +14,6 @@ the train flavor's builder stage, into a wheel the image installs (docs/train.md
   has no CUDA device code and needs no libcuda.so.1, so it loads on hosts without a driver.
 As opsbuild.py does for DeepSpeed, the wheel is kept in a cache under the key of every input of the
 compile, and taken from the host's seed (a --no-cache build's empty cache) when the key matches.
-Two steps, so that the wheelhouse (a cache mount the build's other steps share, one at a time) is
-held for the fetch only, never for the compile.
 Standard library only, apart from torch (for the key).
 """
 import argparse
@@ -29,21 +26,18 @@ import os
 import platform
 import re
 import shutil
-import ssl
 import subprocess
 import sysconfig
 import sys
 import tarfile
 import tempfile
 import time
-import urllib.request
 import zipfile
 from pathlib import Path
 
 KEY_FILE = "te-cache-key"
 FACTS = "te-facts.json"
 NAME = "transformer-engine-torch"
-CA_SECRET = Path("/run/secrets/ca")
 # Objects record the directory they were compiled in: one fixed directory keeps a rebuild identical.
 BUILD_DIR = Path("/tmp/pytorch-cuda-tebuild")
 # One g++ of TE's largest files peaks at 2.6 GiB (measured): jobs are capped by memory, not cores only.
@@ -59,48 +53,9 @@ def fail(msg):
     sys.exit(f"tebuild: error: {msg}")
 
 
-def locked(lock_text):
-    """(version, sha256s) of transformer-engine-torch in the lock."""
-    blocks = re.split(r"\n(?=\S)", lock_text.strip())
-    for block in blocks:
-        m = re.match(r"^transformer[-_.]engine[-_.]torch==(\S+)", block, re.I)
-        if m:
-            return m.group(1), set(re.findall(r"--hash=sha256:([0-9a-f]{64})", block))
-    fail(f"{NAME} is not in the lock")
-
-
 def sha256_file(path):
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def _context():
-    ctx = ssl.create_default_context()
-    if CA_SECRET.exists() and CA_SECRET.stat().st_size:
-        ctx.load_verify_locations(cafile=str(CA_SECRET))  # the build's TLS proxy, a secret never in a layer
-    return ctx
-
-
-def fetch_sdist(index, version, hashes, wheelhouse):
-    """The locked sdist from the wheelhouse (a cache mount), else from the index; hash-checked."""
-    for path in sorted(Path(wheelhouse).glob(f"transformer_engine_torch-{version}.tar.gz")):
-        if sha256_file(path) in hashes:
-            return path
-    req = urllib.request.Request(f"{index.rstrip('/')}/{NAME}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    with urllib.request.urlopen(req, context=_context(), timeout=120) as r:
-        files = json.load(r)["files"]
-    hits = [f for f in files if f.get("hashes", {}).get("sha256") in hashes and f["filename"].endswith(".tar.gz")]
-    if not hits:
-        fail(f"{index} has no {NAME} {version} sdist with a locked hash")
-    dest = Path(wheelhouse) / hits[0]["filename"]
-    with urllib.request.urlopen(urllib.request.Request(hits[0]["url"]), context=_context(), timeout=600) as r, \
-            tempfile.NamedTemporaryFile(dir=wheelhouse, delete=False) as tmp:
-        shutil.copyfileobj(r, tmp)
-    if sha256_file(tmp.name) not in hashes:
-        os.unlink(tmp.name)
-        fail(f"{hits[0]['filename']}: its sha256 is not the lock's")
-    os.replace(tmp.name, dest)
-    return dest
 
 
 def environment_versions():
@@ -194,11 +149,6 @@ def check_wheel(wheel):
 def main(argv=None):
     p = argparse.ArgumentParser(prog="tebuild.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="step", required=True)
-    f = sub.add_parser("fetch", help="the locked sdist, from the wheelhouse or the index, into DEST")
-    f.add_argument("lock", type=Path, help="extras-build.lock")
-    f.add_argument("--index", required=True)
-    f.add_argument("--wheelhouse", type=Path, required=True)
-    f.add_argument("--dest", type=Path, required=True)
     b = sub.add_parser("build", help="compile SDIST into a wheel in DIST, or take it from the cache or the seed")
     b.add_argument("sdist", type=Path)
     b.add_argument("--dist", type=Path, required=True)
@@ -206,14 +156,7 @@ def main(argv=None):
     b.add_argument("--seed", type=Path)
     b.add_argument("--epoch", type=int, required=True, help="SOURCE_DATE_EPOCH for the wheel's file times")
     a = p.parse_args(argv)
-    if a.step == "fetch":
-        version, hashes = locked(a.lock.read_text())
-        sdist = fetch_sdist(a.index, version, hashes, a.wheelhouse)
-        a.dest.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(sdist, a.dest / sdist.name)
-        print(f"tebuild: {sdist.name} (sha256 {sha256_file(sdist)[:16]}...)", flush=True)
-    else:
-        build_or_take(a.sdist, a.dist, a.cache, a.seed, a.epoch)
+    build_or_take(a.sdist, a.dist, a.cache, a.seed, a.epoch)
 
 
 def build_or_take(sdist, dist, cache, seed, epoch):

@@ -1,11 +1,13 @@
 """Lay out the row's CUDA toolkit as one CUDA_HOME (bin/, nvvm/, include/, lib64/) in a builder stage.
 
-    toolkit.py debs LOCK --cache DIR --prefix DIR   .debs of a Debian suite, sha256-checked, unpacked
+    toolkit.py debs LOCK --debs DIR --prefix DIR    .debs of a Debian suite, sha256-checked, unpacked
     toolkit.py wheels --prefix DIR                  NVIDIA's wheels, already pip-installed in this venv
 
 Both end with the layout NVIDIA's own installer makes, so torch's cpp_extension and DeepSpeed
 find everything from CUDA_HOME alone, and both prove the compiler works by building a kernel.
-Standard library only: it runs before anything but Python is in the stage.
+The .debs come from DIR, where the build bind-mounts them from the host's store: nothing is
+downloaded here. Standard library only (and lockfile.py beside it): it runs before anything but
+Python is in the stage.
 """
 import argparse
 import hashlib
@@ -14,8 +16,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import urllib.request
 from pathlib import Path
+
+try:
+    from pytorch_cuda_runtime import lockfile
+except ImportError:  # run as a script in a build step, with lockfile.py copied beside it
+    import lockfile  # type: ignore[no-redef]
 
 # Debian splits the toolkit over /usr/bin, /usr/lib/nvidia-cuda-toolkit and the multiarch
 # library directory; NVIDIA's layout keeps it under one prefix with its own nvcc.profile.
@@ -40,15 +46,14 @@ def fail(msg):
 
 
 def read_lock(path):
-    """[(sha256, size, url, package=version)] from a debian toolkit.lock."""
-    out = []
-    for line in Path(path).read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            sha, size, url, what = line.split()
-            out.append((sha, int(size), url, what))
-    if not out:
+    """The .debs of a Debian toolkit.lock."""
+    try:
+        debs = lockfile.debs(Path(path).read_text(), str(path))
+    except lockfile.LockFormatError as e:
+        fail(str(e))
+    if not debs:
         fail(f"{path} lists no .deb")
-    return out
+    return debs
 
 
 def sha256_file(path):
@@ -59,20 +64,15 @@ def sha256_file(path):
     return h.hexdigest()
 
 
-def fetch(sha, size, url, cache):
-    """The .deb from the cache when its hash matches, else downloaded and checked."""
-    dest = Path(cache) / url.rsplit("/", 1)[1]
-    if dest.exists() and dest.stat().st_size == size and sha256_file(dest) == sha:
-        return dest
-    tmp = dest.with_suffix(".part")
-    with urllib.request.urlopen(url, timeout=600) as r, open(tmp, "wb") as f:
-        shutil.copyfileobj(r, f, 1 << 20)
-    got = sha256_file(tmp)
-    if got != sha:
-        tmp.unlink()
-        fail(f"{url}: sha256 {got} is not the locked {sha}")
-    tmp.replace(dest)
-    return dest
+def locked_file(deb, folder):
+    """The .deb from the folder of locked files, checked against its sha256."""
+    path = Path(folder) / deb.file
+    if not path.is_file():
+        fail(f"{deb.file} is not in {folder}: the build stages every locked .deb there from the host's store")
+    got = sha256_file(path)
+    if got != deb.sha256:
+        fail(f"{path}: sha256 {got} is not the locked {deb.sha256}")
+    return path
 
 
 def copy_tree(src, dest, skip=lambda name: False):
@@ -124,12 +124,10 @@ def cmd_debs(args):
     prefix = Path(args.prefix)
     if prefix.exists():
         fail(f"{prefix} exists already")
-    os.makedirs(args.cache, exist_ok=True)
     with tempfile.TemporaryDirectory() as staging:
-        for sha, size, url, what in read_lock(args.lock):
-            deb = fetch(sha, size, url, args.cache)
-            subprocess.run(["dpkg-deb", "-x", str(deb), staging], check=True)
-            print(f"toolkit: unpacked {what}", flush=True)
+        for deb in read_lock(args.lock):
+            subprocess.run(["dpkg-deb", "-x", str(locked_file(deb, args.debs)), staging], check=True)
+            print(f"toolkit: unpacked {deb.package}={deb.version}", flush=True)
         layout_debs(staging, prefix)
     gone = drop_dangling(prefix / "lib64")
     print(f"toolkit: left out link libraries of packages not unpacked: {' '.join(gone) or 'none'}")
@@ -181,7 +179,7 @@ def main(argv=None):
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("debs")
     d.add_argument("lock")
-    d.add_argument("--cache", required=True)
+    d.add_argument("--debs", required=True, help="the folder of the locked .debs (read only)")
     d.add_argument("--prefix", required=True)
     w = sub.add_parser("wheels")
     w.add_argument("--prefix", required=True)

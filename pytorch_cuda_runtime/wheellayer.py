@@ -1,7 +1,10 @@
 """Install locked wheels as one image layer whose bytes depend only on those wheels.
 
-    python wheellayer.py --epoch N 'torch==2.11.0 --hash=sha256:...'       one pinned wheel
-    python wheellayer.py --epoch N --rest /opt/pytorch-cuda/requirements.lock  every pin not yet installed
+    python wheellayer.py --epoch N --wheels DIR 'torch==2.11.0 --hash=sha256:...'       one pinned wheel
+    python wheellayer.py --epoch N --wheels DIR --rest /opt/pytorch-cuda/requirements.lock  every pin not yet installed
+
+DIR holds the locked wheel files themselves (the build bind-mounts them from the host's store,
+pytorch_cuda_build/stages/fetch.py): nothing is downloaded, and the step needs no network.
 
 Each RUN step of the image's python-env stage calls this once (templates/python_env.j2). The
 layer it leaves must hold that wheel's files and nothing else of the environment, with the same
@@ -20,7 +23,8 @@ same blob (docs/performance.md#layers):
   packages (docs/extending.md). Set here, in the step that writes them: a later `chown -R`
   would copy the whole environment into a layer of its own.
 
-Standard library and pip only; the build bind-mounts this one file.
+Standard library and pip only; the build bind-mounts this one file, and the in-image lock format's
+module beside it when there is one (pins are read the way the host tool reads them).
 """
 from __future__ import annotations
 
@@ -31,39 +35,30 @@ import importlib.metadata
 import importlib.util
 import os
 import py_compile
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-_BLOCK = re.compile(r"\n(?=\S)")
-_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
-CA_SECRET = Path("/run/secrets/ca")
+try:
+    from pytorch_cuda_runtime import lockfile
+except ImportError:  # run as a script in a build step, which bind-mounts lockfile.py beside it
+    import lockfile  # type: ignore[no-redef]
 
 
 class LayerError(Exception):
     """What went wrong, in one line."""
 
 
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def pins(lock_text: str) -> list[tuple[str, str, str]]:
     """(name, version, block) of each `name==version` requirement, in the lock's order."""
-    out = []
-    for block in _BLOCK.split(lock_text.strip()):
-        m = _PIN.match(block)
-        if m:
-            out.append((canonical(m.group(1)), m.group(2), block))
-    return out
+    return [(p.name, p.version, p.block) for p in lockfile.pins(lock_text)]
 
 
 def installed() -> dict[str, str]:
     """name -> version of every distribution this interpreter sees."""
-    return {canonical(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()}
+    return {lockfile.canonical(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()}
 
 
 def same_version(a: str | None, b: str) -> bool:
@@ -86,29 +81,24 @@ def rest(lock_text: str, have: dict[str, str]) -> list[tuple[str, str, str]]:
 
 
 def pip(*args: str, stdin: str) -> None:
-    env = dict(os.environ)
-    if CA_SECRET.exists() and CA_SECRET.stat().st_size:
-        env["PIP_CERT"] = str(CA_SECRET)  # the build's CA bundle: a secret, never in a layer
-    proc = subprocess.run([sys.executable, "-m", "pip", *args], env=env, input=stdin, text=True)
+    proc = subprocess.run([sys.executable, "-m", "pip", *args], input=stdin, text=True)
     if proc.returncode != 0:
         raise LayerError(f"pip {args[0]} failed (exit {proc.returncode}); its output is above")
 
 
-def install(requirements: list[str], wheelhouse: str) -> None:
-    """Fetch into the wheelhouse (a cache mount) and install from it, hash-checked, no dependencies.
+def install(requirements: list[str], wheels: str) -> None:
+    """Install from the folder of locked wheel files, hash-checked, no index, no dependencies.
     The requirements go through stdin: a file for them would change /tmp, and /tmp's time, in the layer."""
     text = "\n".join(requirements) + "\n"
-    pip("download", "--quiet", "--no-deps", "--only-binary=:all:", "--require-hashes", "--dest", wheelhouse, "-r", "/dev/stdin",
-        stdin=text)
-    pip("install", "--quiet", "--no-index", "--find-links", wheelhouse, "--no-deps", "--require-hashes", "--no-compile",
+    pip("install", "--quiet", "--no-index", "--find-links", wheels, "--no-deps", "--require-hashes", "--no-compile",
         "-r", "/dev/stdin", stdin=text)
 
 
 @contextlib.contextmanager
-def scratch(wheelhouse: str):
-    """A temporary directory in the wheelhouse, which is a cache mount and never in the layer, as
-    TMPDIR for pip and this process: pip's unpacking would otherwise touch /tmp."""
-    path = Path(wheelhouse) / ".tmp" / str(os.getpid())
+def scratch(where: str):
+    """A temporary directory on a mount that is never in the layer (the build's tmpfs), as TMPDIR
+    for pip and this process: pip's unpacking would otherwise touch /tmp."""
+    path = Path(where) / ".tmp" / str(os.getpid())
     path.mkdir(parents=True, exist_ok=True)
     before = os.environ.get("TMPDIR")
     os.environ["TMPDIR"], tempfile.tempdir = str(path), None
@@ -197,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epoch", type=int, required=True, help="the mtime of every file and directory the layer writes (the image's SOURCE_DATE_EPOCH)")
     ap.add_argument("--owner", type=owner, metavar="UID:GID",
                     help="the owner of every file and directory the layer writes, whose group gets the owner's rights")
-    ap.add_argument("--wheelhouse", default="/wheelhouse")
+    ap.add_argument("--wheels", required=True, help="the folder of the locked wheel files (read only)")
+    ap.add_argument("--scratch", default="/scratch", help="a folder outside the layer for pip's temporary files")
     a = ap.parse_args(argv)
     if bool(a.requirement) == bool(a.rest):
         ap.error("give requirement lines or --rest LOCK, not both or neither")
@@ -208,8 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         if not chosen:
             print("wheellayer: every pin is installed already; an empty layer", flush=True)
             return 0
-        with scratch(a.wheelhouse):
-            install([block for _, _, block in chosen], a.wheelhouse)
+        with scratch(a.scratch):
+            install([block for _, _, block in chosen], a.wheels)
             have = installed()
             wrong = [f"{n}=={v} (installed: {have.get(n, 'none')})" for n, v, _ in chosen if not same_version(have.get(n), v)]
             if wrong:

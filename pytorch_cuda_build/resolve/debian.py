@@ -19,10 +19,60 @@ from pathlib import Path
 
 from debian.debian_support import Version  # Debian's own ordering: epochs, ~, revisions
 
+from pytorch_cuda_runtime.lockfile import Deb as IndexFile
+
 from ..errors import EnvironmentProblem, ResolveError
 from ..matrix import snapshot_time
 
 _DEBIAN_INDEX: dict[tuple[str, str], dict[str, dict[str, str]]] = {}
+_SUITES: dict[tuple[str, str, str], "Suite"] = {}
+
+
+@dataclass(frozen=True)
+class Suite:
+    """One suite's main index for one architecture, as read and checked: the signed InRelease
+    as served, and its Packages.xz, whose sha256 the InRelease vouches for."""
+
+    mirror: str
+    suite: str
+    arch: str
+    inrelease: bytes
+    packages_xz: bytes
+    packages_sha256: str
+
+    @property
+    def packages_text(self) -> str:
+        return lzma.decompress(self.packages_xz).decode()
+
+    @property
+    def stanzas(self) -> list[dict[str, str]]:
+        return [f for f in stanzas(self.packages_text) if f.get("Package") and f.get("Version")]
+
+    def index_files(self) -> tuple[IndexFile, ...]:
+        """The two files apt reads of this suite, by the addresses it asks for them: the InRelease,
+        and the Packages.xz by its hash (the suite's Release says Acquire-By-Hash)."""
+        top = f"{self.mirror.rstrip('/')}/dists/{self.suite}"
+        return (IndexFile("-", "", f"{top}/InRelease", hashlib.sha256(self.inrelease).hexdigest(), len(self.inrelease)),
+                IndexFile("-", "", f"{top}/main/binary-{self.arch}/by-hash/SHA256/{self.packages_sha256}",
+                          self.packages_sha256, len(self.packages_xz)))
+
+
+def read_suite(mirror: str, suite: str, arch: str, ca_bundle: str | None) -> Suite:
+    """A suite's main index on arch, read only after gpgv has checked the InRelease against Debian's
+    archive keyring and the index's sha256 matches the one it gives."""
+    key = (mirror, suite, arch)
+    if key not in _SUITES:
+        url = f"{mirror.rstrip('/')}/dists/{suite}/InRelease"
+        raw = _fetch(url, ca_bundle)
+        hashes = _release_hashes(check_signed(raw, url, mirror))
+        path = f"main/binary-{arch}/Packages.xz"
+        if path not in hashes:
+            raise ResolveError(f"Debian {suite} at {mirror} has no {path} in its signed InRelease")
+        data = _fetch(f"{mirror.rstrip('/')}/dists/{suite}/{path}", ca_bundle)
+        if hashlib.sha256(data).hexdigest() != hashes[path]:
+            raise ResolveError(f"{mirror.rstrip('/')}/dists/{suite}/{path} does not match the sha256 in the signed InRelease")
+        _SUITES[key] = Suite(mirror, suite, arch, raw, data, hashes[path])
+    return _SUITES[key]
 
 
 def debian_index(mirror: str, suite: str, ca_bundle: str | None) -> dict[str, dict[str, str]]:
@@ -50,7 +100,7 @@ def newest_stanzas(packages_text: str) -> dict[str, dict[str, str]]:
     """name -> fields of its newest stanza in a Packages index (the security suite can list
     several versions of one package). A version Debian's ordering cannot read raises ValueError."""
     index: dict[str, dict[str, str]] = {}
-    for fields in _stanzas(packages_text):
+    for fields in stanzas(packages_text):
         name = fields.get("Package")
         if name and fields.get("Version") and (name not in index or _newer(fields["Version"], index[name]["Version"])):
             index[name] = fields
@@ -59,6 +109,20 @@ def newest_stanzas(packages_text: str) -> dict[str, dict[str, str]]:
 
 def _newer(a: str, b: str) -> bool:
     return Version(a) > Version(b)
+
+
+def newest_of(suites: list[Suite], names: list[str], where: str) -> dict[str, str]:
+    """name -> the newest version any of the suites holds (the one apt installs), for each name."""
+    out: dict[str, str] = {}
+    for s in suites:
+        for fields in s.stanzas:
+            name = fields["Package"]
+            if name in names and (name not in out or _newer(fields["Version"], out[name])):
+                out[name] = fields["Version"]
+    missing = [n for n in names if n not in out]
+    if missing:
+        raise ResolveError(f"{where} has no package {', '.join(missing)}")
+    return {n: out[n] for n in names}
 
 
 # A dependency: "name", "name (>= 1.0)", "name:any"; "a | b" are alternatives.
@@ -158,10 +222,15 @@ def _fetch(url: str, ca_bundle: str | None) -> bytes:
 
 def signed_release(mirror: str, suite: str, ca_bundle: str | None) -> str:
     """The suite's InRelease text, after gpgv has checked it against Debian's archive keyring."""
+    url = f"{mirror.rstrip('/')}/dists/{suite}/InRelease"
+    return check_signed(_fetch(url, ca_bundle), url, mirror)
+
+
+def check_signed(data: bytes, url: str, mirror: str) -> str:
+    """An InRelease's text, after gpgv has checked it against Debian's archive keyring, and its
+    Valid-Until (check_valid_until)."""
     if not KEYRING.exists() or not shutil.which("gpgv"):
         raise EnvironmentProblem(f"checking Debian's signature needs gpgv and {KEYRING} (Debian: apt-get install gpgv debian-archive-keyring)")
-    url = f"{mirror.rstrip('/')}/dists/{suite}/InRelease"
-    data = _fetch(url, ca_bundle)
     proc = subprocess.run(["gpgv", "--keyring", str(KEYRING), "--output", "-", "-"], input=data, capture_output=True, timeout=60)
     if proc.returncode != 0:
         reason = (proc.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
@@ -200,7 +269,7 @@ def _release_hashes(release: str) -> dict[str, str]:
     return out
 
 
-def _stanzas(text: str) -> list[dict[str, str]]:
+def stanzas(text: str) -> list[dict[str, str]]:
     return [dict(ln.split(": ", 1) for ln in block.splitlines() if ": " in ln and not ln.startswith(" "))
             for block in text.split("\n\n")]
 
@@ -226,7 +295,7 @@ def debian_toolkit(mirror: str, suite: str, components: tuple[str, ...], package
         data = _fetch(f"{mirror.rstrip('/')}/dists/{suite}/{path}", ca_bundle)
         if hashlib.sha256(data).hexdigest() != hashes[path]:
             raise ResolveError(f"{mirror}/dists/{suite}/{path} does not match the sha256 in the signed Release")
-        for fields in _stanzas(lzma.decompress(data).decode()):
+        for fields in stanzas(lzma.decompress(data).decode()):
             if "Package" in fields:
                 index.setdefault(fields["Package"], fields)
     missing = [p for p in packages if p not in index]

@@ -36,9 +36,10 @@ class WheelFile:
     file: str
     sha256: str
     size: int
+    url: str
 
     def as_json(self) -> dict:
-        return {"file": self.file, "sha256": self.sha256, "size": self.size}
+        return {"file": self.file, "sha256": self.sha256, "size": self.size, "url": self.url}
 
 
 def pinned_hashes(lock_text: str) -> dict[str, tuple[str, set[str]]]:
@@ -145,7 +146,7 @@ class Index:
 
 
 def wheel_files(lock_text: str, python: str, platform: str, index: Index, glibc: str | None = None) -> dict[str, dict]:
-    """name -> {file, sha256, size} of the wheel each pin of lock_text installs on platform (an OS
+    """name -> {file, sha256, size, url} of the wheel each pin of lock_text installs on platform (an OS
     with that glibc). One ResolveError naming every pin the index has no installable wheel of."""
     ranks = {t: i for i, t in enumerate(platform_tags(python, platform, glibc))}
     pins = pinned_hashes(lock_text)
@@ -156,7 +157,7 @@ def wheel_files(lock_text: str, python: str, platform: str, index: Index, glibc:
         if found is None:
             return name, None
         file, sha, size, url = found
-        return name, WheelFile(file, sha, size if size is not None else index.size(url))
+        return name, WheelFile(file, sha, size if size is not None else index.size(url), url)
 
     with concurrent.futures.ThreadPoolExecutor(LOOKUPS_AT_ONCE) as pool:
         found = dict(pool.map(one, sorted(pins)))
@@ -164,3 +165,20 @@ def wheel_files(lock_text: str, python: str, platform: str, index: Index, glibc:
     if missing:
         raise ResolveError(f"{index.url} has no {platform} wheel for Python {python} with a hash the lock lists: {', '.join(missing)}")
     return {n: w.as_json() for n, w in sorted(found.items()) if w is not None}  # none is: missing above
+
+
+def sdist_files(lock_text: str, index: Index) -> dict[str, dict]:
+    """name -> {file, sha256, size, url} of the sdist each pin of lock_text is built from (the
+    packages compiled in the image: DeepSpeed, Transformer Engine's extension)."""
+    out, missing = {}, []
+    for name, (version, allowed) in sorted(pinned_hashes(lock_text).items()):
+        found = [(f, sha, size, url) for f, sha, size, url in index.files(name)
+                 if sha in allowed and f.endswith((".tar.gz", ".zip"))]
+        if not found:
+            missing.append(f"{name}=={version}")
+            continue
+        file, sha, size, url = min(found)
+        out[name] = WheelFile(file, sha, size if size is not None else index.size(url), url).as_json()
+    if missing:
+        raise ResolveError(f"{index.url} has no sdist with a hash the lock lists: {', '.join(missing)}")
+    return out

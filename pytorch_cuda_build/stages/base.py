@@ -1,10 +1,15 @@
-"""Stage 3: the base of every image: a digest-pinned registry image, or a rootfs built locally.
+"""Stage 4: the base of every image: a digest-pinned registry image, or a rootfs built locally.
 
 Our build hosts reach no container registry, so the default matrix builds its Debian root
 filesystem from the Debian mirror and loads it into Docker once, named after the recipe's hash
 so a changed recipe never reuses an old base.
 
-The rootfs is the same bytes wherever it is built, from the same recipe and mirror state:
+mmdebstrap reads the release's index and .debs that debs.lock names (step `index` and `base`)
+from the host's store, through an HTTP proxy on 127.0.0.1 that answers for their addresses
+(fetch.serving): apt asks for the same addresses as from the mirror, so the tree is the one the
+mirror would give, and the mirror itself is never read (it may have moved, or be unreachable).
+
+The rootfs is the same bytes wherever it is built, from the same recipe and locked files:
 mmdebstrap with SOURCE_DATE_EPOCH writes a tarball with fixed file times and order, as root
 (`--mode=root`, directly or through password-less sudo, as on a hosted runner) or as a user
 without either (`--mode=unshare`, in the user's /etc/subuid range). This module then writes the
@@ -35,11 +40,15 @@ import docker
 import docker.errors
 from filelock import FileLock
 
+from pytorch_cuda_runtime.lockfile import Input
+
 from .. import paths
 from ..errors import BuildError, EnvironmentProblem, NotReady
 from ..matrix import REPRODUCIBLE_EPOCH, Image, Matrix
 from ..progress import log_tail
-from . import render
+from . import fetch, render
+
+Inputs = tuple[Input, ...]
 
 RECORD = "base.json"  # images/<image>/base.json: the identity recorded for a commit
 
@@ -52,21 +61,45 @@ def image_id(c: docker.DockerClient, ref: str) -> str | None:
 
 
 def ensure(c: docker.DockerClient, image: Image, log_dir: Path, log: Callable[[str], None] = print, *, docker_cli: str,
-           root: Path | None = None, rebuild: bool = False) -> str:
-    """The base image's ID, building the rootfs first if this machine lacks it (or, rebuild,
-    anew in any case); docker_cli (the user's --docker) loads it. With the project's root, a
-    local base is compared with the identity recorded for it, in one line of the log."""
+           root: Path | None = None, rebuild: bool = False, inputs: Inputs = ()) -> str:
+    """The base image's ID, building the rootfs first if this machine lacks it from these locked
+    inputs (or, rebuild, anew in any case); docker_cli (the user's --docker) loads it. With the
+    project's root, a local base is compared with the identity recorded for it, in one line of the log."""
     ref = render.base_ref(image)
-    found = None if rebuild else image_id(c, ref)
+    found = None if rebuild else current(c, ref, inputs)
     if not found:
         if image.os.kind == "registry":
             raise EnvironmentProblem(f"base {ref} is not present locally; pull it first (docker pull {ref})")
+        if not inputs:
+            raise NotReady(f"base {ref} is not built here, and building it needs its locked files (python3 build.py fetch)", ref=ref)
         paths.STATE_DIR.mkdir(parents=True, exist_ok=True)
         with FileLock(str(paths.STATE_DIR / "rootfs.lock")):  # two builds never bootstrap at once
-            found = (None if rebuild else image_id(c, ref)) or _rootfs(c, image, ref, log_dir, log, docker_cli)
+            found = (None if rebuild else current(c, ref, inputs)) or _rootfs(c, image, ref, log_dir, log, docker_cli, inputs)
     if root is not None and image.os.kind != "registry":
         log(f"base {ref}: {compare(identity(c, ref, log_dir), recorded(root, image))}")
     return found
+
+
+def _made_from(ref: str) -> Path:
+    """Where this machine records which locked files its local base `ref` was built from."""
+    return paths.STATE_DIR / "rootfs" / (ref.replace("/", "_").replace(":", "_") + ".json")
+
+
+def inputs_key(inputs: Inputs) -> str:
+    return hashlib.sha256("".join(sorted(i.sha256 for i in inputs)).encode()).hexdigest()
+
+
+def current(c: docker.DockerClient, ref: str, inputs: Inputs) -> str | None:
+    """The local base's ID where it was built here from exactly these locked files (a relock after
+    Debian's next point release names others under the same recipe); None where it must be built."""
+    found = image_id(c, ref)
+    if found is None or not inputs:
+        return found
+    try:
+        made = json.loads(_made_from(ref).read_text())
+    except (OSError, ValueError):
+        return None
+    return found if made.get("inputs") == inputs_key(inputs) and made.get("image_id") == found else None
 
 
 def identity(c: docker.DockerClient, ref: str, log_dir: Path) -> dict:
@@ -79,12 +112,17 @@ def identity(c: docker.DockerClient, ref: str, log_dir: Path) -> dict:
     return {**made, **found} if made.get("diff_id") == found["diff_id"] else found
 
 
-def _rootfs(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, log: Callable[[str], None], docker_cli: str) -> str:
+def _rootfs(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, log: Callable[[str], None], docker_cli: str,
+            inputs: Inputs) -> str:
     root = as_root()
     if not shutil.which("mmdebstrap"):
         raise EnvironmentProblem(f"building base {ref} needs mmdebstrap (Debian: apt-get install mmdebstrap; a user "
                                  "with neither root nor password-less sudo also needs uidmap); or pin a registry base")
-    return _mmdebstrap(c, image, ref, log_dir, log, docker_cli, root)
+    found = _mmdebstrap(c, image, ref, log_dir, log, docker_cli, root, inputs)
+    made = _made_from(ref)
+    made.parent.mkdir(parents=True, exist_ok=True)
+    made.write_text(json.dumps({"inputs": inputs_key(inputs), "image_id": found}) + "\n")
+    return found
 
 
 def as_root() -> list[str] | None:
@@ -115,39 +153,45 @@ HOOK = (
 MERGED_USR = "/usr/share/mmdebstrap/hooks/merged-usr"
 
 
-def mmdebstrap_command(image: Image, root: list[str] | None) -> list[str]:
-    """The rootfs as a tarball on stdout (so the file is the caller's, whoever runs mmdebstrap)."""
+def mmdebstrap_command(image: Image, root: list[str] | None, proxy: str = "") -> list[str]:
+    """The rootfs as a tarball on stdout (so the file is the caller's, whoever runs mmdebstrap);
+    apt's downloads through proxy (the store's, fetch.serving) where given."""
     os_ = image.os
     assert os_.suite is not None and os_.mirror is not None, f"{image.name}: a debootstrap base needs a suite and a mirror (matrix.yaml)"
     mode = "unshare" if root is None else "root"
-    # sudo drops the environment: SOURCE_DATE_EPOCH goes through `env`, as STATE does.
-    env = ["env", f"SOURCE_DATE_EPOCH={REPRODUCIBLE_EPOCH}"]
+    # sudo drops the environment: SOURCE_DATE_EPOCH goes through `env`, as STATE and the proxy do.
+    # apt reads http_proxy from its environment: nothing of it lands in the tree (an --aptopt would).
+    env = ["env", f"SOURCE_DATE_EPOCH={REPRODUCIBLE_EPOCH}", *([f"http_proxy={proxy}", f"https_proxy={proxy}"] if proxy else [])]
     return [*(root or []), *env, "mmdebstrap", f"--mode={mode}", f"--arch={image.arch}", f"--variant={os_.variant}",
             "--skip=cleanup/apt/lists", "--skip=cleanup/apt/cache", f"--hook-dir={MERGED_USR}", f"--customize-hook={HOOK}",
             os_.suite, "-", os_.mirror]
 
 
 def _mmdebstrap(c: docker.DockerClient, image: Image, ref: str, log_dir: Path, log: Callable[[str], None], docker_cli: str,
-                root: list[str] | None) -> str:
+                root: list[str] | None, inputs: Inputs) -> str:
     os_ = image.os
     log_path = log_dir / "rootfs.log"
     how = "as root" if root == [] else "through sudo" if root else "without root, in a user namespace"
-    log(f"building base {ref}: mmdebstrap --arch={image.arch} --variant={os_.variant} {os_.suite} {os_.mirror} "
-        f"({how}; log: {log_path})")
-    with tempfile.TemporaryDirectory(prefix="pytorch-cuda-rootfs-") as tmp, open(log_path, "w") as out:
+    log(f"building base {ref}: mmdebstrap --arch={image.arch} --variant={os_.variant} {os_.suite} {os_.mirror}, its "
+        f"{len(inputs)} locked files from the store ({how}; log: {log_path})")
+    with tempfile.TemporaryDirectory(prefix="pytorch-cuda-rootfs-") as tmp, open(log_path, "w") as out, \
+            fetch.serving(list(inputs)) as proxy:
         work = Path(tmp)
         work.chmod(0o711)  # an unshare-mode hook runs as a uid of the user's subuid range: it passes through
         state = work / "state"
         state.mkdir()
         state.chmod(0o777)  # the hook may run as a mapped uid (unshare mode) or as root (sudo)
         tarball = work / "rootfs.tar"
-        cmd = mmdebstrap_command(image, root)
+        cmd = mmdebstrap_command(image, root, fetch.proxy_url(proxy))
         cmd.insert(cmd.index("mmdebstrap"), f"STATE={state / 'inrelease'}")
         with open(tarball, "wb") as tar_out:
             proc = subprocess.run(cmd, stdout=tar_out, stderr=out)
+        out.write("".join(f"store: served {p}\n" for p in proxy.served) + "".join(f"store: no locked file for {p}\n" for p in proxy.refused))
+        out.flush()
         if proc.returncode != 0:
             raise BuildError("mmdebstrap of the base rootfs" + ("" if root is not None else
-                             " (as a user: it needs user namespaces and a /etc/subuid range)"),
+                             " (as a user: it needs user namespaces and a /etc/subuid range)")
+                             + (f" (apt asked for {len(proxy.refused)} files the lock does not name)" if proxy.refused else ""),
                              str(log_path), log_tail(log_path))
         identity: dict = {"recipe": ref, "platform": image.platform, "rootfs_sha256": file_sha256(tarball),
                     "mirror": mirror_state(state / "inrelease")}

@@ -1,8 +1,11 @@
-"""Stage 4: build a candidate image with BuildKit, streaming the log.
+"""Stage 5: build a candidate image with BuildKit, streaming the log.
 
 The build context is staged from committed files only (the image's lock files and
 manifest, and the in-image package), so nothing else in the checkout can leak into
-an image or change a cache key.
+an image or change a cache key, and from the host's store (inputs/: every file the lock
+names, fetch.py), which is all the build reads: it runs with no network (`--network none`).
+The context's folder is the same for every build of a row, so BuildKit sends only the files
+that changed since the last one.
 """
 from __future__ import annotations
 
@@ -20,17 +23,20 @@ from typing import Any, Callable, Iterable
 
 import docker
 
-from .. import progress
-from ..buildkit import opsseed, provenance
+from .. import paths, progress
+from ..buildkit import layers, opsseed, provenance
 from ..engine import docker_env
 from ..engine.docker_env import BuildClient
 from ..errors import BuildError, EnvironmentProblem
 from ..matrix import Image
 from ..paths import RUNTIME_PACKAGE
-from . import lock, render
+from . import fetch, lock, render
 
 CONTEXT_FILES = ("requirements.lock", "deepspeed.lock", "toolkit.lock", "manifest.json")
 PLATFORM_FILES = ("requirements.lock", "toolkit.lock", *lock.EXTRAS_FILES)  # a platform's own, from images/<image>/linux-arm64/
+INPUTS = "inputs"  # the context's folder of locked files, which the Dockerfile's steps bind-mount
+# Every row build runs its RUN steps with no network: all they read is in the context.
+NETWORK = "none"
 # A cold build of one row needs the torch layer twice over (layer + extraction) and
 # the wheelhouse; refuse early rather than fail half-way with a full disk.
 MIN_FREE_BYTES = 25 * 1024**3
@@ -80,6 +86,47 @@ def stage_context(root: Path, image: Image, dest: Path) -> None:
         root / RUNTIME_PACKAGE, dest / RUNTIME_PACKAGE, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "tests")
     )
     (dest / opsseed.CONTEXT_DIR).mkdir()  # empty unless a --no-cache build fills it (opsseed.stage)
+    stage_inputs(root, image, dest / INPUTS)
+
+
+def input_folders(root: Path, image: Image) -> dict[str, list]:
+    """Where each locked file goes under the context's inputs/, as the Dockerfile's steps mount
+    them: one folder per step, and each wheel of a layer of its own alone (layers.py), so a
+    step's cache key is the bytes of its own files."""
+    ins = lock.build_inputs(root, image)
+    d = lock.build_dir(root, image)
+    layout = layers.plan(image, (d / "requirements.lock").read_text(), {n: w.as_json() for n, w in ins.wheels.items()})
+    own = {layer.name for layer in layout.own}
+    folders: dict[str, list] = {
+        "apt": list(ins.apt), "build-debs": list(ins.build_debs), "toolkit": list(ins.toolkit), "sdists": list(ins.sdists),
+        "wheels": [w for n, w in ins.wheels.items() if n in own], "rest": [w for n, w in ins.wheels.items() if n not in own]}
+    if image.flavor == "train":
+        extras = layers.plan(image, (d / "extras.lock").read_text(), {n: w.as_json() for n, w in ins.extras.items()})
+        mine = {layer.name for layer in extras.own}
+        folders.update({"extras": [w for n, w in ins.extras.items() if n in mine],
+                        "extras-rest": [w for n, w in ins.extras.items() if n not in mine],
+                        "extras-all": list(ins.extras.values()), "extras-build": list(ins.extras_sdists)})
+    return folders
+
+
+def stage_inputs(root: Path, image: Image, dest: Path, store: fetch.Store | None = None) -> None:
+    """The row's locked files from the store into dest/<folder>/<file>, as hard links (fetch
+    has put every one there; a missing one is a bug of the pipeline's order, said as such)."""
+    s = store or fetch.store()
+    for folder, items in input_folders(root, image).items():
+        (dest / folder).mkdir(parents=True, exist_ok=True)
+        lacking = s.missing(items)
+        if lacking:
+            raise BuildError(f"staging the build context: {lacking[0].file} is not in the store {s.root} (run `build.py fetch`)",
+                             str(s.root))
+        for item in items:
+            s.stage(item, dest / folder / item.file)
+
+
+def context_dir(image: Image) -> Path:
+    """The row's build context: one folder per row and platform, kept between builds (BuildKit
+    keys its copy of a context by the folder's path, and then sends only what changed)."""
+    return paths.STATE_DIR / "contexts" / image.name / image.platform.replace("/", "-")
 
 
 def free_bytes(docker_root: str) -> tuple[int, Path]:
@@ -107,13 +154,10 @@ def command(bc: BuildClient, root: Path, image: Image, context: Path, iidfile: P
            "--label", f"org.opencontainers.image.created={src.created}"]
     if base_id:  # a locally built rootfs is identified by its recipe (in the lock) and this ID
         cmd += ["--label", f"org.opencontainers.image.base.digest={base_id}"]
-    if ca_bundle:
-        cmd += ["--secret", f"id=ca,src={ca_bundle}"]
     if no_cache:
         cmd += ["--no-cache"]
     cmd += list(cache_args)
-    if network := getattr(bc, "network", None):
-        cmd += ["--network", network]
+    cmd += ["--network", NETWORK]
     if getattr(bc, "export", "load") == "oci":
         cmd += oci_export_args(lock.read(root, image)["files_sha256"], oci_tarball(iidfile))
     return cmd + [str(context)]
@@ -137,15 +181,11 @@ def export_command(bc: BuildClient, root: Path, image: Image, context: Path, des
                    cache_args: list[str] | tuple[str, ...] = ()) -> list[str]:
     """The ops-dist stage to a host directory: every step is the build's, so all of them are cached."""
     cmd = [*bc.argv, "--progress=plain", "--file", str(dockerfile(root, image)), *platform_args(image),
-           "--target", opsseed.TARGET, "--output", f"type=local,dest={dest}"]
-    if ca_bundle:
-        cmd += ["--secret", f"id=ca,src={ca_bundle}"]
+           "--target", opsseed.TARGET, "--output", f"type=local,dest={dest}", "--network", NETWORK]
     args = list(cache_args)
     for i, a in enumerate(args[:-1]):
         if a == "--cache-from":  # never --cache-to: that would overwrite the row's exported cache
             cmd += [a, args[i + 1]]
-    if network := getattr(bc, "network", None):
-        cmd += ["--network", network]
     return cmd + [str(context)]
 
 
@@ -188,9 +228,10 @@ def run(bc: BuildClient, root: Path, image: Image, log_path: Path, ca_bundle: st
     src: the commit the labels name (default: the checkout's now). results: where the row's
     provenance is kept (or an earlier build's removed, where this engine writes none)."""
     src = src or source(root)
-    with tempfile.TemporaryDirectory(prefix="pytorch-cuda-context-") as tmp:
-        context = Path(tmp) / "context"
-        context.mkdir()
+    with tempfile.TemporaryDirectory(prefix="pytorch-cuda-build-") as tmp:
+        context = context_dir(image)
+        shutil.rmtree(context, ignore_errors=True)  # staged anew: nothing of another commit stays
+        context.mkdir(parents=True)
         stage_context(root, image, context)
         seeded = opsseed.stage(image, context, use=no_cache and ops_seed)
         iidfile = Path(tmp) / "iid"

@@ -6,10 +6,16 @@
                      prebuilt ops in the image's builder stage
   toolkit.lock       the CUDA compiler the ops are built with: hash-pinned wheels (pypi)
                      or .deb addresses with the sha256 of a signed Debian index (debian)
+  debs.lock          every Debian file the build reads, by step (the base's, the apt step's, the
+                     ops builder's; the release index the base is bootstrapped from), each at its
+                     exact version with its pool address and the sha256 of the signed index
+                     (resolve/apt.py: apt's own solver, run offline over those indexes)
   lock.json          what the lock was made from (inputs), the facts read from the
                      torch wheel, the base's identity, hashes of the three files, and
-                     the wheel file (name, sha256, size) each pin installs (`wheels`,
-                     wheel_files.py), from which render lays out the layers (layers.py)
+                     the file (name, sha256, size, address) each pin installs (`wheels`,
+                     wheel_files.py), from which render lays out the layers (layers.py), each
+                     sdist built in the image (`sdists`), a pypi toolkit's wheel files
+                     (`toolkit_files`) and every Debian package the image holds (`debian`)
   linux-arm64/       for a row that lists linux/arm64 beside linux/amd64: that platform's
                      requirements.lock and toolkit.lock, resolved from the aarch64 wheels'
                      own metadata; lock.json's `platforms` holds their inputs, facts and hashes
@@ -21,26 +27,35 @@ them, for each platform:
   extras-build.lock  the sdists among them compiled in the builder stage (tebuild.py)
 lock.json's `extras` holds each platform's inputs, pins, wheel files and the files' hash.
 
+Together they name, by hash, every file a build reads: fetch.py downloads each once into the
+store, and the build reads them from there with no network (docs/reproducibility.md).
+
 `check` is offline: it recomputes the inputs from matrix.yaml and compares.
 """
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
+
+from pytorch_cuda_runtime import lockfile
 
 from ..errors import LockError, ResolveError
 from ..files import sha256_text, write_atomic
 from ..matrix import OS_PLATFORMS, Image, Matrix
+from ..resolve import apt as resolve_apt
 from ..resolve import debian as resolve_debian
 from ..resolve import pypi as resolve_pypi
 from ..resolve import wheel_files
 
-LOCK_SCHEMA = 3  # 3: lock.json records each pin's wheel file (`wheels`)
-LOCK_FILES = ("requirements.lock", "deepspeed.lock", "toolkit.lock")
-PLATFORM_LOCK_FILES = ("requirements.lock", "toolkit.lock")  # the DeepSpeed sdist is the same on every platform
+# 3: lock.json records each pin's wheel file (`wheels`); 4: every file by address and hash (debs.lock,
+# the wheels' and sdists' addresses)
+LOCK_SCHEMA = 4
+PYTHON_LOCK_FILES = ("requirements.lock", "deepspeed.lock", "toolkit.lock")
+LOCK_FILES = (*PYTHON_LOCK_FILES, "debs.lock")
+PLATFORM_LOCK_FILES = ("requirements.lock", "toolkit.lock", "debs.lock")  # the DeepSpeed sdist is the same on every platform
 EXTRAS_FILES = ("extras.lock", "extras-build.lock")  # a train image's, per platform
 # Packages built in the image's builder stage rather than installed from a wheel.
 BUILT_IN_IMAGE = ("deepspeed",)
@@ -124,19 +139,33 @@ def platform_facts(image: Image, platform: str, lock_text: str) -> resolve_pypi.
     return facts
 
 
-def apt_pins(image: Image, ca_bundle: str | None) -> tuple[dict[str, str], dict[str, str]]:
-    """(pins, fixes) of the image's Debian packages, when its OS names a mirror to read them from.
+@dataclass(frozen=True)
+class DebianLock:
+    """A row's Debian packages on one platform: the named ones' pins, debs.lock's text (every
+    file of every step) and what the image then holds."""
 
-    pins: each named package at its newest version across the release and its update suites.
-    fixes: the newest version in the update suites of every package the image can install
-    (the named ones, their dependencies, the release's required set): the floor the image's
-    structure check holds every installed package to."""
-    names = [*image.os.packages, *image.os.build_packages]
-    if not names or not (image.os.mirror and image.os.suite):
-        return {}, {}
-    suites = resolve_debian.DebianSuites(image.os.mirror, image.os.suite,
-                                  tuple((u.mirror, u.suite) for u in image.os.updates), ca_bundle)
-    return suites.newest(names), suites.fixes(names)
+    pins: dict[str, str]
+    text: str
+    installed: dict[str, str]
+
+
+def debian_lock(image: Image, platform: str, ca_bundle: str | None) -> DebianLock:
+    """Each named package at the newest version its release and update suites hold, and every
+    .deb of the base, the apt step and the ops builder's step at the version apt then installs."""
+    os_ = image.os
+    if not (os_.mirror and os_.suite):
+        raise LockError(f"{image.name}: the base {image.os_name} is a registry image, whose Debian packages cannot be locked "
+                        "file by file; use a debootstrap base (matrix.yaml oses:)")
+    arch = platform.split("/", 1)[1]  # Debian's and Docker's name: amd64, arm64
+    release = resolve_debian.read_suite(os_.mirror, os_.suite, arch, ca_bundle)
+    updates = [resolve_debian.read_suite(u.mirror, u.suite, arch, ca_bundle) for u in os_.updates]
+    pins = resolve_debian.newest_of([release, *updates], [*os_.packages, *os_.build_packages], f"Debian {os_.suite} at {os_.mirror}")
+    steps = resolve_apt.steps(release, updates, arch, {n: pins[n] for n in os_.packages}, {n: pins[n] for n in os_.build_packages})
+    head = (f"# GENERATED by `python build.py lock`: every Debian file a {image.os_name} build reads on {platform}, apt's own "
+            f"choice over the signed indexes of {', '.join(s.suite for s in [release, *updates])}; sha256 from those indexes. "
+            "DO NOT EDIT.\n# step sha256 size url package=version\n")
+    text = lockfile.deb_steps_text(head, {"index": steps.index, "base": steps.base, "apt": steps.apt, "build": steps.build})
+    return DebianLock(pins, text, steps.installed())
 
 
 def split(lock_text: str) -> tuple[str, str]:
@@ -206,17 +235,18 @@ def resolve_toolkit(image: Image, lock_text: str, ca_bundle: str | None,
     return head + body, toolkit_version(debs, "")
 
 
-def render_lock(image: Image, lock_text: str, apt: tuple[dict[str, str], dict[str, str]] = ({}, {}),
-                toolkit: tuple[str, str] = ("", ""), platforms: dict[str, dict] | None = None,
-                wheels: dict[str, dict] | None = None) -> dict[str, str]:
-    """The files of one image's lock, as text: the four of linux/amd64, and those of each other
-    platform (render_platform) under its directory, which lock.json vouches for too."""
+def render_lock(image: Image, lock_text: str, debian: DebianLock, toolkit: tuple[str, str] = ("", ""),
+                platforms: dict[str, dict] | None = None, python_files: dict[str, dict] | None = None) -> dict[str, str]:
+    """The files of one image's lock, as text: the five of linux/amd64, and those of each other
+    platform (render_platform) under its directory, which lock.json vouches for too.
+    python_files: the `wheels`, `sdists` and `toolkit_files` records (the files' addresses)."""
     facts = resolve_pypi.wheel_facts(lock_text)
     agree(image, facts)
     wheel_lock, built = split(lock_text)
     req = _header(image, "wheels, installed with --require-hashes") + wheel_lock
     ds = _header(image, "sdists built into wheels in the builder stage") + built
     tk_text, tk_version = toolkit
+    found = python_files or {}
     meta = {
         "schema": LOCK_SCHEMA,
         "image": image.name,
@@ -224,13 +254,16 @@ def render_lock(image: Image, lock_text: str, apt: tuple[dict[str, str], dict[st
         "inputs_sha256": sha256_text(json.dumps(inputs(image), sort_keys=True)),
         "wheel": asdict(facts),
         "pins": resolve_pypi.pins(lock_text),
-        "apt": apt[0],
-        "apt_fixes": apt[1],
+        "apt": debian.pins,
+        "debian": debian.installed,
         "cuda_toolkit": tk_version,
-        "files_sha256": sha256_text(req, ds, tk_text),
-        "wheels": wheels or {},
+        "files_sha256": sha256_text(req, ds, tk_text, debian.text),
+        "wheels": found.get("wheels") or {},
+        "sdists": found.get("sdists") or {},
+        "toolkit_files": found.get("toolkit_files") or {},
     }
-    return _with_platforms({"requirements.lock": req, "deepspeed.lock": ds, "toolkit.lock": tk_text}, meta, platforms or {})
+    files = {"requirements.lock": req, "deepspeed.lock": ds, "toolkit.lock": tk_text, "debs.lock": debian.text}
+    return _with_platforms(files, meta, platforms or {})
 
 
 def _with_platforms(files: dict[str, str], meta: dict, platforms: dict[str, dict]) -> dict[str, str]:
@@ -243,7 +276,7 @@ def _with_platforms(files: dict[str, str], meta: dict, platforms: dict[str, dict
 
 
 def render_platform(image: Image, platform: str, lock_text: str, toolkit: tuple[str, str], deepspeed_lock: str,
-                    wheels: dict[str, dict] | None = None) -> dict:
+                    debian: DebianLock, python_files: dict[str, dict] | None = None) -> dict:
     """A platform beside linux/amd64: its files and its part of lock.json. Its torch wheel must
     carry the CUDA, cuDNN and NCCL the row names, and its DeepSpeed sdist be linux/amd64's."""
     facts = platform_facts(image, platform, lock_text)
@@ -252,10 +285,71 @@ def render_platform(image: Image, platform: str, lock_text: str, toolkit: tuple[
         raise LockError(f"{image.name}: the DeepSpeed sdist resolved for {platform} is not linux/amd64's")
     req = _header(image, f"{platform} wheels, installed with --require-hashes", platform) + wheel_lock
     tk_text, tk_version = toolkit
-    return {"files": {"requirements.lock": req, "toolkit.lock": tk_text},
+    found = python_files or {}
+    return {"files": {"requirements.lock": req, "toolkit.lock": tk_text, "debs.lock": debian.text},
             "meta": {"inputs": platform_inputs(image, platform), "wheel": asdict(facts),
-                     "pins": resolve_pypi.pins(lock_text), "cuda_toolkit": tk_version,
-                     "files_sha256": sha256_text(req, tk_text), "wheels": wheels or {}}}
+                     "pins": resolve_pypi.pins(lock_text), "cuda_toolkit": tk_version, "apt": debian.pins,
+                     "debian": debian.installed, "files_sha256": sha256_text(req, tk_text, debian.text),
+                     "wheels": found.get("wheels") or {}, "toolkit_files": found.get("toolkit_files") or {}}}
+
+
+class _Resolver:
+    """What `write` asks the network, each question once per run: the rows that share a lock, a
+    platform or an OS share the answers."""
+
+    def __init__(self, ca_bundle: str | None, exclude_newer: str | None, log: Callable[[str], None]):
+        self.ca_bundle, self.exclude_newer, self.log = ca_bundle, exclude_newer, log
+        self._python: dict[tuple, str] = {}
+        self._toolkits: dict[tuple, tuple[str, str]] = {}
+        self._files: dict[tuple, dict] = {}
+        self._debian: dict[tuple, DebianLock] = {}
+        self._indexes: dict[str, wheel_files.Index] = {}
+
+    def python(self, image: Image, platform: str) -> tuple[str, tuple[str, str]]:
+        """(the uv lock of the row's requirements, (toolkit.lock, compiler version)) on platform."""
+        key = (*image.lock_key, platform)
+        if key not in self._python:
+            self.log(f"resolving {' '.join(resolve_pypi.requirements_for(image))} for Python {image.python} on {platform}")
+            self._python[key] = resolve_pypi.compile_lock(image, self.ca_bundle, exclude_newer=self.exclude_newer, platform=platform)
+            if platform != "linux/amd64":
+                platform_facts(image, platform, self._python[key])  # no CUDA there: say so before resolving a toolkit
+        if key not in self._toolkits:
+            self.log(f"resolving the CUDA {image.cuda_major} toolkit for torch {image.torch} on {platform}")
+            self._toolkits[key] = resolve_toolkit(image, self._python[key], self.ca_bundle, self.exclude_newer, platform)
+        return self._python[key], self._toolkits[key]
+
+    def index(self, image: Image) -> wheel_files.Index:
+        return self._indexes.setdefault(image.index, wheel_files.Index(image.index, self.ca_bundle))
+
+    def wheels(self, image: Image, platform: str, wheel_lock: str, glibc: str | None) -> dict:
+        """name -> the wheel file (name, sha256, size, address) each pin installs on platform."""
+        key = ("wheels", image.index, image.python, platform, glibc, sha256_text(wheel_lock))
+        if key not in self._files:
+            self.log(f"reading the file of each pin for {platform} from {image.index}")
+            self._files[key] = wheel_files.wheel_files(wheel_lock, image.python, platform, self.index(image), glibc)
+        return self._files[key]
+
+    def sdists(self, image: Image, built_lock: str) -> dict:
+        """name -> the sdist (name, sha256, size, address) of each pin the image compiles."""
+        key = ("sdists", image.index, sha256_text(built_lock))
+        if key not in self._files:
+            self._files[key] = wheel_files.sdist_files(built_lock, self.index(image)) if resolve_pypi.pins(built_lock) else {}
+        return self._files[key]
+
+    def debian(self, image: Image, platform: str) -> DebianLock:
+        key = (image.os_name, image.os.model_dump_json(), platform)
+        if key not in self._debian:
+            self.log(f"resolving {image.os_name}'s Debian packages on {platform}: every file of the base and the apt steps")
+            self._debian[key] = debian_lock(image, platform, self.ca_bundle)
+        return self._debian[key]
+
+    def python_files(self, image: Image, platform: str, wheel_lock: str, toolkit_text: str, glibc: str | None,
+                     deepspeed_lock: str = "") -> dict[str, dict]:
+        """The `wheels`, `sdists` and `toolkit_files` records of one platform."""
+        pypi_toolkit = image.toolkit is not None and image.toolkit.source == "pypi"
+        return {"wheels": self.wheels(image, platform, wheel_lock, glibc),
+                "sdists": self.sdists(image, deepspeed_lock) if deepspeed_lock else {},
+                "toolkit_files": self.wheels(image, platform, toolkit_text, glibc) if pypi_toolkit else {}}
 
 
 def write(root: Path, matrix: Matrix, images: list[Image], ca_bundle: str | None, log: Callable[[str], None] = print,
@@ -266,89 +360,149 @@ def write(root: Path, matrix: Matrix, images: list[Image], ca_bundle: str | None
     $PYTORCH_CUDA_EXCLUDE_NEWER, and without it the index as it is now (see resolve_pypi.frozen_at).
     keep_current: a platform whose lock is current keeps it as committed (pins, Debian packages
     and all), and only the stale ones are resolved: adding linux/arm64 to a row refreshes nothing
-    else, and a lock of an older schema only gains what the new one records (its wheel files).
+    else, and a lock of an older schema keeps its Python pins and gains what the new one records
+    (every file's address, the Debian files).
     """
     exclude_newer = resolve_pypi.frozen_at(exclude_newer)
     if exclude_newer:
         log(f"package index frozen at {exclude_newer} ({resolve_pypi.EXCLUDE_NEWER_ENV})")
-    resolved: dict[tuple, str] = {}
-    toolkits: dict[tuple, tuple[str, str]] = {}
-    found_files: dict[tuple, dict] = {}
-    indexes: dict[str, wheel_files.Index] = {}
+    r = _Resolver(ca_bundle, exclude_newer, log)
     rendered: list[tuple[Image, dict[str, str]]] = []
-
-    def resolve(image: Image, platform: str) -> tuple[str, tuple[str, str]]:
-        key = (*image.lock_key, platform)
-        if key not in resolved:
-            log(f"resolving {' '.join(resolve_pypi.requirements_for(image))} for Python {image.python} on {platform}")
-            resolved[key] = resolve_pypi.compile_lock(image, ca_bundle, exclude_newer=exclude_newer, platform=platform)
-            if platform != "linux/amd64":
-                platform_facts(image, platform, resolved[key])  # no CUDA there: say so before resolving a toolkit
-        if key not in toolkits:
-            log(f"resolving the CUDA {image.cuda_major} toolkit for torch {image.torch} on {platform}")
-            toolkits[key] = resolve_toolkit(image, resolved[key], ca_bundle, exclude_newer, platform)
-        return resolved[key], toolkits[key]
-
-    def files_of(image: Image, platform: str, wheel_lock: str, glibc: str | None) -> dict:
-        key = (image.index, image.python, platform, glibc, sha256_text(wheel_lock))
-        if key not in found_files:
-            log(f"reading the wheel file of each pin for {platform} from {image.index}")
-            index = indexes.setdefault(image.index, wheel_files.Index(image.index, ca_bundle))
-            found_files[key] = wheel_files.wheel_files(wheel_lock, image.python, platform, index, glibc)
-        return found_files[key]
-
     # A train image is locked over its runtime sibling: relocking the runtime relocks it too.
     written = {i.name for i in images}
     trains = [i for i in images if i.flavor == "train"] + [
         t for t in matrix.images if t.flavor == "train" and t.name not in written and runtime_of(t).name in written]
     for image in [i for i in images if i.flavor != "train"]:  # resolve everything first: nothing is written if any row fails
-        if keep_current and not amd64_problems(root, image, migrating=True):
-            meta = read(root, image)
-            files = {name: (image_dir(root, image) / name).read_text() for name in LOCK_FILES}
-            glibc = wheel_files.glibc_of({**meta.get("apt_fixes", {}), **meta.get("apt", {})})
-            extra = {}
-            for p in extra_platforms(image):
-                extra[p] = _kept_platform(root, image, p, meta) or render_platform(image, p, *resolve(image, p), files["deepspeed.lock"])
-                if not extra[p]["meta"].get("wheels"):
-                    extra[p]["meta"]["wheels"] = files_of(image, p, extra[p]["files"]["requirements.lock"], glibc)
-            wheels = meta.get("wheels") or files_of(image, "linux/amd64", files["requirements.lock"], glibc)
-            rendered.append((image, _with_platforms(files, {**meta, "schema": LOCK_SCHEMA, "wheels": wheels}, extra)))
-            continue
-        lock_text, toolkit = resolve(image, "linux/amd64")
-        apt = apt_pins(image, ca_bundle)
-        glibc = wheel_files.glibc_of({**apt[1], **apt[0]})
-        ds = _header(image, "sdists built into wheels in the builder stage") + split(lock_text)[1]
-        extra = {}
-        for p in extra_platforms(image):
-            text, tk = resolve(image, p)
-            extra[p] = render_platform(image, p, text, tk, ds, files_of(image, p, split(text)[0], glibc))
-        wheels = files_of(image, "linux/amd64", split(lock_text)[0], glibc)
-        rendered.append((image, render_lock(image, lock_text, apt, toolkit, extra, wheels)))
+        if keep_current and not amd64_problems(root, image):
+            rendered.append((image, _kept_row(root, image, r)))
+        elif keep_current and not amd64_problems(root, image, migrating=True):
+            rendered.append((image, _migrated_row(root, image, r)))
+        else:
+            rendered.append((image, _resolved_row(image, r)))
     by_name = {image.name: files for image, files in rendered}
     for image in trains:  # over their runtime sibling's lock: as rendered just now, or as committed
-        base = by_name.get(runtime_of(image).name) or committed_runtime(root, image)
-        meta = json.loads(base["lock.json"])
-        glibc = wheel_files.glibc_of({**meta.get("apt_fixes", {}), **meta.get("apt", {})})
-        parts = {}
-        for p in image.platforms:
-            runtime_lock = base[_in_platform("requirements.lock", p)] + base["deepspeed.lock"]
-            log(f"resolving the train extras of {image.name} over its runtime lock on {p}")
-            text = resolve_pypi.compile_extras(image, runtime_lock, ca_bundle, exclude_newer, p)
-            wheel_lock, built = split_extras(image, text, runtime_lock, p)
-            parts[p] = render_extras(image, p, runtime_lock, wheel_lock, built, files_of(image, p, wheel_lock, glibc))
-        rendered.append((image, with_extras(image, base, parts)))
+        rendered.append((image, _train_row(root, image, by_name.get(runtime_of(image).name) or committed_runtime(root, image),
+                                           r, keep_current)))
     for image, files in rendered:
-        d = image_dir(root, image)
-        # lock.json last: it vouches for the others by hash, so a run cut off
-        # between files leaves a lock that `check` reports as stale, never a wrong one.
-        names = [n for n in files if n != "lock.json"] + ["lock.json"]
-        changed = [name for name in names if write_atomic(d / name, files[name])]
-        for gone in _orphan_platform_dirs(root, image):
-            for f in sorted(gone.iterdir()):
-                f.unlink()
-            gone.rmdir()
-            changed.append(f"{gone.name}/ (removed)")
-        log(f"{image.name}: {'updated ' + ', '.join(changed) if changed else 'unchanged'}")
+        _write_files(root, image, files, log)
+
+
+def _resolved_row(image: Image, r: _Resolver) -> dict[str, str]:
+    """A row resolved anew on every platform."""
+    lock_text, toolkit = r.python(image, "linux/amd64")
+    debian = r.debian(image, "linux/amd64")
+    glibc = wheel_files.glibc_of(debian.installed)
+    wheel_lock, built = split(lock_text)
+    ds = _header(image, "sdists built into wheels in the builder stage") + built
+    extra = {}
+    for p in extra_platforms(image):
+        text, tk = r.python(image, p)
+        extra[p] = render_platform(image, p, text, tk, ds, r.debian(image, p),
+                                   r.python_files(image, p, split(text)[0], tk[0], glibc))
+    return render_lock(image, lock_text, debian, toolkit, extra, r.python_files(image, "linux/amd64", wheel_lock, toolkit[0], glibc, ds))
+
+
+def _kept_row(root: Path, image: Image, r: _Resolver) -> dict[str, str]:
+    """A row whose linux/amd64 lock is current: kept as committed; its other platforms kept where
+    current, else resolved."""
+    meta = read(root, image)
+    files = {name: (image_dir(root, image) / name).read_text() for name in LOCK_FILES}
+    glibc = wheel_files.glibc_of(meta.get("debian", {}))
+    extra = {}
+    for p in extra_platforms(image):
+        extra[p] = _kept_platform(root, image, p, meta) or _platform_part(image, p, r, files["deepspeed.lock"], glibc)
+    return _with_platforms(files, meta, extra)
+
+
+def _migrated_row(root: Path, image: Image, r: _Resolver) -> dict[str, str]:
+    """A row locked by an older schema whose Python pins are current: the pins and toolkit kept as
+    committed, the rest (every file's address, the Debian files) read anew."""
+    meta = read(root, image)
+    d = image_dir(root, image)
+    req, ds, tk = ((d / n).read_text() for n in PYTHON_LOCK_FILES)
+    debian = r.debian(image, "linux/amd64")
+    glibc = wheel_files.glibc_of(debian.installed)
+    extra = {}
+    for p in extra_platforms(image):
+        part = meta.get("platforms", {}).get(p)
+        try:
+            p_req, p_tk = ((platform_dir(root, image, p) / n).read_text() for n in ("requirements.lock", "toolkit.lock"))
+        except FileNotFoundError:
+            part = None
+        if not part or part.get("inputs") != platform_inputs(image, p) or sha256_text(p_req, p_tk) != part.get("files_sha256"):
+            extra[p] = _platform_part(image, p, r, ds, glibc)
+            continue
+        extra[p] = render_platform(image, p, _unsplit(p_req, ds), (p_tk, part["cuda_toolkit"]), ds, r.debian(image, p),
+                                   r.python_files(image, p, _body(p_req), p_tk, glibc))
+    return render_lock(image, _unsplit(req, ds), debian, (tk, meta["cuda_toolkit"]), extra,
+                       r.python_files(image, "linux/amd64", _body(req), tk, glibc, ds))
+
+
+def _platform_part(image: Image, platform: str, r: _Resolver, deepspeed_lock: str, glibc: str | None) -> dict:
+    text, tk = r.python(image, platform)
+    return render_platform(image, platform, text, tk, deepspeed_lock, r.debian(image, platform),
+                           r.python_files(image, platform, split(text)[0], tk[0], glibc))
+
+
+def _body(lock_file: str) -> str:
+    """A lock file's requirements without its GENERATED header."""
+    return "".join(line + "\n" for line in lock_file.splitlines() if not line.startswith("# GENERATED") and not line.startswith("# Resolved"))
+
+
+def _unsplit(requirements: str, deepspeed: str) -> str:
+    """The one lock that split() divided, from the two committed files."""
+    return _body(requirements).rstrip("\n") + "\n" + _body(deepspeed)
+
+
+def _train_row(root: Path, image: Image, base: dict[str, str], r: _Resolver, keep_current: bool) -> dict[str, str]:
+    """A train image: its runtime sibling's files, and each platform's extras, kept where current
+    (with keep_current), else resolved over the runtime's pins."""
+    meta = json.loads(base["lock.json"])
+    glibc = wheel_files.glibc_of(meta.get("debian", {}))
+    committed = _committed_extras(root, image) if keep_current else {}
+    parts = {}
+    for p in image.platforms:
+        runtime_lock = base[_in_platform("requirements.lock", p)] + base["deepspeed.lock"]
+        kept = committed.get(p)
+        if kept and kept["meta"].get("inputs") == extras_inputs(image, p, runtime_lock):
+            wheel_lock, built = _body(kept["files"]["extras.lock"]), _body(kept["files"]["extras-build.lock"])
+        else:
+            r.log(f"resolving the train extras of {image.name} over its runtime lock on {p}")
+            text = resolve_pypi.compile_extras(image, runtime_lock, r.ca_bundle, r.exclude_newer, p)
+            wheel_lock, built = split_extras(image, text, runtime_lock, p)
+        parts[p] = render_extras(image, p, runtime_lock, wheel_lock, built, r.wheels(image, p, wheel_lock, glibc), r.sdists(image, built))
+    return with_extras(image, base, parts)
+
+
+def _committed_extras(root: Path, image: Image) -> dict[str, dict]:
+    """platform -> the committed extras files and lock.json part of a train image, where they are whole."""
+    try:
+        meta = read(root, image)
+    except LockError:
+        return {}
+    out = {}
+    for p, part in (meta.get("extras") or {}).items():
+        try:
+            texts = {n: (image_dir(root, image) / _in_platform(n, p)).read_text() for n in EXTRAS_FILES}
+        except FileNotFoundError:
+            continue
+        if sha256_text(*texts.values()) == part.get("files_sha256"):
+            out[p] = {"files": texts, "meta": part}
+    return out
+
+
+def _write_files(root: Path, image: Image, files: dict[str, str], log: Callable[[str], None]) -> None:
+    d = image_dir(root, image)
+    # lock.json last: it vouches for the others by hash, so a run cut off
+    # between files leaves a lock that `check` reports as stale, never a wrong one.
+    names = [n for n in files if n != "lock.json"] + ["lock.json"]
+    changed = [name for name in names if write_atomic(d / name, files[name])]
+    for gone in _orphan_platform_dirs(root, image):
+        for f in sorted(gone.iterdir()):
+            f.unlink()
+        gone.rmdir()
+        changed.append(f"{gone.name}/ (removed)")
+    log(f"{image.name}: {'updated ' + ', '.join(changed) if changed else 'unchanged'}")
 
 
 def runtime_of(image: Image) -> Image:
@@ -399,7 +553,8 @@ def split_extras(image: Image, resolved: str, runtime_lock: str, platform: str) 
     return "\n".join(added) + "\n", "\n".join(built) + "\n"
 
 
-def render_extras(image: Image, platform: str, runtime_lock: str, wheel_lock: str, built: str, wheels: dict) -> dict:
+def render_extras(image: Image, platform: str, runtime_lock: str, wheel_lock: str, built: str, wheels: dict,
+                  sdists: dict | None = None) -> dict:
     """A platform's extras files and its part of lock.json's `extras`."""
     head = (f"# GENERATED by `python build.py lock` for {image.name}: the train extras over the runtime lock "
             f"({', '.join(r for _, r in image.extras)}), resolved with uv for Python {image.python} on "
@@ -408,7 +563,7 @@ def render_extras(image: Image, platform: str, runtime_lock: str, wheel_lock: st
              "extras-build.lock": f"{head}; sdists compiled in the builder stage. DO NOT EDIT.\n" + built}
     return {"files": files, "meta": {"inputs": extras_inputs(image, platform, runtime_lock),
                                      "pins": resolve_pypi.pins(wheel_lock), "built": resolve_pypi.pins(built),
-                                     "files_sha256": sha256_text(*files.values()), "wheels": wheels}}
+                                     "files_sha256": sha256_text(*files.values()), "wheels": wheels, "sdists": sdists or {}}}
 
 
 def with_extras(image: Image, base: dict[str, str], parts: dict[str, dict]) -> dict[str, str]:
@@ -502,6 +657,7 @@ def problems(root: Path, image: Image) -> list[str]:
                 out.append(f"{image.name}: {platform}'s lock files: one was edited or half-written; run `python build.py lock`")
             else:
                 out += wheel_problems(image, platform, texts[0], part.get("wheels"))
+                out += debs_problems(image, platform, texts[2], part)
         except FileNotFoundError as e:
             out.append(f"{image.name}: missing {platform.replace('/', '-')}/{Path(e.filename).name}; run `python build.py lock`")
         try:
@@ -522,28 +678,32 @@ def wheel_problems(image: Image, platform: str, wheel_lock: str, wheels: object)
         odd = sorted(set(wheels) ^ set(pinned))
         return [f"{image.name}: lock.json's {platform} wheel files are not requirements.lock's pins ({', '.join(odd[:5])}){fix}"]
     wrong = sorted(n for n, w in wheels.items() if not isinstance(w, dict) or w.get("sha256") not in pinned[n][1]
-                   or not str(w.get("file", "")).endswith(".whl") or not isinstance(w.get("size"), int) or w["size"] <= 0)
+                   or not str(w.get("file", "")).endswith(".whl") or not isinstance(w.get("size"), int) or w["size"] <= 0
+                   or not str(w.get("url", "")).startswith(("https://", "http://", "file:")))
     return [f"{image.name}: lock.json's {platform} wheel file of {', '.join(wrong[:5])} is not one requirements.lock allows{fix}"] if wrong else []
 
 
 def amd64_problems(root: Path, image: Image, migrating: bool = False) -> list[str]:
     """Why the linux/amd64 part of the committed lock is not current, offline. migrating: a lock
-    of an older schema, current otherwise, passes (`write` keeps it and adds what is new)."""
+    of an older schema whose Python pins are current passes (`write` keeps them and adds what is new)."""
     try:
         meta = read(root, image)
     except LockError as e:
         return [str(e)]
     d = image_dir(root, image)
     out = []
-    schema_ok = meta.get("schema") in ((2, LOCK_SCHEMA) if migrating else (LOCK_SCHEMA,))
-    if not schema_ok or meta.get("inputs") != inputs(image):
+    old = migrating and meta.get("schema") in (2, 3)
+    if meta.get("schema") != LOCK_SCHEMA and not old or meta.get("inputs") != inputs(image):
         out.append(f"{image.name}: lock is stale against matrix.yaml; run `python build.py lock`")
+    names = PYTHON_LOCK_FILES if old else LOCK_FILES
     try:
-        files = [(d / n).read_text() for n in LOCK_FILES]
+        files = [(d / n).read_text() for n in names]
         if sha256_text(*files) != meta.get("files_sha256"):
-            out.append(f"{image.name}: {', '.join(LOCK_FILES)}: one was edited or half-written; run `python build.py lock`")
-        elif not migrating:
+            out.append(f"{image.name}: {', '.join(names)}: one was edited or half-written; run `python build.py lock`")
+        elif not old:
             out += wheel_problems(image, "linux/amd64", files[0], meta.get("wheels"))
+            out += file_problems(image, "DeepSpeed sdist", files[1], meta.get("sdists"))
+            out += debs_problems(image, "linux/amd64", files[3], meta)
     except FileNotFoundError as e:
         out.append(f"{image.name}: missing {Path(e.filename).name}; run `python build.py lock`")
     try:
@@ -553,7 +713,84 @@ def amd64_problems(root: Path, image: Image, migrating: bool = False) -> list[st
     return out
 
 
+def file_problems(image: Image, what: str, lock_text: str, found: object) -> list[str]:
+    """lock.json's records of the files lock_text's pins install (sdists, a toolkit's wheels): one
+    per pin, with an address, and a hash the lock allows."""
+    pinned = wheel_files.pinned_hashes(lock_text)
+    records = found if isinstance(found, dict) else {}
+    wrong = sorted(n for n in pinned if not isinstance(records.get(n), dict) or records[n].get("sha256") not in pinned[n][1]
+                   or not records[n].get("url") or not records[n].get("file"))
+    return [f"{image.name}: lock.json records no {what} file with a locked hash for {', '.join(wrong[:5])}; "
+            "run `python build.py lock`"] if wrong else []
+
+
+def debs_problems(image: Image, platform: str, debs_text: str, meta: dict) -> list[str]:
+    """debs.lock against lock.json: readable, every step it needs there, and lock.json's installed
+    packages exactly the base's and the apt step's."""
+    fix = "; run `python build.py lock`"
+    try:
+        steps = lockfile.deb_steps(debs_text, f"images/{image.name}/debs.lock ({platform})")
+    except lockfile.LockFormatError as e:
+        return [f"{image.name}: {e}{fix}"]
+    if not steps["index"] or not steps["base"]:
+        return [f"{image.name}: debs.lock ({platform}) names no base or no release index{fix}"]
+    held = {d.package: d.version for d in steps["base"]}
+    held.update({d.package: d.version for d in steps["apt"]})
+    if meta.get("debian") != dict(sorted(held.items())):
+        return [f"{image.name}: lock.json's Debian packages ({platform}) are not debs.lock's{fix}"]
+    return []
+
+
 def check(root: Path, images: list[Image]) -> None:
     found = [p for image in images for p in problems(root, image)]
     if found:
         raise LockError("; ".join(found))
+
+
+@dataclass(frozen=True)
+class BuildInputs:
+    """Every file one platform's build of a row reads, by where it reads it (lock.json and the
+    lock files, parsed by pytorch_cuda_runtime.lockfile): what fetch.py puts in the store and
+    build.py stages from it."""
+
+    base: tuple[lockfile.Input, ...]  # the release index and the base's .debs (mmdebstrap, on the host)
+    apt: tuple[lockfile.Input, ...]  # the base stage's apt step
+    build_debs: tuple[lockfile.Input, ...]  # the ops builder's apt step
+    toolkit: tuple[lockfile.Input, ...]  # a Debian toolkit's .debs or a pypi toolkit's wheels
+    wheels: dict[str, lockfile.Input]  # name -> the wheel file requirements.lock's pin installs
+    sdists: tuple[lockfile.Input, ...]  # compiled in the builder stage (DeepSpeed)
+    extras: dict[str, lockfile.Input]  # a train image's extras wheels, by name
+    extras_sdists: tuple[lockfile.Input, ...]  # compiled in its te-builder stage
+
+    def all(self) -> list[lockfile.Input]:
+        """Each file once (rows and steps share files), in the order above."""
+        seen: dict[str, lockfile.Input] = {}
+        for item in (*self.base, *self.apt, *self.build_debs, *self.toolkit, *self.wheels.values(), *self.sdists,
+                     *self.extras.values(), *self.extras_sdists):
+            seen.setdefault(item.sha256, item)
+        return list(seen.values())
+
+
+def build_inputs(root: Path, image: Image) -> BuildInputs:
+    """The files image.platform's build reads, from the committed lock (which must be current)."""
+    stale = problems(root, image)
+    if stale:
+        raise LockError(stale[0])
+    meta = read(root, image)
+    part = meta if image.platform == "linux/amd64" else meta["platforms"][image.platform]
+    d = build_dir(root, image)
+    where = f"images/{image.name}/lock.json"
+
+    def records(found: dict) -> dict[str, lockfile.Input]:
+        return {n: lockfile.Input.from_json(w, f"{where} {n}") for n, w in sorted(found.items())}
+
+    steps = lockfile.deb_steps((d / "debs.lock").read_text())
+    toolkit_text = (d / "toolkit.lock").read_text()
+    pypi_toolkit = image.toolkit is not None and image.toolkit.source == "pypi"
+    toolkit = tuple(records(part.get("toolkit_files", {})).values()) if pypi_toolkit else tuple(x.input for x in lockfile.debs(toolkit_text))
+    extras = (meta.get("extras") or {}).get(image.platform, {}) if image.flavor == "train" else {}
+    return BuildInputs(
+        base=tuple(x.input for x in (*steps["index"], *steps["base"])), apt=tuple(x.input for x in steps["apt"]),
+        build_debs=tuple(x.input for x in steps["build"]), toolkit=toolkit, wheels=records(part.get("wheels", {})),
+        sdists=tuple(records(meta.get("sdists", {})).values()), extras=records(extras.get("wheels", {})),
+        extras_sdists=tuple(records(extras.get("sdists", {})).values()))

@@ -79,7 +79,7 @@ def apt_sources(image: Image) -> str:
 
 def base_stage(root: Path, image: Image, lock_meta: dict) -> str:
     # Through Jinja only to drop its {# #} editor notes; the pins are put in below.
-    text = _env(root).from_string((root / "Dockerfile.base").read_text()).render()
+    text = _env(root).from_string((root / "Dockerfile.base").read_text()).render(reproducible_epoch=REPRODUCIBLE_EPOCH)
     if len(_BASE_ARG.findall(text)) != 1 or len(_APT_ARG.findall(text)) != 1 or len(_SOURCES_ARG.findall(text)) != 1:
         raise RenderError('Dockerfile.base must have exactly one `ARG BASE_IMAGE=<default>`, one `ARG APT_PACKAGES="..."` '
                           'and one `ARG APT_SOURCES="..."` line')

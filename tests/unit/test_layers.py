@@ -66,8 +66,11 @@ def test_every_rendered_dockerfile_installs_exactly_the_rule_s_own_layers_in_ord
     files = layers.wheels_of(meta, image.platform)
     env = (lock.build_dir(ROOT, image) / "Dockerfile").read_text()
     env = env[env.index("AS python-env"):env.index("# ---- ops-builder")]
-    pinned = re.findall(r"python /tmp/wheellayer.py --epoch \d+ --owner 1000:0 \\\n\s+'([^=]+)==(\S+) --hash=sha256:([0-9a-f]{64})'", env)
+    pinned = re.findall(r"python /tmp/wheellayer.py --epoch \d+ --owner 1000:0 --wheels /wheels \\\n\s+'([^=]+)==(\S+) --hash=sha256:([0-9a-f]{64})'", env)
     assert [p[0] for p in pinned] == layers.plan(image, text, files).names
+    # each layer's step reads its one locked file, from the context's inputs/ (the store)
+    mounted = re.findall(r"--mount=type=bind,source=inputs/wheels/(\S+),target=/wheels/(\S+) ", env)
+    assert [m[0] for m in mounted] == [m[1] for m in mounted] == [files[n]["file"] for n, _, _ in pinned]
     assert [files[n]["sha256"] for n, _, _ in pinned] == [p[2] for p in pinned]
     sizes = [files[n]["size"] for n, _, _ in pinned]
     assert sizes == sorted(sizes, reverse=True) and len(pinned) <= image.layers.max_own_layers

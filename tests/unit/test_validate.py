@@ -271,13 +271,14 @@ COMBINATION_CASES = [
 ]
 
 BASE = {"build": ["--torch", "2.7"], "bench": ["--torch", "2.7"], "publish": ["--torch", "2.7", "--registry", "127.0.0.1:5000/ml"],
-        "lock": [], "matrix": [], "engine": [], "job": [*K8S[1:], "t.py"]}
+        "lock": [], "matrix": [], "engine": [], "job": [*K8S[1:], "t.py"], "fetch": ["--torch", "2.7"]}
 GIVE = {"jobs": ["--jobs", "2"], "retries": ["--retries", "2"], "allow_vulnerable": ["--allow-vulnerable", "GHSA-x"],
         "security_snapshot": ["--security-snapshot", SNAPSHOT], "only": ["--only", "size"], "cold_runs": ["--cold-runs", "2"], "pull_rows": ["--pull-rows", "2"],
         "cache_from": ["--cache-from", "type=registry,ref=r/c"], "cache_to": ["--cache-to", "type=registry,ref=r/c"],
         "result_json": ["--result-json", "{dir}/r.json"], "ca_bundle": ["--ca-bundle", "{pem}"], "cuda": ["--cuda", "12.1"],
         "cluster_runtime": ["--kind", "trainjob", "--cluster-runtime", "torch-distributed"], "rdma": ["--rdma", "rdma/ib=1"],
-        "platform": ["--platform", "linux/arm64"], "sign_key": ["--sign-key", "{dir}"], "signatures": ["--signatures", "{dir}"], "compression": ["--compression", "zstd"], "deadline": ["--deadline", "24h"]}
+        "platform": ["--platform", "linux/arm64"], "sign_key": ["--sign-key", "{dir}"], "signatures": ["--signatures", "{dir}"], "compression": ["--compression", "zstd"], "deadline": ["--deadline", "24h"],
+        "to": ["--to", "{dir}"], "from_": ["--from", "{dir}"]}
 
 
 def _give(command: str, dest: str, but: str | None = None) -> list[str]:
