@@ -31,4 +31,7 @@ class Row(Protocol):
     def platform(self) -> str: ...
 
 
+# The checkout this package runs from (build.py's folder): its images/ hold the locks a stage reads
+# when a caller names no other project root.
+CHECKOUT = Path(__file__).resolve().parent.parent
 RUNTIME_PACKAGE = "pytorch_cuda_runtime"  # the code baked into images, copied into build contexts and bundles

@@ -417,9 +417,7 @@ def base_command(root: Path, m: Matrix, images: list[Image], docker: str | None,
         c, bc = docker_env.ensure_engine(log), docker_env.build_client(docker)
         results = results_dir(root, image)
         results.mkdir(parents=True, exist_ok=True)
-        inputs = lock.build_inputs(root, image).base
-        fetch.fetch(list(inputs), None, log, f"the base of {image.name} ({image.platform})")  # Debian's mirror: plain HTTP, no CA
-        base.ensure(c, image, results, log, docker_cli=bc.argv[0], root=root, rebuild=rebuild, inputs=inputs)
+        base.ensure(c, image, results, log, docker_cli=bc.argv[0], root=root, rebuild=rebuild)
         found = {**base.identity(c, render.base_ref(image), results), "store": docker_env.image_store(c)}
         yield base.describe(render.base_ref(image), found)
         if record:

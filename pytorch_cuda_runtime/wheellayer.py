@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import concurrent.futures
+import hashlib
 import importlib.metadata
 import importlib.util
 import os
@@ -51,9 +52,9 @@ class LayerError(Exception):
     """What went wrong, in one line."""
 
 
-def pins(lock_text: str) -> list[tuple[str, str, str]]:
-    """(name, version, block) of each `name==version` requirement, in the lock's order."""
-    return [(p.name, p.version, p.block) for p in lockfile.pins(lock_text)]
+def pins(lock_text: str) -> list["lockfile.Pin"]:
+    """Each `name==version` requirement, in the lock's order."""
+    return lockfile.pins(lock_text)
 
 
 def installed() -> dict[str, str]:
@@ -75,9 +76,23 @@ def same_version(a: str | None, b: str) -> bool:
         return False
 
 
-def rest(lock_text: str, have: dict[str, str]) -> list[tuple[str, str, str]]:
+def rest(lock_text: str, have: dict[str, str]) -> list["lockfile.Pin"]:
     """The lock's pins not installed at their version yet (an older one gets replaced)."""
-    return [p for p in pins(lock_text) if not same_version(have.get(p[0]), p[1])]
+    return [p for p in pins(lock_text) if not same_version(have.get(p.name), p.version)]
+
+
+def sha256_of(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def check_files(chosen: list["lockfile.Pin"], wheels: str) -> None:
+    """Each pin has a file in the wheels folder with one of its locked hashes: said here, by name,
+    before pip (which takes an installed distribution as it is, whatever its hash)."""
+    found = {sha256_of(p) for p in Path(wheels).iterdir() if p.is_file()}
+    lacking = [f"{p.name}=={p.version}" for p in chosen if not (p.hashes & found)]
+    if lacking:
+        raise LayerError(f"no file in {wheels} has a locked hash of {', '.join(lacking)}")
 
 
 def pip(*args: str, stdin: str) -> None:
@@ -200,12 +215,13 @@ def main(argv: list[str] | None = None) -> int:
             print("wheellayer: every pin is installed already; an empty layer", flush=True)
             return 0
         with scratch(a.scratch):
-            install([block for _, _, block in chosen], a.wheels)
+            check_files(chosen, a.wheels)
+            install([p.block for p in chosen], a.wheels)
             have = installed()
-            wrong = [f"{n}=={v} (installed: {have.get(n, 'none')})" for n, v, _ in chosen if not same_version(have.get(n), v)]
+            wrong = [f"{p.name}=={p.version} (installed: {have.get(p.name, 'none')})" for p in chosen if not same_version(have.get(p.name), p.version)]
             if wrong:
                 raise LayerError(f"not installed as locked: {', '.join(wrong)}")
-            files = own_files([n for n, _, _ in chosen])
+            files = own_files([p.name for p in chosen])
             for path in compile_all(files):
                 print(f"wheellayer: no byte-code for {path}: not Python {sys.version_info[0]}.{sys.version_info[1]} syntax", flush=True)
             entries = layer_entries(with_byte_code(files), Path(sys.prefix).resolve())
@@ -215,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     except (LayerError, OSError, importlib.metadata.PackageNotFoundError) as e:
         print(f"wheellayer: {e}", file=sys.stderr)
         return 1
-    print(f"wheellayer: {len(chosen)} wheel(s) in this layer: {', '.join(f'{n}=={v}' for n, v, _ in chosen[:8])}"
+    print(f"wheellayer: {len(chosen)} wheel(s) in this layer: {', '.join(f'{p.name}=={p.version}' for p in chosen[:8])}"
           f"{' ...' if len(chosen) > 8 else ''}", flush=True)
     return 0
 

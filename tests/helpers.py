@@ -623,3 +623,20 @@ def make_wheel(house: Path, name: str, version: str, files: dict[str, str]) -> s
         for p, t in {**files, f"{dist}/RECORD": record}.items():
             z.writestr(zipfile.ZipInfo(p, date_time=(2026, 1, 1, 0, 0, 0)), t)
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class NamesOnlyStore:
+    """A store that holds every locked file, and stages each as an empty file of its name: what a
+    build's context looks like, for unit tests that must not download gigabytes (stages/fetch.py)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.staged: list[tuple[str, Path]] = []
+
+    def missing(self, items):
+        return []
+
+    def stage(self, item, dest: Path) -> None:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(b"")
+        self.staged.append((item.sha256, dest))

@@ -46,7 +46,7 @@ from .. import paths
 from ..errors import BuildError, EnvironmentProblem, NotReady
 from ..matrix import REPRODUCIBLE_EPOCH, Image, Matrix
 from ..progress import log_tail
-from . import fetch, render
+from . import fetch, lock, render
 
 Inputs = tuple[Input, ...]
 
@@ -61,11 +61,16 @@ def image_id(c: docker.DockerClient, ref: str) -> str | None:
 
 
 def ensure(c: docker.DockerClient, image: Image, log_dir: Path, log: Callable[[str], None] = print, *, docker_cli: str,
-           root: Path | None = None, rebuild: bool = False, inputs: Inputs = ()) -> str:
-    """The base image's ID, building the rootfs first if this machine lacks it from these locked
-    inputs (or, rebuild, anew in any case); docker_cli (the user's --docker) loads it. With the
-    project's root, a local base is compared with the identity recorded for it, in one line of the log."""
+           root: Path | None = None, rebuild: bool = False, inputs: Inputs | None = None) -> str:
+    """The base image's ID, building the rootfs first if this machine lacks it from its locked
+    files (inputs, in the store; by default the row's, fetched here), or, rebuild, anew in any
+    case; docker_cli (the user's --docker) loads it. With the project's root, a local base is
+    compared with the identity recorded for it, in one line of the log."""
     ref = render.base_ref(image)
+    if inputs is None and image.os.kind != "registry":
+        inputs = lock.build_inputs(root or paths.CHECKOUT, image).base
+        fetch.fetch(list(inputs), None, log, f"the base of {image.name} ({image.platform})")  # Debian's mirror: HTTP, no CA
+    inputs = inputs or ()
     found = None if rebuild else current(c, ref, inputs)
     if not found:
         if image.os.kind == "registry":

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable
 
 import docker
 
-from .. import paths, progress
+from .. import ca, paths, progress
 from ..buildkit import layers, opsseed, provenance
 from ..engine import docker_env
 from ..engine.docker_env import BuildClient
@@ -73,7 +73,7 @@ def dockerfile(root: Path, image: Image) -> Path:
     return lock.build_dir(root, image) / "Dockerfile"
 
 
-def stage_context(root: Path, image: Image, dest: Path) -> None:
+def stage_context(root: Path, image: Image, dest: Path, ca_bundle: str | None = None) -> None:
     """The lock files of image.platform (the platform's folder has its own wheels) and the row's
     DeepSpeed lock and manifest, under the names the Dockerfile copies."""
     for name in CONTEXT_FILES + (lock.EXTRAS_FILES if image.flavor == "train" else ()):
@@ -86,7 +86,7 @@ def stage_context(root: Path, image: Image, dest: Path) -> None:
         root / RUNTIME_PACKAGE, dest / RUNTIME_PACKAGE, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "tests")
     )
     (dest / opsseed.CONTEXT_DIR).mkdir()  # empty unless a --no-cache build fills it (opsseed.stage)
-    stage_inputs(root, image, dest / INPUTS)
+    stage_inputs(root, image, dest / INPUTS, ca_bundle)
 
 
 def input_folders(root: Path, image: Image) -> dict[str, list]:
@@ -109,16 +109,17 @@ def input_folders(root: Path, image: Image) -> dict[str, list]:
     return folders
 
 
-def stage_inputs(root: Path, image: Image, dest: Path, store: fetch.Store | None = None) -> None:
-    """The row's locked files from the store into dest/<folder>/<file>, as hard links (fetch
-    has put every one there; a missing one is a bug of the pipeline's order, said as such)."""
-    s = store or fetch.store()
-    for folder, items in input_folders(root, image).items():
+def stage_inputs(root: Path, image: Image, dest: Path, ca_bundle: str | None = None) -> None:
+    """The row's locked files from the store into dest/<folder>/<file>, as hard links. The
+    pipeline fetched them first; a caller that did not (verify, bench) gets them fetched here."""
+    s = fetch.store()
+    folders = input_folders(root, image)
+    lacking = s.missing([i for items in folders.values() for i in items])
+    if lacking:
+        fetch.fetch(lacking, ca_bundle or ca.ca_bundle(None), lambda line: print(f"==> {line}", file=sys.stderr, flush=True),
+                    f"{image.name} ({image.platform})", s)
+    for folder, items in folders.items():
         (dest / folder).mkdir(parents=True, exist_ok=True)
-        lacking = s.missing(items)
-        if lacking:
-            raise BuildError(f"staging the build context: {lacking[0].file} is not in the store {s.root} (run `build.py fetch`)",
-                             str(s.root))
         for item in items:
             s.stage(item, dest / folder / item.file)
 
@@ -232,7 +233,7 @@ def run(bc: BuildClient, root: Path, image: Image, log_path: Path, ca_bundle: st
         context = context_dir(image)
         shutil.rmtree(context, ignore_errors=True)  # staged anew: nothing of another commit stays
         context.mkdir(parents=True)
-        stage_context(root, image, context)
+        stage_context(root, image, context, ca_bundle)
         seeded = opsseed.stage(image, context, use=no_cache and ops_seed)
         iidfile = Path(tmp) / "iid"
         cmd = command(bc, root, image, context, iidfile, src, ca_bundle, no_cache, tag, base_id, cache_args)

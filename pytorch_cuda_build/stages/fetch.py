@@ -36,7 +36,7 @@ from ..errors import BadFile, InputUnavailable
 
 DOWNLOADS_AT_ONCE = 4
 ATTEMPTS = 3  # per file, for a connection that breaks or a server error; a 404 is final
-CHUNK = 1 << 20
+CHUNK = 1 << 16  # what a download cut short loses at most of what it had received
 SHOW_EVERY_S = 10.0
 HOW_TO_GO_ON = ("fill the store from a folder or an image that carries this row's inputs (python3 build.py fetch --from "
                 "DIR, or --from-image REF), or relock the row (python3 build.py lock --upgrade) and build the new lock")
@@ -103,7 +103,8 @@ class Store:
                         raise InputUnavailable(f"{item.file} is not in the store and {item.url} could not be read "
                                                f"({_reason(e)}, {ATTEMPTS} tries); {HOW_TO_GO_ON}", url=item.url) from None
                     time.sleep(2 ** attempt)
-            if not self._admit(item, part):
+            if part.stat().st_size != item.size or not self._admit(item, part):
+                part.unlink(missing_ok=True)
                 raise InputUnavailable(f"{item.url} served other bytes than the lock's sha256 {item.sha256[:16]}... for "
                                        f"{item.file}: the mirror replaced it; {HOW_TO_GO_ON}", url=item.url)
 
@@ -129,7 +130,7 @@ class Store:
                 for chunk in r.iter_content(CHUNK):
                     out.write(chunk)
                     progress(len(chunk))
-        if part.stat().st_size != item.size:
+        if part.stat().st_size < item.size:  # more than the lock's size is other bytes: said by the caller
             raise requests.exceptions.ChunkedEncodingError(f"got {part.stat().st_size} of {item.size} bytes")
 
     def stage(self, item: Input, dest: Path) -> None:

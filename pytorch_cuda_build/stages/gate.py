@@ -1,4 +1,4 @@
-"""Stage 5: prove a candidate image works before any public tag points at it.
+"""Stage 6: prove a candidate image works before any public tag points at it.
 
 Two suites: the in-image smoke suite (`pytorch-cuda-smoke`: versions, collectives,
 ZeRO-3, FSDP2; on the GPUs when the daemon has an NVIDIA runtime, else on 2 CPU ranks

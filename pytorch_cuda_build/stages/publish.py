@@ -1,4 +1,4 @@
-"""Stage 9: publish tested images to a registry.
+"""Stage 10: publish tested images to a registry.
 
 Only an image ID recorded as tested is pushed. Each row's immutable tag is dated:
 `<row>-<YYYYMMDD>-<lock8>`, the source commit's day (UTC) and the lock's hash, both read

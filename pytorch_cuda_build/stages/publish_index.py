@@ -1,4 +1,4 @@
-"""Stage 9, for a row built on several platforms: each platform's tested image to its part tag
+"""Stage 10, for a row built on several platforms: each platform's tested image to its part tag
 `<dated>-<arch>`, then one OCI index of the parts under the row's dated and moving tags
 (registry/index.py writes and reads the index). publish.py is the same stage for a row of one
 platform, and holds the tag rules both follow (the dated tag, immutable tags, read-back)."""

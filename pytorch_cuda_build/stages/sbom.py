@@ -1,4 +1,4 @@
-"""Stage 6: SBOM of any local image: run pytorch_cuda_runtime/sbom.py (stdlib only) inside it."""
+"""Stage 7: SBOM of any local image: run pytorch_cuda_runtime/sbom.py (stdlib only) inside it."""
 from __future__ import annotations
 
 import json

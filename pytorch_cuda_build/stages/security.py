@@ -1,4 +1,4 @@
-"""Stage 7: known vulnerabilities of an image: Python advisories, and Debian packages behind the
+"""Stage 8: known vulnerabilities of an image: Python advisories, and Debian packages behind the
 security suite. Written to build-results/<image>/vulnerabilities.json; publish refuses an
 image whose report lists a critical advisory that no --allow-vulnerable names.
 
@@ -344,8 +344,8 @@ def check_lock(root: Path, image: Image, sources: Sources) -> LockFindings:
     (lock.json "apt") against the security suite."""
     found, unchecked = python_advisories(python_packages(root, image).items(), sources)
     meta, source = lock.read(root, image), security_suite(image)
-    # What the lock holds the image to: its pins, and the floor for everything else it can hold.
-    apt = {**meta.get("apt_fixes", {}), **meta.get("apt", {})}
+    # What the lock holds the image to: every Debian package the image holds, at its exact version.
+    apt = meta.get("debian", {})
     late = behind(apt, sources.security_index(source)) if apt and source else []
     return LockFindings(image.name, found, late, source.suite if source else None, unchecked)
 

@@ -1,4 +1,4 @@
-"""Stage 8: promote a tested image ID to its public tags, and remember that it passed.
+"""Stage 9: promote a tested image ID to its public tags, and remember that it passed.
 
 Local tags move only here, only for an image ID whose tests passed: the row's own tag
 first, the aliases after it. (The dated immutable tag exists only in registries: publish.)

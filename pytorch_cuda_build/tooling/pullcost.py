@@ -180,18 +180,18 @@ def refresh_lock(copy: Path, image: Image, index: wheel_files.Index) -> str:
         if name.endswith("-py3-none-any.whl"):
             version = parse_wheel_filename(name)[1]
             if version < locked:
-                wheels[version] = (name, sha, size if size is not None else index.size(url))
+                wheels[version] = (name, sha, size if size is not None else index.size(url), url)
     if not wheels:
         raise EnvironmentProblem(f"{index.url} has no {REFRESHED} wheel older than {locked} for the refresh")
     version = max(wheels)
-    name, sha, size = wheels[version]
+    name, sha, size, url = wheels[version]
     block = re.search(rf"^{REFRESHED}==\S+ \\\n(?:    --hash=sha256:[0-9a-f]{{64}}(?: \\)?\n)+", req, re.M)
     assert block is not None, f"the lock has no hash-pinned {REFRESHED}"
     req = req.replace(block.group(0), f"{REFRESHED}=={version} \\\n    --hash=sha256:{sha}\n")
     (d / "requirements.lock").write_text(req)
     meta["pins"][REFRESHED] = str(version)
-    meta["wheels"][REFRESHED] = {"file": name, "sha256": sha, "size": size}
-    meta["files_sha256"] = files.sha256_text(req, (d / "deepspeed.lock").read_text(), (d / "toolkit.lock").read_text())
+    meta["wheels"][REFRESHED] = {"file": name, "sha256": sha, "size": size, "url": url}
+    meta["files_sha256"] = files.sha256_text(*(req if n == "requirements.lock" else (d / n).read_text() for n in lock.LOCK_FILES))
     (d / "lock.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return str(version)
 

@@ -1,4 +1,4 @@
-"""wheellayer.py, the step of each wheel layer: in a real venv with pip, from a local wheelhouse
+"""wheellayer.py, the step of each wheel layer: in a real venv with pip, from a folder of locked wheel files
 (no network). A layer installs its wheels, gives every file and directory it wrote the epoch,
 and touches nothing an earlier layer installed: a byte-code file of an earlier wheel rewritten
 would be copied into this layer."""
@@ -8,6 +8,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 import venv
 from pathlib import Path
 
@@ -22,6 +23,8 @@ from helpers import make_wheel  # noqa: E402
 
 SCRIPT = ROOT / "pytorch_cuda_runtime" / "wheellayer.py"
 EPOCH = 1767225600
+# Apart from the venv's folder, whose time the first test holds still.
+SCRATCH = Path(tempfile.gettempdir()) / f"wheellayer-scratch-{os.getpid()}"
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +51,11 @@ def site(python: Path) -> Path:
 
 
 def layer(python: Path, house: Path, run_env: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(python), str(SCRIPT), "--epoch", str(EPOCH), "--wheelhouse", str(house), *args],
+    """One layer's step: the wheels from `house` (read only in a build: a bind mount of the store's
+    files), pip's scratch space in house's sibling `scratch` (a tmpfs in a build)."""
+    scratch = SCRATCH
+    scratch.mkdir(exist_ok=True)
+    return subprocess.run([str(python), str(SCRIPT), "--epoch", str(EPOCH), "--wheels", str(house), "--scratch", str(scratch), *args],
                           capture_output=True, text=True, env=run_env, timeout=300)
 
 
@@ -70,7 +77,8 @@ def test_a_layer_installs_its_wheel_compiles_and_dates_its_own_files_and_leaves_
     assert venv_dir.parent.stat().st_mtime_ns == outside  # nothing above the venv: not the layer's, maybe not ours
     flags = int.from_bytes(pyc.read_bytes()[4:8], "little")
     assert flags == 0b01, "hash-based byte-code, unchecked (flags 1)"
-    assert not list((house / ".tmp").iterdir())  # pip's scratch space was the wheelhouse's, and is gone
+    assert not list((SCRATCH / ".tmp").iterdir())  # pip's scratch space was the scratch mount's, and is gone
+    assert not (house / ".tmp").exists()  # the wheels' folder is only read
     earlier = {p: p.stat().st_mtime_ns for p in (header, init, pyc)}
     lock = house / "requirements.lock"
     lock.write_text(f"# header\nalpha==1.0 \\\n    --hash=sha256:{hashes['alpha']}\nbeta==2.0 \\\n    --hash=sha256:{hashes['beta']}\n    # via x\n")
@@ -86,12 +94,12 @@ def test_a_layer_installs_its_wheel_compiles_and_dates_its_own_files_and_leaves_
 
 def test_a_wheel_whose_hash_is_not_the_locked_one_fails_the_layer(env, tmp_path):
     python, house, hashes, run_env = env
-    own = tmp_path / "house"  # pip drops a wheelhouse file whose hash is not the one asked for
+    own = tmp_path / "house"  # a file whose hash is not the one asked for: refused before pip (beta is installed already)
     own.mkdir()
     (own / "beta-2.0-py3-none-any.whl").write_bytes((house / "beta-2.0-py3-none-any.whl").read_bytes())
     proc = layer(python, own, {**run_env, "PIP_FIND_LINKS": str(own)}, f"beta==2.0 --hash=sha256:{'0' * 64}")
     assert proc.returncode == 1, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith("wheellayer: pip download failed (exit ")
+    assert proc.stderr.strip().splitlines()[-1] == f"wheellayer: no file in {own} has a locked hash of beta==2.0"
 
 
 def test_owner_and_group_rights_go_to_the_layers_own_entries_only(env):
@@ -119,8 +127,8 @@ def test_owner_and_group_rights_go_to_the_layers_own_entries_only(env):
 
 def test_arguments_and_lock_reading():
     lock = "# h\nalpha==1.0 \\\n    --hash=sha256:aa\n    # via b\nBeta_Two==2.0 \\\n    --hash=sha256:bb\n"
-    assert [(n, v) for n, v, _ in wheellayer.pins(lock)] == [("alpha", "1.0"), ("beta-two", "2.0")]
-    assert [n for n, _, _ in wheellayer.rest(lock, {"alpha": "1.0", "beta-two": "1.9"})] == ["beta-two"]  # older: replaced
+    assert [(p.name, p.version) for p in wheellayer.pins(lock)] == [("alpha", "1.0"), ("beta-two", "2.0")]
+    assert [p.name for p in wheellayer.rest(lock, {"alpha": "1.0", "beta-two": "1.9"})] == ["beta-two"]  # older: replaced
     assert wheellayer.same_version("2026.09.1", "2026.9.1") and not wheellayer.same_version(None, "1")
     with pytest.raises(SystemExit):
         wheellayer.main(["--epoch", "1"])  # neither requirements nor --rest

@@ -63,7 +63,7 @@ def test_one_command_for_every_user_with_the_fixed_epoch_through_sudo(root, pref
 def test_without_mmdebstrap_one_line_says_what_would_do(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(EnvironmentProblem) as e:
-        base._rootfs(None, DEFAULT, "pytorch-cuda-rootfs:bookworm-x", tmp_path, print, "docker")
+        base._rootfs(None, DEFAULT, "pytorch-cuda-rootfs:bookworm-x", tmp_path, print, "docker", ())
     assert str(e.value) == ("building base pytorch-cuda-rootfs:bookworm-x needs mmdebstrap (Debian: apt-get install "
                             "mmdebstrap; a user with neither root nor password-less sudo also needs uidmap); "
                             "or pin a registry base")
@@ -81,7 +81,7 @@ def test_a_failing_mmdebstrap_is_one_error_naming_its_log_and_loads_nothing(monk
     real_run = base.subprocess.run
     monkeypatch.setattr(base.subprocess, "run", lambda cmd, *a, **kw: loads.append(cmd) if "load" in cmd else real_run(cmd, *a, **kw))
     with pytest.raises(BuildError) as e:
-        base._mmdebstrap(None, DEFAULT, "pytorch-cuda-rootfs:x", tmp_path, lambda m: None, "docker", None)
+        base._mmdebstrap(None, DEFAULT, "pytorch-cuda-rootfs:x", tmp_path, lambda m: None, "docker", None, ())
     assert "mmdebstrap of the base rootfs" in str(e.value) and "no subuid range" in e.value.tail, e.value
     assert str(tmp_path / "rootfs.log") in str(e.value)
     assert loads == []

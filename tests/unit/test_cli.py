@@ -192,13 +192,17 @@ def test_source_date_epoch_is_one_fixed_time_and_the_created_label_is_the_commit
     assert "org.opencontainers.image.created=2025-11-24T00:00:00Z" in cmd
 
 
-def test_the_build_network_comes_from_the_environment_and_only_host_is_taken(tmp_path, monkeypatch):
+def test_a_row_builds_with_no_network_whatever_the_environment_and_only_host_is_taken(tmp_path, monkeypatch):
+    """Every file a row's build reads is in its context (the store's): its steps get no network,
+    also where the engine's own builds take the host's (bench's naive image, the tests' images)."""
     client = fake_docker(tmp_path, "20.10.24", buildx=False)
     monkeypatch.setenv("PYTORCH_CUDA_BUILD_NETWORK", "host")
     bc = docker_env.build_client(client)
+    assert bc.network == "host"
     image = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
-    cmd = build.command(bc, ROOT, image, tmp_path, tmp_path / "iid", build.Source("abc", 1), None, False)
-    assert cmd[-3:-1] == ["--network", "host"]
+    cmd = build.command(bc, ROOT, image, tmp_path, tmp_path / "iid", build.Source("abc", 1), "/etc/ssl/certs/ca-certificates.crt", False)
+    assert cmd[-3:-1] == ["--network", "none"] and "--secret" not in cmd
+    assert build.export_command(bc, ROOT, image, tmp_path, tmp_path / "ops", None)[-3:-1] == ["--network", "none"]
     monkeypatch.setenv("PYTORCH_CUDA_BUILD_NETWORK", "bridge")
     with pytest.raises(EnvironmentProblem, match="may be `host` or unset, not 'bridge'"):
         docker_env.build_client(client)

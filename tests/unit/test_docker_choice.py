@@ -14,6 +14,7 @@ from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import EnvironmentProblem
 from pytorch_cuda_build.stages import base
 from pytorch_cuda_build.tooling import bench
+from pytorch_cuda_runtime.lockfile import Input
 
 from helpers import ROOT
 
@@ -96,6 +97,8 @@ def test_base_loads_the_rootfs_through_the_chosen_cli(monkeypatch, tmp_path):
     monkeypatch.setattr(base.os, "geteuid", lambda: 0)
     monkeypatch.setattr(base.shutil, "which", lambda name, **kw: f"/usr/bin/{name}")
     monkeypatch.setattr(base.subprocess, "run", run)
-    got = base.ensure(SimpleNamespace(images=images), DEFAULT, tmp_path, log=lambda m: None, docker_cli="/opt/my/docker")
+    release = Input("InRelease", "http://deb.debian.org/debian/dists/bookworm/InRelease", "0" * 64, 1)
+    got = base.ensure(SimpleNamespace(images=images), DEFAULT, tmp_path, log=lambda m: None, docker_cli="/opt/my/docker",
+                      inputs=(release,))
     assert got == "sha256:feed"
     assert [c[c.index("mmdebstrap")] if "mmdebstrap" in c else c[:2] for c in seen] == ["mmdebstrap", ["/opt/my/docker", "load"]]

@@ -54,6 +54,10 @@ def test_no_python_one_liners(path):
     assert not re.search(r"\bpython3? -c\b", path.read_text())
 
 
+# Bound beside the script that imports it (wheellayer.py reads the lock's format through it).
+IMPORTED_BESIDE = {"pytorch_cuda_runtime/lockfile.py"}
+
+
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.parent.name)
 def test_steps_before_the_package_copy_bind_single_module_files(path):
     """pytorch_cuda_runtime is COPY'd after the heavy layers; a step above that COPY binds the one
@@ -67,8 +71,10 @@ def test_steps_before_the_package_copy_bind_single_module_files(path):
                           "pytorch_cuda_runtime/ninjalogs.py"}
     for source, target in bound.items():
         assert (ROOT / source).is_file(), source
+        if source in IMPORTED_BESIDE:
+            continue
         assert f"python {target} " in early, f"{source} is bound but not run"
-    assert set(re.findall(r"python (/tmp/\w+\.py)", early)) == set(bound.values())
+    assert set(re.findall(r"python (/tmp/\w+\.py)", early)) == {t for s, t in bound.items() if s not in IMPORTED_BESIDE}
 
 
 @pytest.mark.parametrize("image", MATRIX.images, ids=lambda i: i.name)

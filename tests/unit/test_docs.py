@@ -131,6 +131,9 @@ def test_every_documented_command_parses(where, argv, tmp_path, monkeypatch):
         if argv[n - 1] in ("--record", "--ops-wheel") and not value.startswith("-") and not (ROOT / value).exists():
             argv[n] = str(tmp_path / value)
             (tmp_path / value).write_text("")
+        if argv[n - 1] in ("--from", "--to") and not value.startswith("-") and not (ROOT / value).exists():  # a user's folder
+            argv[n] = str(tmp_path / value.lstrip("/"))
+            (tmp_path / value.lstrip("/")).mkdir(parents=True)
     if {"-h", "--help"} & set(argv):
         with pytest.raises(SystemExit, match="^0$"):
             arguments.parser().parse_args(with_command(argv))

@@ -115,8 +115,8 @@ def test_the_recorded_wheel_is_the_best_the_os_installs_among_the_lock_s_hashes(
                   ("torch-2.11.0-cp311-cp311-manylinux_2_28_aarch64.whl", H["e"], 9, "u6"),
                   ("torch-2.11.0.tar.gz", H["d"], 1, "u7")]})
     got = wheel_files.wheel_files(text, "3.11", "linux/amd64", index, glibc="2.36")
-    assert got["debugpy"] == {"file": "debugpy-1.8-cp311-cp311-manylinux_2_34_x86_64.whl", "sha256": H["b"], "size": 3}
-    assert got["torch"] == {"file": "torch-2.11.0-cp311-cp311-manylinux_2_28_x86_64.whl", "sha256": H["d"], "size": 42}
+    assert got["debugpy"] == {"file": "debugpy-1.8-cp311-cp311-manylinux_2_34_x86_64.whl", "sha256": H["b"], "size": 3, "url": "u2"}
+    assert got["torch"] == {"file": "torch-2.11.0-cp311-cp311-manylinux_2_28_x86_64.whl", "sha256": H["d"], "size": 42, "url": "u5"}
     assert index.sized == ["u5"]  # no size from the index: the download's Content-Length
     # without the OS's glibc, the level uv resolved for (manylinux_2_28): the pure wheel
     assert wheel_files.wheel_files(text, "3.11", "linux/amd64", index)["debugpy"]["sha256"] == H["a"]

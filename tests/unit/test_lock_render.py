@@ -56,7 +56,7 @@ def test_deepspeed_is_split_from_the_wheels():
 def test_wheel_disagreement_names_both_versions():
     wrong = matrix.Image(**{**DEFAULT.__dict__, "cudnn": "9.1.0.70"})
     with pytest.raises(LockError, match=r"cuDNN 9.1.0.70 in matrix.yaml but torch 2.7.1's wheel requires 9.5.1.17"):
-        lock.render_lock(wrong, committed_lock_text(DEFAULT))
+        lock.render_lock(wrong, committed_lock_text(DEFAULT), lock.DebianLock({}, "", {}))
 
 
 def test_same_lock_for_rows_sharing_torch():
@@ -125,7 +125,7 @@ def test_pypi_toolkit_rows_install_nvcc_wheels_and_devel_keeps_them():
     # epoch too, and only they (-newermt), so no header of python-env is copied up again
     wheels_touch = (f"-path '*/site-packages/*/include/*' -type f -newermt @{matrix.REPRODUCIBLE_EPOCH} \\\n"
                     f"        -exec touch -d @{matrix.REPRODUCIBLE_EPOCH} {{}} +")
-    assert text.index("-r /opt/pytorch-cuda/toolkit.lock") < text.index(wheels_touch) < text.index("opsbuild.py /opt/pytorch-cuda/deepspeed-src/")
+    assert text.index("-r /opt/pytorch-cuda/toolkit.lock") < text.index(wheels_touch) < text.index("opsbuild.py /sdists/")
     assert resolve_pypi.pins((lock.image_dir(ROOT, cu13) / "toolkit.lock").read_text())["nvidia-cuda-nvcc"].startswith("13.0.")
     devel = (lock.image_dir(ROOT, MATRIX.select("2.7", "12.1", "devel")) / "Dockerfile").read_text()
     final = devel[devel.index("AS devel"):]

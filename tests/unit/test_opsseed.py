@@ -99,7 +99,7 @@ def test_the_export_builds_ops_dist_to_a_directory_and_never_writes_the_rows_cac
     assert cmd[cmd.index("--target") + 1] == "ops-dist"
     assert cmd[cmd.index("--output") + 1] == f"type=local,dest={tmp_path / 'out'}"
     assert cmd[cmd.index("--cache-from") + 1] == "type=registry,ref=r/c:x" and "--cache-to" not in cmd
-    assert "--secret" in cmd and cmd[cmd.index("--network") + 1] == "host"
+    assert "--secret" not in cmd and cmd[cmd.index("--network") + 1] == "none"  # every file it reads is in the context
 
 
 def test_every_dockerfile_binds_the_seed_and_has_the_ops_dist_stage():
@@ -109,7 +109,9 @@ def test_every_dockerfile_binds_the_seed_and_has_the_ops_dist_stage():
         assert "FROM scratch AS ops-dist\nCOPY --from=ops-builder /dist /\n" in text, image.name
 
 
-def test_the_staged_context_has_an_empty_seed(tmp_path):
+def test_the_staged_context_has_an_empty_seed(tmp_path, monkeypatch):
+    from helpers import NamesOnlyStore
+    monkeypatch.setattr(build.fetch, "store", lambda: NamesOnlyStore(tmp_path / "store"))
     build.stage_context(ROOT, ROW, tmp_path)
     assert list((tmp_path / opsseed.CONTEXT_DIR).iterdir()) == []
 

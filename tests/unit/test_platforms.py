@@ -73,9 +73,15 @@ def test_the_arm64_dockerfile_differs_from_amd64_only_in_base_cpu_baseline_and_w
     assert render.render_image(ROOT, OLD).keys() == {"Dockerfile", "manifest.json"}  # an amd64-only row has no platform folder
 
 
-def test_the_arm64_context_takes_the_platforms_own_locks_and_the_rows_deepspeed_lock(tmp_path):
+def test_the_arm64_context_takes_the_platforms_own_locks_and_the_rows_deepspeed_lock(tmp_path, monkeypatch):
+    from helpers import NamesOnlyStore
+    monkeypatch.setattr(build.fetch, "store", lambda: NamesOnlyStore(tmp_path / "store"))
     build.stage_context(ROOT, ARM, tmp_path)
     arm_dir, row_dir = lock.build_dir(ROOT, ARM), lock.image_dir(ROOT, ROW)
+    # its locked files are the arm64 ones: the apt step's .debs, and the wheels of its own layers
+    debs = sorted(p.name for p in (tmp_path / "inputs" / "apt").iterdir())
+    assert debs and all(d.endswith(("_arm64.deb", "_all.deb")) for d in debs), debs
+    assert all("x86_64" not in p.name for p in (tmp_path / "inputs" / "wheels").iterdir())
     for name in ("requirements.lock", "toolkit.lock"):
         assert (tmp_path / name).read_bytes() == (arm_dir / name).read_bytes()
     for name in ("deepspeed.lock", "manifest.json"):

@@ -64,7 +64,7 @@ class FakeIndex:
         return [("certifi-2026.9.1-py3-none-any.whl", "a" * 64, 150_000, "u1"),
                 ("certifi-2026.10.1-py3-none-any.whl", "b" * 64, 151_000, "u2"),
                 ("certifi-2026.10.1.tar.gz", "c" * 64, 1, "u3"),
-                ("certifi-2026.10.18-py3-none-any.whl", "d" * 64, 152_000, "u4"),
+                ("certifi-2026.10.18-py3-none-any.whl", "d" * 64, 152_000, "https://files.example/certifi-2026.10.18-py3-none-any.whl"),
                 ("certifi-2026.10.19.post1-py3-none-any.whl", "f" * 64, 152_500, "u6"),
                 ("certifi-2027.1.1-py3-none-any.whl", "e" * 64, 153_000, "u5")]
 
@@ -77,7 +77,7 @@ def test_the_refresh_moves_one_pin_to_its_previous_release_and_the_lock_stays_co
     assert pullcost.refresh_lock(root, image, FakeIndex()) == "2026.10.18"
     after = lock.read(root, image)
     assert {k: v for k, v in after["pins"].items() if before["pins"][k] != v} == {"certifi": "2026.10.18"}
-    assert after["wheels"]["certifi"] == {"file": "certifi-2026.10.18-py3-none-any.whl", "sha256": "d" * 64, "size": 152_000}
+    assert after["wheels"]["certifi"] == {"file": "certifi-2026.10.18-py3-none-any.whl", "sha256": "d" * 64, "size": 152_000, "url": "https://files.example/certifi-2026.10.18-py3-none-any.whl"}
     req = (lock.image_dir(root, image) / "requirements.lock").read_text()
     assert "certifi==2026.10.18 \\\n    --hash=sha256:" + "d" * 64 + "\n" in req and "certifi==2026.10.19.post1" not in req
     assert lock.problems(root, image) == []

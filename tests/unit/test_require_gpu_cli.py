@@ -46,6 +46,7 @@ def pipeline(tmp_path, monkeypatch):
     monkeypatch.setattr(docker_env, "ensure_engine", lambda log: daemon)
     monkeypatch.setattr(docker_env, "build_client", lambda d: SimpleNamespace(description="a fake client", argv=("docker", "build")))
     monkeypatch.setattr(build, "check_disk", lambda root: None)
+    monkeypatch.setattr(lock, "build_inputs", lambda root, image: SimpleNamespace(all=list, base=()))  # nothing to fetch
     monkeypatch.setattr(base, "ensure", lambda *a, **kw: "sha256:base")
     monkeypatch.setattr(build, "run", lambda *a, **kw: ID)
     monkeypatch.setattr(sbom, "generate", lambda c, i: {"components": []})

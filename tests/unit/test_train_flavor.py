@@ -245,13 +245,21 @@ def test_a_train_export_without_its_te_part_is_refused(own_store):
 # ---- tebuild.py (in the image's builder stage) ---------------------------------------------
 
 sys.path.insert(0, str(ROOT))
-from pytorch_cuda_runtime import tebuild  # noqa: E402
+from pytorch_cuda_runtime import lockfile, tebuild  # noqa: E402
 
 
-def test_tebuild_reads_the_locked_sdist_and_caps_jobs_by_memory():
+def test_the_te_sdist_is_the_locked_file_from_the_context_and_jobs_are_capped_by_memory():
+    """The sdist tebuild compiles is the one file extras-build.lock pins, recorded with its address
+    in lock.json and bind-mounted from the context's inputs/extras-build/ (the store): no step of
+    te-builder downloads anything."""
     text = (lock.image_dir(ROOT, TRAIN) / "extras-build.lock").read_text()
-    version, hashes = tebuild.locked(text)
-    assert version == "2.20.2" and len(hashes) == 1
+    (pin,) = lockfile.pins(text)
+    recorded = lock.read(ROOT, TRAIN)["extras"]["linux/amd64"]["sdists"]["transformer-engine-torch"]
+    assert pin.version == "2.20.2" and recorded["sha256"] in pin.hashes and recorded["file"] == "transformer_engine_torch-2.20.2.tar.gz"
+    docker = (lock.image_dir(ROOT, TRAIN) / "Dockerfile").read_text()
+    te = docker[docker.index("AS te-builder"):docker.index("# ---- ops-builder")]
+    assert "--mount=type=bind,source=inputs/extras-build,target=/sdists" in te and "tebuild.py build /sdists/" in te
+    assert "download" not in te and "--index" not in te and "type=secret" not in te
     assert 1 <= tebuild.jobs()
 
 
@@ -299,30 +307,6 @@ def test_a_train_bundle_carries_liger_and_torchao_and_says_why_not_te_and_fa4(tm
     assert {p.name for p in pins} == {"liger-kernel", "torchao"}  # triton and torch: the machine's own
     runtime = gpubundle.bundle_manifest(lock.image_dir(ROOT, lock.runtime_of(TRAIN)) / "manifest.json", [])
     assert "extras" not in runtime and "extras_not_carried" not in runtime
-
-
-def test_tebuild_fetch_takes_the_wheelhouse_copy_only_when_its_hash_is_the_locks(tmp_path, monkeypatch):
-    import hashlib
-
-    house, dest = tmp_path / "house", tmp_path / "dest"
-    house.mkdir()
-    sdist = house / "transformer_engine_torch-2.20.2.tar.gz"
-    sdist.write_bytes(b"the sdist")
-    digest = hashlib.sha256(b"the sdist").hexdigest()
-    lock_file = tmp_path / "extras-build.lock"
-    lock_file.write_text(f"# header\ntransformer-engine-torch==2.20.2 \\\n    --hash=sha256:{digest}\n    # via transformer-engine\n")
-    tebuild.main(["fetch", str(lock_file), "--index", "https://index.invalid/simple", "--wheelhouse", str(house), "--dest", str(dest)])
-    assert (dest / sdist.name).read_bytes() == b"the sdist"
-    sdist.write_bytes(b"tampered")  # a copy whose hash is not the lock's: it goes to the index (here, one that fails)
-
-    def no_index(*args, **kwargs):
-        raise OSError("the index, asked")
-
-    monkeypatch.setattr(tebuild.urllib.request, "urlopen", no_index)
-    with pytest.raises(OSError, match="the index, asked"):
-        tebuild.main(["fetch", str(lock_file), "--index", "https://index.invalid/simple", "--wheelhouse", str(house),
-                      "--dest", str(tmp_path / "dest2")])
-    assert not (tmp_path / "dest2").exists()
 
 
 # ---- the smoke suite's extras step (pure parts) ---------------------------------------------

@@ -84,19 +84,23 @@ VALUE_CASES = {
                        (["--matrix", "{dir}", "list"], "Is a directory")],
     **{(cmd, "--torch"): [([cmd, "--torch", "2.x", *extra], "--torch takes a torch version like 2.7 or 2.7.1, not '2.x'")]
        for cmd, extra in [("build", []), ("publish", REG), ("lock", []), ("test", []), ("verify", []), ("record", []), ("base", []), ("bench", []),
-                          ("gpu-bundle", ["{dir}/b"]), ("job", ["--scheduler", "slurm", "--nodes", "2", "t.py"])]},
+                          ("gpu-bundle", ["{dir}/b"]), ("job", ["--scheduler", "slurm", "--nodes", "2", "t.py"]), ("fetch", [])]},
     **{(cmd, "--cuda"): [([cmd, "--torch", "2.7", "--cuda", "cu121", *extra], "--cuda takes a CUDA version like 12.1, not 'cu121'")]
        for cmd, extra in [("build", []), ("publish", REG), ("lock", []), ("test", []), ("verify", []), ("record", []), ("base", []), ("bench", []),
-                          ("gpu-bundle", ["{dir}/b"]), ("job", ["--scheduler", "slurm", "--nodes", "2", "t.py"])]},
+                          ("gpu-bundle", ["{dir}/b"]), ("job", ["--scheduler", "slurm", "--nodes", "2", "t.py"]), ("fetch", [])]},
     **{(cmd, "--flavor"): [([cmd, "--torch", "2.7", "--flavor", "slim", *extra], "argument --flavor: invalid choice: 'slim'")]
        for cmd, extra in [("build", []), ("publish", REG), ("lock", []), ("test", []), ("verify", []), ("record", []), ("base", []), ("bench", []),
-                          ("gpu-bundle", ["{dir}/b"]), ("job", ["--scheduler", "slurm", "--nodes", "2", "t.py"])]},
+                          ("gpu-bundle", ["{dir}/b"]), ("job", ["--scheduler", "slurm", "--nodes", "2", "t.py"]), ("fetch", [])]},
     **{(cmd, "--ca-bundle"): [([cmd, *extra, "--ca-bundle", "/nonexistent/ca.pem"], "cannot read CA bundle /nonexistent/ca.pem"),
                               ([cmd, *extra, "--ca-bundle", "{notpem}"], "holds no PEM certificate"),
                               ([cmd, *extra, "--ca-bundle", "{dir}"], "Is a directory")]
        for cmd, extra in [("build", ["--torch", "2.7"]), ("matrix", ["--propose"]), ("publish", ["--torch", "2.7", *REG]),
                           ("lock", []), ("verify", ["--torch", "2.7"]), ("bench", ["--torch", "2.7"]), ("engine", []),
-                          ("gpu-bundle", ["--torch", "2.7", "{dir}/b"])]},
+                          ("gpu-bundle", ["--torch", "2.7", "{dir}/b"]), ("fetch", ["--torch", "2.7"])]},
+    ("fetch", "--to"): [(["fetch", "--torch", "2.7", "--to", "/nonexistent/dir/inputs"], "--to /nonexistent/dir/inputs: /nonexistent/dir is not a folder"),
+                        (["fetch", "--torch", "2.7", "--to", "{notpem}"], "--to {notpem} is not a folder")],
+    ("fetch", "--from"): [(["fetch", "--torch", "2.7", "--from", "/nonexistent/inputs"], "--from /nonexistent/inputs is not a folder"),
+                          (["fetch", "--torch", "2.7", "--from", "{notpem}"], "--from {notpem} is not a folder")],
     **{(cmd, "--docker"): [([cmd, "--torch", "2.7", "--docker", "/nonexistent/docker"], "--docker '/nonexistent/docker' is neither")]
        for cmd in ("build", "verify", "record", "base", "bench")},
     **{(cmd, "--registry"): [([cmd, "--torch", "2.7", "--push", "--registry", "https://ghcr.io/acme"], "malformed registry address"),
@@ -119,7 +123,7 @@ VALUE_CASES = {
     ("lock", "--security-snapshot"): [(["lock", "--check-security", "--security-snapshot", "{notpem}"], "--security-snapshot {notpem} is not a folder")],
     **{(cmd, "--platform"): [([cmd, "--torch", "2.11", "--platform", "linux/riscv64", *extra],
                               "argument --platform: invalid choice: 'linux/riscv64'")]
-       for cmd, extra in (("build", []), ("test", []), ("verify", []), ("record", []), ("base", []),
+       for cmd, extra in (("build", []), ("test", []), ("verify", []), ("record", []), ("base", []), ("fetch", []),
                           ("publish", ["--registry", "127.0.0.1:5000/ml"]))},
     ("publish", "--sign-key"): [(["publish", "--torch", "2.7", *REG, "--sign-key", "{dir}"], "--sign-key {dir}: no gnupg/ in it"),
                                 (["publish", "--torch", "2.7", *REG, "--sign-key", "/nonexistent/key"], "--sign-key /nonexistent/key: no gnupg/")],

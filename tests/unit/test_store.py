@@ -1,0 +1,181 @@
+"""The store (stages/fetch.py): every locked file fetched once, checked, resumed; carried to and
+from a folder; served to mmdebstrap on 127.0.0.1. Against a real HTTP server on loopback."""
+from __future__ import annotations
+
+import hashlib
+import http.server
+import threading
+import urllib.parse
+
+import pytest
+import requests
+
+from pytorch_cuda_build.errors import InputUnavailable
+from pytorch_cuda_build.stages import fetch
+from pytorch_cuda_runtime.lockfile import Input
+
+
+class Mirror(http.server.ThreadingHTTPServer):
+    """A mirror on 127.0.0.1: files by path, Range honoured, each request recorded; `cut_after`
+    bytes of a file and the connection drops (a download cut short)."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.files: dict[str, bytes] = {}
+        self.status: dict[str, int] = {}
+        self.cut_after: dict[str, int] = {}
+        self.requests: list[tuple[str, str]] = []
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}{path}"
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: Mirror
+
+    def do_GET(self) -> None:  # noqa: N802
+        path = urllib.parse.urlsplit(self.path).path
+        self.server.requests.append((path, self.headers.get("Range", "")))
+        if path in self.server.status:
+            self.send_response(self.server.status[path])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        data = self.server.files.get(path)
+        if data is None:
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        start = int(self.headers["Range"].split("=")[1].rstrip("-")) if self.headers.get("Range") else 0
+        body = data[start:]
+        self.send_response(206 if start else 200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        cut = self.server.cut_after.pop(path, None)
+        self.wfile.write(body if cut is None else body[:cut])
+        if cut is not None:
+            self.close_connection = True
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def mirror():
+    server = Mirror()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def item(mirror: Mirror, path: str, data: bytes) -> Input:
+    mirror.files[path] = data
+    return Input(path.rsplit("/", 1)[1], mirror.url(path), hashlib.sha256(data).hexdigest(), len(data))
+
+
+def test_each_file_is_fetched_once_checked_and_read_only(mirror, tmp_path):
+    store = fetch.Store(tmp_path / "store")
+    a, b = item(mirror, "/pool/a_1.deb", b"a" * 3000), item(mirror, "/simple/b-1.whl", b"b" * 10)
+    lines: list[str] = []
+    assert fetch.fetch([a, b], None, lines.append, "the row", store) == 3010
+    assert store.blob(a.sha256).read_bytes() == b"a" * 3000 and store.blob(b.sha256).stat().st_mode & 0o777 == 0o444
+    assert lines[0] == f"fetch: the row: 2 of 2 files (0.0 MB of 0.0 MB) into the store {store.root}"
+    mirror.requests.clear()
+    assert fetch.fetch([a, b], None, lines.append, "the row", store) == 0  # a second row: nothing it has
+    assert mirror.requests == [] and lines[-1].startswith("fetch: the row: all 2 files")
+
+
+def test_a_download_cut_short_is_resumed_where_it_stopped(mirror, tmp_path, monkeypatch):
+    monkeypatch.setattr(fetch.time, "sleep", lambda s: None)
+    store = fetch.Store(tmp_path / "store")
+    a = item(mirror, "/pool/big.deb", bytes(range(256)) * 2000)
+    mirror.cut_after["/pool/big.deb"] = 300_000
+    fetch.fetch([a], None, lambda line: None, "the row", store)
+    assert store.blob(a.sha256).read_bytes() == mirror.files["/pool/big.deb"]
+    (first, whole), (again, rest) = mirror.requests
+    assert first == again == "/pool/big.deb" and whole == ""
+    assert 0 < int(rest.removeprefix("bytes=").rstrip("-")) <= 300_000  # only the rest: what it had stays
+    assert list((store.root / "partial").iterdir()) == []
+
+
+def test_other_bytes_than_the_locks_never_enter_the_store(mirror, tmp_path):
+    store = fetch.Store(tmp_path / "store")
+    a = item(mirror, "/pool/a_1.deb", b"the locked bytes")
+    mirror.files["/pool/a_1.deb"] = b"the mirror replaced them"
+    with pytest.raises(InputUnavailable) as e:
+        fetch.fetch([a], None, lambda line: None, "the row", store)
+    assert str(e.value).startswith(f"{a.url} served other bytes than the lock's sha256 {a.sha256[:16]}... for a_1.deb: "
+                                   "the mirror replaced it; fill the store from a folder")
+    assert not store.blob(a.sha256).exists() and list((store.root / "partial").iterdir()) == []
+
+
+def test_a_file_the_mirror_dropped_is_one_line_naming_it_and_the_ways_on(mirror, tmp_path):
+    store = fetch.Store(tmp_path / "store")
+    gone = Input("linux-libc-dev_6.1.192-2_amd64.deb", mirror.url("/pool/linux-libc-dev_6.1.192-2_amd64.deb"), "0" * 64, 5)
+    with pytest.raises(InputUnavailable) as e:
+        fetch.fetch([gone], None, lambda line: None, "the row", store)
+    assert str(e.value) == (f"linux-libc-dev_6.1.192-2_amd64.deb is not in the store, and {gone.url} answers 404: the mirror or "
+                            f"index no longer serves it; {fetch.HOW_TO_GO_ON}")
+    assert e.value.url == gone.url and e.value.exit_code == 1
+
+
+def test_a_server_error_is_tried_again_then_named(mirror, tmp_path, monkeypatch):
+    waits: list[float] = []
+    monkeypatch.setattr(fetch.time, "sleep", waits.append)
+    store = fetch.Store(tmp_path / "store")
+    a = item(mirror, "/pool/a.deb", b"x")
+    mirror.status["/pool/a.deb"] = 503
+    with pytest.raises(InputUnavailable, match=r"a.deb is not in the store and .* could not be read \(HTTP 503, 3 tries\)"):
+        fetch.fetch([a], None, lambda line: None, "the row", store)
+    assert waits == [2, 4] and len(mirror.requests) == 3
+
+
+def test_an_unreachable_source_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(fetch.time, "sleep", lambda s: None)
+    closed = Input("a.whl", "http://127.0.0.1:9/a.whl", "0" * 64, 1)  # the discard port: nothing listens
+    with pytest.raises(InputUnavailable, match=r"^a.whl is not in the store and http://127.0.0.1:9/a.whl could not be read"):
+        fetch.fetch([closed], None, lambda line: None, "the row", fetch.Store(tmp_path / "store"))
+
+
+def test_a_folder_carries_the_files_and_refuses_other_bytes(mirror, tmp_path):
+    here, there = fetch.Store(tmp_path / "here"), fetch.Store(tmp_path / "there")
+    a, b = item(mirror, "/pool/a.deb", b"aaa"), item(mirror, "/simple/b.whl", b"bbb")
+    fetch.fetch([a, b], None, lambda line: None, "the row", here)
+    fetch.write_to([a, b], tmp_path / "usb", lambda line: None, here)
+    assert (tmp_path / "usb" / "sha256" / a.sha256).read_bytes() == b"aaa"
+    assert (tmp_path / "usb" / "INDEX").read_text().splitlines()[0] == f"{a.sha256} 3 a.deb {a.url}"
+    (tmp_path / "usb" / "sha256" / b.sha256).chmod(0o644)
+    (tmp_path / "usb" / "sha256" / b.sha256).write_bytes(b"BBB")  # tampered on the way
+    assert fetch.fill_from([a, b], tmp_path / "usb", lambda line: None, there) == 1
+    assert there.has(a) and not there.has(b)
+    with pytest.raises(InputUnavailable, match="b.whl is not in the store"):
+        fetch.write_to([a, b], tmp_path / "again", lambda line: None, there)
+
+
+def test_the_proxy_answers_for_locked_addresses_from_the_store_and_nothing_else(mirror, tmp_path):
+    """What mmdebstrap's apt asks: an absolute address, quoted (+ as %2b); the index by hash."""
+    store = fetch.Store(tmp_path / "store")
+    deb = item(mirror, "/debian/pool/main/g/glibc/libc-bin_2.36-9+deb12u14_amd64.deb", b"deb")
+    index = item(mirror, "/debian/dists/bookworm/main/binary-amd64/Packages.xz", b"index")
+    fetch.fetch([deb, index], None, lambda line: None, "the base", store)
+    mirror.requests.clear()
+    with fetch.serving([deb, index], store) as proxy:
+        proxies = {"http": fetch.proxy_url(proxy)}
+        got = requests.get(deb.url.replace("+", "%2b"), proxies=proxies, timeout=10)
+        by_hash = requests.get(mirror.url(f"/debian/dists/bookworm/main/binary-amd64/by-hash/SHA256/{index.sha256}"),
+                               proxies=proxies, timeout=10)
+        other = requests.get(mirror.url("/debian/pool/main/p/perl/perl_5.36.deb"), proxies=proxies, timeout=10)
+    assert (got.status_code, got.content, by_hash.content, other.status_code) == (200, b"deb", b"index", 404)
+    assert mirror.requests == []  # the mirror itself was never asked
+    assert len(proxy.served) == 2 and proxy.refused == ["http://127.0.0.1:%d/debian/pool/main/p/perl/perl_5.36.deb" % mirror.server_address[1]]
+
+
+def test_staging_links_the_stored_file(mirror, tmp_path):
+    store = fetch.Store(tmp_path / "store")
+    a = item(mirror, "/pool/a.deb", b"aaa")
+    fetch.fetch([a], None, lambda line: None, "the row", store)
+    store.stage(a, tmp_path / "ctx" / "inputs" / "apt" / "a.deb")
+    staged = tmp_path / "ctx" / "inputs" / "apt" / "a.deb"
+    assert staged.read_bytes() == b"aaa" and staged.stat().st_ino == store.blob(a.sha256).stat().st_ino  # no copy
