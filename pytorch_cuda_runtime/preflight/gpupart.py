@@ -119,13 +119,15 @@ def job_verdict(results: dict[str, dict[str, Any]], opts: Options) -> dict[str, 
         (warnings if f.check in opts.warn else lines).append(f"{rollcall.label(node)}: {f.line()} [{f.check}]")
     failed: dict[tuple[str, str], list[str]] = {}
     for node, f in [*found, *((n, health.Finding(**f)) for n, p in parts.items() for f in p.get("findings", []))]:
-        failed.setdefault((node, f.gpu), []).append(f.check)
+        failed.setdefault((node, f.gpu), []).append(f.check + (" (warning)" if f.check in opts.warn else ""))
     table_rows = _rows(parts, rows, failed)
     notes = [f"{rollcall.label(n)}: GPU part skipped: {p['skipped']}" for n, p in parts.items() if p.get("skipped")]
     notes += [f"{rollcall.label(n)}: health not read: {p['health']['skipped']}" for n, p in parts.items()
               if (p.get("health") or {}).get("skipped")]
     notes += [f"{rollcall.label(n)}: compute check skipped: {p['compute']['skipped']}" for n, p in parts.items()
               if (p.get("compute") or {}).get("skipped")]
+    notes += [f"{rollcall.label(n)}: compute figures from {p['compute']['source']}" for n, p in parts.items()
+              if (p.get("compute") or {}).get("source") and (p.get("compute") or {}).get("gpus")]
     notes += [f"{rollcall.label(r['node'])}: GPU {r['gpu']}: {note}" for r in table_rows for note in r.get("notes", [])]
     notes += sorted({f"{r['name']}: no dense bf16 peak recorded (gpupeaks.py): no ratio" for r in rows
                      if r.get("x_peak") is None})

@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterable
 from . import fakenvml
 
 XID_LISTEN_MS = 500
+FUNCTION_NOT_FOUND = 13  # NVML_ERROR_FUNCTION_NOT_FOUND: a binding newer than the driver
 KMSG = "/dev/kmsg"
 APP_XIDS = {13: "graphics engine exception", 31: "GPU memory page fault", 43: "GPU stopped processing",
             45: "preemptive cleanup, due to previous errors"}
@@ -121,8 +122,13 @@ def _query(nv: Any, handle: Any, key: str, g: dict[str, Any], read: Callable[[],
 
 
 def _reasons(nv: Any, h: Any) -> int:
-    get = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
-    return int(get(h))
+    """The clock event reasons; through the older name where the binding or the driver lacks the newer."""
+    try:
+        return int(nv.nvmlDeviceGetCurrentClocksEventReasons(h))
+    except (AttributeError, nv.NVMLError) as e:
+        if isinstance(e, nv.NVMLError) and getattr(e, "value", None) != FUNCTION_NOT_FOUND:
+            raise
+        return int(nv.nvmlDeviceGetCurrentClocksThrottleReasons(h))
 
 
 def nvlink_states(nv: Any, h: Any) -> list[int] | None:
