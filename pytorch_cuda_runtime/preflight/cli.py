@@ -145,6 +145,7 @@ def parse(argv: list[str], env: dict[str, str]) -> argparse.Namespace:
         p.add_argument(s.option, type=s.convert, default=None, metavar=s.metavar,
                        help=s.help + (f"; else ${s.variable}" if s.variable else ""))
     args = p.parse_args(argv)
+    named_report = args.report is not None or bool(env.get("PYTORCH_CUDA_PREFLIGHT_REPORT", "").strip())
     for s in SETTINGS:
         dest = s.option.lstrip("-").replace("-", "_")
         if getattr(args, dest) is None:
@@ -152,9 +153,11 @@ def parse(argv: list[str], env: dict[str, str]) -> argparse.Namespace:
     if args.gpus_per_node < 0:
         raise PreflightError(f"--gpus-per-node {args.gpus_per_node} is negative")
     why = unwritable(os.path.join(env.get(WORKDIR) or os.getcwd(), args.report))
-    if why:
+    if why and named_report:
         raise PreflightError(f"the report {args.report} cannot be written: {why} (name another with --report or "
                              "$PYTORCH_CUDA_PREFLIGHT_REPORT)")
+    # The default name in a read-only working directory (a code mount): the checks still run, and say so.
+    args.report_warning = f"the report {args.report} will not be written: {why} (name one with --report)" if why else None
     args.then = then
     return args
 
@@ -321,6 +324,8 @@ def main(argv: list[str] | None = None, env: dict[str, str] | None = None) -> in
             topo = sources.detect(env, hostlist.hostnames)
         except LaunchError as e:
             raise PreflightError(str(e)) from None
+        if args.report_warning:
+            say(f"warning: {args.report_warning}")
         needs = node.Needs(args.gpus_per_node, args.shm_size, args.rdma, manifest)
         facts = node.gather(env)
         opts = gpu_options(args)

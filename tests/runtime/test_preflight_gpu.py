@@ -270,6 +270,18 @@ def test_a_report_path_that_cannot_be_written_is_refused_before_any_check(where,
     assert ran == []
 
 
+def test_the_default_report_name_in_a_read_only_working_directory_only_warns(tmp_path):
+    """A job whose working directory is a read-only code mount, and that named no report: the
+    checks still run (the fabric's rank 0 would say it cannot write it); a name given is refused."""
+    (tmp_path / "file").write_text("")
+    env = {"PYTORCH_CUDA_WORKDIR": str(tmp_path / "file")}  # a working directory no report can go under
+    args = cli.parse([], env)
+    assert args.report_warning.startswith(f"the report {cli.DEFAULT_REPORT} will not be written: ")
+    with pytest.raises(cli.PreflightError, match="cannot be written"):
+        cli.parse(["--report", cli.DEFAULT_REPORT], env)
+    assert cli.parse([], {}).report_warning is None
+
+
 def test_a_report_path_relative_to_the_launch_contracts_working_directory_is_checked_there(tmp_path):
     (tmp_path / "jobs").mkdir()
     assert cli.parse(["--report", "jobs/r.json"], {"PYTORCH_CUDA_WORKDIR": str(tmp_path)}).report == "jobs/r.json"
