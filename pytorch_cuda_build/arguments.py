@@ -279,7 +279,7 @@ class VerifyOptions(spec.Rows):
     record: Path | None = opt(None, "compare the row's local image with a record (`build.py record`, another machine's build): exit 0 "
                                     "the same image, 1 another; the differing layers and files are named", type=Path, metavar="FILE")
     compile_ops: bool = flag("compile the DeepSpeed ops in both builds instead of taking the host's ops seed, as a rebuild on a fresh "
-                             "machine does (about 4 min more per build on 2 cores)")
+                             "machine does (each build then compiles them: docs/ops.md gives the time)")
     platform: str | None = spec.platform()
     docker: str | None = spec.docker()
     ca_bundle: str | None = spec.ca_bundle()
@@ -330,8 +330,8 @@ class BenchOptions(spec.Row):
         ("pull_rows", "full", "it picks the rows of --full's pull measure"))
 
     runs: int = opt(10, "repetitions of the quick measurements (default 10)", type=spec.positive_int)
-    full: bool = flag("every benchmark; report in bench/ (hours on 2 cores: cold builds, two naive images, the matrix and pull "
-                      "measures; --only picks some; empties the build cache for the cold builds)")
+    full: bool = flag("every benchmark; report in bench/ (cold builds, two naive images, the matrix and pull measures: the "
+                      "longest command this tool has; --only picks some; empties the build cache for the cold builds)")
     cold_runs: int = opt(1, "with --full: cold builds of each kind (default 1)", type=spec.positive_int, later=True)
     only: str | None = opt(None, "with --full: comma list of " + ",".join(bench.MEASURES) + " (default: every one)")
     pull_rows: int | None = opt(None, "with --only pull: build the first N CUDA 13 rows, oldest first (default: every one)",

@@ -2,15 +2,13 @@
 print. Typed errors are caught here, once, and printed as one line with their exit code."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import sys
 from pathlib import Path
 from typing import Any, Callable
-
-import docker.errors
-import requests
 
 from . import arguments as a
 from . import ca, console, errors, files, inputs, jobs, matrix, pipeline, scheduler
@@ -268,6 +266,14 @@ HANDLERS: dict[str, Callable[[matrix.Matrix, Any], int]] = {"build": cmd_build, 
             "verify": cmd_verify, "record": cmd_record, "base": cmd_base, "signing-key": cmd_signing_key, "engine": cmd_engine,
             "gpu-bundle": cmd_gpu_bundle, "job": cmd_job}
 assert set(HANDLERS) == set(a.COMMANDS), "each command of arguments.py has its handler here"
+# The commands that call the Docker daemon, with what a daemon lost in one leaves as it was. The
+# pipeline's stages and the commands name their own step first (docker_env.calls); this names the
+# command for whatever call lies outside them. The rest reach no daemon: a network error of theirs
+# (the package index's, a registry's) is never read as the daemon's.
+ENGINE_COMMANDS = {"build": docker_env.NO_TAG_MOVED, "test": docker_env.NO_TAG_MOVED, "publish": pipeline.PUSHED_TESTED,
+                   "prune": "the candidate tags and dangling images not yet removed are still there", "verify": docker_env.NO_TAG_MOVED,
+                   "record": docker_env.NO_TAG_MOVED, "base": docker_env.NO_TAG_MOVED, "sbom": docker_env.NO_TAG_MOVED,
+                   "bench": docker_env.NO_TAG_MOVED, "list": docker_env.NO_TAG_MOVED}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         parsed = validate(a.parser().parse_args(argv), ROOT / "matrix.yaml")  # every argument, before anything is touched
         command, push = parsed.command, getattr(parsed, "push", False)
         args = a.options(parsed, matrix=parsed.matrix or ROOT / "matrix.yaml")  # frozen and typed: what the handler gets
-        return HANDLERS[command](matrix.load(args.matrix), args)
+        with docker_env.calls(f"`build.py {command}`", ENGINE_COMMANDS[command]) if command in ENGINE_COMMANDS else contextlib.nullcontext():
+            return HANDLERS[command](matrix.load(args.matrix), args)
     except PipelineError as e:
         for n, line in enumerate(e.lines()):  # each of several usage problems is an error line of its own
             print(f"error: {line}" if n == 0 or isinstance(e, UsageErrors) else line, file=sys.stderr)
@@ -296,11 +303,6 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print("error: interrupted; no tag was moved and the candidate's containers were removed", file=sys.stderr)
         return 130
-    except (docker.errors.DockerException, requests.exceptions.ConnectionError) as e:
-        # The SDK lost the daemon between two calls (it was up when the command started).
-        err = docker_env.lost(f"`{command}`", e)
-        print(f"error: {err}", file=sys.stderr)
-        return err.exit_code
     except BrokenPipeError:
         # The reader stopped early (`build.py matrix --json | head`): quiet, as a shell tool is.
         # stdout goes to /dev/null so that the interpreter's last flush cannot fail again.

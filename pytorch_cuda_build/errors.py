@@ -18,6 +18,9 @@ Each class says what kind of problem it is, so a caller can tell them apart:
       RegistryMismatch  a registry served something other than what was asked for
       MatrixError, LockError, ResolveError, InputUnavailable, RenderError, EnvironmentProblem, BuildError, TestFailure,
       PublishError, CommandFailed, ...: below
+      EnvironmentProblem
+        DockerRefused   the Docker daemon answered no (an HTTP error it sent)
+        EngineLost      the Docker daemon stopped answering mid-run: refused or reset connections, a reply cut short, a timeout
 
 Validation calls the parsers that raise BadValue, NoSuchRow and BadFile, and reports what
 they raise as usage problems (one line each, exit 2): the same rule gives the same words
@@ -261,6 +264,27 @@ class DockerRefused(EnvironmentProblem):
 
     def __str__(self) -> str:
         return f"the Docker daemon at {self.address} refused {self.during} ({self.status}: {self.explanation})"
+
+
+@dataclass
+class EngineLost(EnvironmentProblem):
+    """The Docker daemon stopped answering mid-run: a connection refused or reset, a reply cut
+    short, a timeout, or a server error with no daemon behind it any more. `stage` is the step it
+    was lost in, `left` what that leaves as it was (the tags). Exit 2, as for any engine missing:
+    nothing of the command was wrong, and the same command, run again once the engine answers,
+    finishes the job."""
+
+    address: str
+    stage: str
+    detail: str = ""
+    left: str = "no tag was moved"
+
+    def __post_init__(self) -> None:
+        super().__init__(self.stage)
+
+    def __str__(self) -> str:
+        why = f" ({self.detail})" if self.detail else ""
+        return f"the Docker daemon at {self.address} stopped answering during {self.stage}{why}; start it and run the same command again: {self.left}"
 
 
 @dataclass

@@ -83,11 +83,19 @@ def plan(root: Path, image: Image) -> str:
     lines += [f"platform:   {platform_line(image)}",
               f"cpu ops:    -march={image.cpu_arch} (DeepSpeed's CPU ops and any op it compiles later)",
               f"tests:      {tests_line(image)}",
-              f"base:       {render.base_ref(image)} ({image.os.kind}: {image.os_name})",
+              f"base:       {render.base_ref(image)} ({base_line(image)})",
               f"tags:       {' '.join(tag.refs(image))}",
               f"lock:       {d / 'requirements.lock'} (sha256 {lock.read(root, image)['files_sha256'][:16]}...)",
               f"dockerfile: {d / 'Dockerfile'}\n"]
     return "\n".join(lines) + "\n" + (d / "Dockerfile").read_text()
+
+
+def base_line(image: Image) -> str:
+    """How the row's base is made: matrix.yaml's kind `debootstrap` names the Debian rootfs, which
+    stage 3 builds here with mmdebstrap (stages/base.py), not with debootstrap."""
+    if image.os.kind == "registry":
+        return f"a registry image by digest: {image.os_name}"
+    return f"built here with mmdebstrap from {image.os.mirror}, suite {image.os.suite}: {image.os_name}"
 
 
 def platform_line(image: Image) -> str:

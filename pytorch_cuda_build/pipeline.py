@@ -24,13 +24,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import docker
+import docker.errors
 from filelock import FileLock, Timeout
 
 from . import files, paths
 from .buildkit import provenance
 from .console import Quiet
 from .engine import docker_env
-from .errors import BuildError, NoSuchRow, NotReady, PipelineError
+from .errors import NoSuchRow, NotReady, PipelineError
 from .matrix import Image, Matrix
 from .registry import attach, sign, zstd
 from .registry import client as registry
@@ -38,6 +39,14 @@ from .stages import base, build, fetch, gate, lock, publish, publish_index, rend
 
 results_dir = paths.results_dir
 
+# Each stage of a row as a line names it when the daemon is lost in it, and what it leaves as it
+# was then (docker_env.calls): before the tag stage no tag has moved; the tag stage moves local
+# tags to the tested image only; publish pushes tested images only, immutable tags first.
+STAGE_WORDS = {"engine": "the engine check", "base": "the base", "build": "the build", "test": "the gate",
+               "sbom": "the SBOM", "tag": "the tag", "publish": "the publish"}
+TAGS_TESTED = "the tags moved so far name the tested image, none an untested one"
+PUSHED_TESTED = "every tag the registry holds names a tested image; the same command finishes the push"
+LEFT = {"tag": TAGS_TESTED, "publish": PUSHED_TESTED}
 
 
 
@@ -138,9 +147,10 @@ def build_platforms(root: Path, images: list[Image], opts: Options, console: Qui
         _Row(root, image, opts, console, result).promote(c, publish=False)
     if opts.registry:  # one index of every platform, not one push each
         backoff = publish.retry_backoff()
-        for line in publish_index.publish_index(c, images[0].on("linux/amd64"), opts.registry, push=True, ca_bundle=opts.ca_path,
-                                          attempts=opts.retries, backoff=backoff, log=console.log, compression=opts.compression):
-            console.log(line)
+        with docker_env.calls(STAGE_WORDS["publish"], PUSHED_TESTED):
+            for line in publish_index.publish_index(c, images[0].on("linux/amd64"), opts.registry, push=True, ca_bundle=opts.ca_path,
+                                                    attempts=opts.retries, backoff=backoff, log=console.log, compression=opts.compression):
+                console.log(line)
     return proven
 
 
@@ -191,11 +201,16 @@ class _Row:
         self.result = result or RowResult(image.local_name, ok=False)
 
     @contextlib.contextmanager
-    def stage(self, name: str) -> Iterator[None]:
+    def stage(self, name: str, c: docker.DockerClient | None = None, docker: bool = True) -> Iterator[None]:
+        """A stage, timed and shown. Where it calls Docker (docker), a daemon lost in it is one
+        error naming it (docker_env.calls; c: the daemon to ask after a failed step)."""
         self.console.stage_start(name)
         t0 = time.monotonic()
+        engine = docker_env.calls(STAGE_WORDS.get(name, name), LEFT.get(name, docker_env.NO_TAG_MOVED), c) if docker \
+            else contextlib.nullcontext()
         try:
-            yield
+            with engine:
+                yield
         finally:
             secs = time.monotonic() - t0
             self.result.seconds[name] = round(self.result.seconds.get(name, 0.0) + secs, 1)
@@ -215,10 +230,10 @@ class _Row:
         caller moves them once every platform of the row has passed: promote)."""
         image, opts, log = self.image, self.opts, self.console.log
         self.results.mkdir(parents=True, exist_ok=True)
-        with self.stage("fetch"):
+        with self.stage("fetch", docker=False):  # the network and the store, no daemon
             inputs = lock.build_inputs(self.root, image)
             fetch.fetch(inputs.all(), opts.ca_path, log, f"{image.name} ({image.platform})")
-        with self.stage("base"):
+        with self.stage("base", c):
             base_id = base.ensure(c, image, self.results, log, docker_cli=bc.argv[0], root=self.root, inputs=inputs.base)
         image_id = self.build(c, bc, base_id)
         self.result.image_id = image_id
@@ -227,10 +242,10 @@ class _Row:
             self.result.ok = True
             return self.result
         self.test(c, image_id)
-        with self.stage("sbom"):
+        with self.stage("sbom", c):
             doc = sbom.generate(c, image_id)
             files.write_atomic(self.results / sbom.FILE, sbom.text(doc))
-        with self.stage("vulnerabilities"):
+        with self.stage("vulnerabilities", docker=False):  # PyPI and Debian's index: their own errors
             report = security.record(self.root, image, security.sbom_debian(doc), opts.ca_path, log)
         if opts.registry:  # before any tag moves: a refused image keeps its old tags everywhere
             security.refuse_critical(report, opts.allow_vulnerable)
@@ -241,13 +256,13 @@ class _Row:
     def promote(self, c: docker.DockerClient, publish: bool = True) -> RowResult:
         image, opts, log = self.image, self.opts, self.console.log
         image_id = self.result.image_id
-        with self.stage("tag"):
+        with self.stage("tag", c):
             self.result.tags = tag.promote(c, image, image_id)
             c.images.remove(build.candidate_ref(image), noprune=True)
-        self.result.size_bytes = c.images.get(image_id).attrs.get("Size", 0)
+            self.result.size_bytes = c.images.get(image_id).attrs.get("Size", 0)
         self.write_summary(self.result.base_id)
         if opts.registry and publish:
-            with self.stage("publish"):
+            with self.stage("publish", c):
                 self.result.moves = publish_rows(c, [image], opts.registry, True, opts.ca_path, opts.retries,
                                                  log, lambda i: results_dir(self.root, i), opts.compression)
                 for line in after_push(self.result.moves, opts.registry, opts.ca_path, lambda i: results_dir(self.root, i)):
@@ -262,16 +277,11 @@ class _Row:
             # Measured: its compiles alone ran past two hours under QEMU on 2 cores (docs/train.md).
             self.console.log("note: this flavor compiles Transformer Engine and the DeepSpeed ops under QEMU: more than three hours "
                              "on 2 cores; the GitHub workflow builds it on a native arm64 runner (docs/train.md)")
-        with self.stage("build"):
-            try:
-                return build.run(bc, self.root, self.image, log_path, self.opts.ca_path, self.opts.no_cache,
-                                 cache_args=self.opts.cache_args(self.image),
-                                 echo=self.console.build_sink(getattr(bc, "progress", "plain")), base_id=base_id,
-                                 results=self.results)
-            except BuildError:
-                if not docker_env.answers(c):  # not a failing step: the daemon itself went away
-                    raise docker_env.lost("the build") from None
-                raise
+        with self.stage("build", c):  # a failed step after which the daemon is gone: the daemon went away
+            return build.run(bc, self.root, self.image, log_path, self.opts.ca_path, self.opts.no_cache,
+                             cache_args=self.opts.cache_args(self.image),
+                             echo=self.console.build_sink(getattr(bc, "progress", "plain")), base_id=base_id,
+                             results=self.results)
 
     def test(self, c: docker.DockerClient, image_id: str) -> None:
         code = gate.code_hash(self.root)  # hashed before the run: the record names the code that ran
@@ -280,7 +290,7 @@ class _Row:
             self.console.log(f"image {image_id[:19]} already passed its tests ({prior['mode']}) and the test code is "
                              "unchanged; not re-testing (--retest to force)")
             return
-        with self.stage("test"), following_smoke(c, image_id, self.console):
+        with self.stage("test", c), following_smoke(c, image_id, self.console):
             report = gate.run(c, self.root, self.image, image_id, self.results, self.opts.require_gpu, self.console.log,
                               matrix_path=self.opts.matrix_path)
         tag.record_pass(self.image, image_id, report, code)
@@ -293,12 +303,15 @@ class _Row:
 
 @contextlib.contextmanager
 def following_smoke(c: docker.DockerClient, image_id: str, console: Quiet) -> Iterator[None]:
-    """Show the smoke container's steps as they finish. Display only: gate.run is the gate,
-    and anything going wrong here (no container yet, the daemon busy) is ignored."""
+    """Show the smoke container's steps as they finish. Display only: gate.run is the gate, and
+    the daemon's errors here (the container gone before its logs were read, the daemon busy or
+    lost: the gate's own calls say so) only end or skip a poll. Any other error is a bug of ours:
+    it is raised in the caller's thread once the gate is over, never swallowed."""
     if not console.follows_smoke:
         yield
         return
     stop = threading.Event()
+    broke: list[BaseException] = []
 
     def follow() -> None:
         filters: dict[str, str | list[str] | bool] = {"label": [f"{gate.RUN_LABEL}={gate.RUN_ID}", "pytorch-cuda.test=smoke"]}
@@ -310,15 +323,22 @@ def following_smoke(c: docker.DockerClient, image_id: str, console: Quiet) -> It
                     if container.id not in seen and image_id in (container.attrs.get("Image"), container.attrs.get("ImageID")):
                         seen.add(str(container.id))
                         _stream_lines(container.logs(stream=True, follow=True), console.smoke, stop)
-            except Exception:
-                pass
+            except docker_env.TRANSPORT:
+                pass  # display only: the gate's own calls meet the daemon's errors and name them
+            except Exception as e:  # a bug of ours: handed to the caller's thread
+                broke.append(e)
+                return
             stop.wait(1.0)
 
-    threading.Thread(target=follow, name="smoke-follower", daemon=True).start()
+    follower = threading.Thread(target=follow, name="smoke-follower", daemon=True)
+    follower.start()
     try:
         yield
     finally:
         stop.set()
+    follower.join(timeout=5)  # the gate passed: its container is gone, so the follower ends at once
+    if broke:  # (an error of the gate's own went up instead, unmasked)
+        raise broke[0]
 
 
 def _stream_lines(chunks: Iterable[bytes | str], sink: Callable[[str], None], stop: threading.Event) -> None:
@@ -384,25 +404,26 @@ def publish_command(root: Path, images: list[Image], opts: Options, push: bool, 
     images = [i for i in images if len(i.platforms) == 1]
     backoff = publish.retry_backoff()
     common: dict[str, Any] = {"push": push, "ca_bundle": opts.ca_path, "attempts": opts.retries, "backoff": backoff, "log": log}
-    if merge:
+    if merge:  # the registry's parts alone: no daemon
         for row in several:
             yield "\n".join(publish_index.merge_index(root, row, reg, **common))
         return
     c = docker_env.ensure_engine(log)
-    if opts.compression == "zstd":  # before the registry is contacted, or a row screened
-        zstd.check_engine(c)
-    common["compression"] = opts.compression
-    allowed = set(opts.allow_vulnerable)
-    for row in several:
-        parts = [row.on(p) for p in row.platforms] if platform == "all" else platforms(row, None)
-        publish.screen(c, parts, lambda i: results_dir(root, i), allowed)
-        lines = (publish_index.publish_index(c, row, reg, **common) if platform == "all"
-                 else publish_index.publish_part(c, parts[0], reg, **common))
-        yield "\n".join(lines)
-    if not images:
-        return
-    publish.screen(c, images, lambda i: results_dir(root, i), allowed)
-    moves = publish_rows(c, images, reg, push, opts.ca_path, opts.retries, log, lambda i: results_dir(root, i), opts.compression)
+    with docker_env.calls(STAGE_WORDS["publish"], PUSHED_TESTED, c):
+        if opts.compression == "zstd":  # before the registry is contacted, or a row screened
+            zstd.check_engine(c)
+        common["compression"] = opts.compression
+        allowed = set(opts.allow_vulnerable)
+        for row in several:
+            parts = [row.on(p) for p in row.platforms] if platform == "all" else platforms(row, None)
+            publish.screen(c, parts, lambda i: results_dir(root, i), allowed)
+            lines = (publish_index.publish_index(c, row, reg, **common) if platform == "all"
+                     else publish_index.publish_part(c, parts[0], reg, **common))
+            yield "\n".join(lines)
+        if not images:
+            return
+        publish.screen(c, images, lambda i: results_dir(root, i), allowed)
+        moves = publish_rows(c, images, reg, push, opts.ca_path, opts.retries, log, lambda i: results_dir(root, i), opts.compression)
     yield "\n".join(publish.table(moves, reg, push))
     if push:
         yield from after_push(moves, reg, opts.ca_path, lambda i: results_dir(root, i), sign_key, signatures)
@@ -417,8 +438,9 @@ def base_command(root: Path, m: Matrix, images: list[Image], docker: str | None,
         c, bc = docker_env.ensure_engine(log), docker_env.build_client(docker)
         results = results_dir(root, image)
         results.mkdir(parents=True, exist_ok=True)
-        base.ensure(c, image, results, log, docker_cli=bc.argv[0], root=root, rebuild=rebuild)
-        found = {**base.identity(c, render.base_ref(image), results), "store": docker_env.image_store(c)}
+        with docker_env.calls(STAGE_WORDS["base"], c=c):
+            base.ensure(c, image, results, log, docker_cli=bc.argv[0], root=root, rebuild=rebuild)
+            found = {**base.identity(c, render.base_ref(image), results), "store": docker_env.image_store(c)}
         yield base.describe(render.base_ref(image), found)
         if record:
             for path in base.record(root, m, image, found, build.source(root).revision):
@@ -429,13 +451,15 @@ def test_image(root: Path, image: Image, ref: str, require_gpu: bool, log: Calla
     """`build.py test`: the smoke and structure tests against any local image of the row,
     the pass recorded; its image ID and the mode it passed in (cpu or gpu)."""
     c = docker_env.ensure_engine(log)
-    try:
-        image_id = c.images.get(ref).id
-    except Exception:
-        raise NotReady(f"no image {ref} on this daemon; build it first (python build.py --torch {image.torch_minor} --cuda {image.cuda})", ref=ref) from None
-    assert image_id is not None  # docker-py types Model.id optional; an image the engine lists has one
-    code = gate.code_hash(root)
-    report = gate.run(c, root, image, image_id, results_dir(root, image), require_gpu, log, matrix_path=matrix_path)
+    with docker_env.calls(STAGE_WORDS["test"], c=c):
+        try:
+            image_id = c.images.get(ref).id
+        except docker.errors.ImageNotFound:
+            raise NotReady(f"no image {ref} on this daemon; build it first (python build.py --torch {image.torch_minor} --cuda {image.cuda})",
+                           ref=ref) from None
+        assert image_id is not None  # docker-py types Model.id optional; an image the engine lists has one
+        code = gate.code_hash(root)
+        report = gate.run(c, root, image, image_id, results_dir(root, image), require_gpu, log, matrix_path=matrix_path)
     return image_id, tag.record_pass(image, image_id, report, code)
 
 

@@ -16,6 +16,11 @@ gpu_estimates.json, the last GPU record's step times), then runs the steps in or
   install.dependencies  what the machine lacks of the bundle's wheels (pip decides, --no-index)
   install.deepspeed     the prebuilt wheel, --no-deps; both into a directory of their own, first on
                         PYTHONPATH: the machine's own torch and packages are never replaced
+  preflight.health      the preflight's GPU health checks (preflight/health.py: Xid, ECC, row
+                        remapping, retired pages, NVLink, throttling, temperature), one record a GPU
+  preflight.compute     the preflight's compute check (preflight/compute.py): a bf16 matmul on each
+                        GPU against its product's peak and the others, its checksum, the PCIe link
+                        under load; the machine is a job of one node
   smoke.*               the smoke suite's GPU-only mode (smoke/cli.py), one step per family: versions,
                         GPU basics, the four ops loaded under DeepSpeed's `cuda` accelerator with an
                         empty TORCH_EXTENSIONS_DIR, NCCL collectives, DDP, ZeRO 1/2/3 with and without
@@ -49,6 +54,7 @@ from types import SimpleNamespace
 from . import banner, gpureport
 from . import manifest as mf
 from .interrupt import Interrupted, catching
+from .preflight import compute, health
 from .smoke import cli as smoke
 from .smoke import nocompile, versions
 from .smoke.results import FAIL, INFO, PASS, SKIP, record
@@ -317,12 +323,60 @@ def smoke_nocompile(c, step):
                                   "GPU families")]
 
 
+# ---- the preflight's GPU checks (preflight/health.py, preflight/compute.py), the machine as a job of one node
+
+def preflight_health(c, step):
+    """NVML's faults of each GPU, each a FAIL naming the GPU by index and serial."""
+    out = os.path.join(c.report_dir, "preflight-health.json")
+    rc, log = c.run("preflight.health", [sys.executable, "-m", "pytorch_cuda_runtime.preflight.health", "--out", out],
+                    step.bound)
+    if rc is None or not os.path.isfile(out):
+        c.add("preflight.health", FAIL, expected="every GPU's health read", actual=tail(log),
+              detail="did not end within its bound" if rc is None else f"exit {rc}")
+        return
+    with open(out) as f:
+        record = json.load(f)
+    for g in record["gpus"]:
+        lines = [health.Finding(**f).line() for f in g["findings"]]
+        c.add(f"preflight.health.gpu{g['index']}", FAIL if lines else PASS, expected="no fault NVML reports",
+              actual="; ".join(lines) or f"{g['name']}, serial {g.get('serial')}: no fault",
+              detail="; ".join([f"read through {record['source']}", *g["notes"],
+                                *(f"{k} not read: {v}" for k, v in g["unread"].items())]))
+
+
+def preflight_compute(c, step):
+    """The bf16 matmul on each GPU: TFLOP/s against the product's peak and the others, the checksum, PCIe."""
+    out, node = os.path.join(c.report_dir, "preflight-compute.json"), platform.node().split(".")[0]
+    bound = min(step.bound, compute.GPU_TIMEOUT_S)
+    rc, log = c.run("preflight.compute", [sys.executable, "-m", "pytorch_cuda_runtime.preflight.compute", "--node", node,
+                                          "--out", out], bound)
+    if rc is None or not os.path.isfile(out):
+        c.add("preflight.compute", FAIL, expected=f"the bf16 matmul on every GPU within {bound:g} s", actual=tail(log),
+              detail="did not end within its bound" if rc is None else f"exit {rc}")
+        return
+    with open(out) as f:
+        figures = json.load(f)
+    found, rows = compute.judge({node: figures})
+    for r in rows:
+        peak = (f"{r['x_peak']:.2f} x the dense bf16 peak {r['peak']}" if r.get("x_peak") is not None
+                else f"peak: {r['peak']}")
+        c.add(f"preflight.compute.gpu{r['gpu']}", INFO, actual=f"{r['tflops']:.1f} TFLOP/s",
+              detail=f"{r['name']}, serial {r.get('serial')}: {figures['size']}x{figures['size']} bf16, seed "
+                     f"{figures['seed']}; {peak}; checksum {r['checksum']}")
+    for f in [*compute.local(figures), *(f for _, f in found)]:
+        c.add(f"preflight.{f.check}", FAIL, expected=health.CHECKS[f.check], actual=f.line())
+    if not found and not compute.local(figures) and figures.get("gpus"):
+        c.add("preflight.compute", PASS, expected="each GPU within its thresholds, one checksum",
+              actual=f"{len(figures['gpus'])} GPU(s)")
+
+
 def plan(gpus):
     """Every step in order; a world of one still runs the sharding families (one rank)."""
     steps = [Step("bundle.files", verify_files), Step("machine.python", check_python), Step("machine.torch", probe_torch),
              Step("install.dependencies", install_dependencies), Step("install.deepspeed", install_deepspeed),
              Step("smoke.versions", smoke_versions), Step("smoke.gpu", smoke_gpu, needs_gpu=True),
-             Step("smoke.ops", smoke_ops)]
+             Step("smoke.ops", smoke_ops), Step("preflight.health", preflight_health, needs_gpu=True),
+             Step("preflight.compute", preflight_compute, needs_gpu=True)]
     for family, _, _ in smoke.plan(smoke.MULTI + smoke.SINGLE, max(gpus, 1), 1, gpu_only=True):
         steps.append(Step(f"smoke.{family}", smoke_family, needs_gpu=True, family=family))
     steps += [Step("smoke.extras", smoke_extras), Step("smoke.measure", smoke_family, needs_gpu=True, family="measure"),

@@ -133,6 +133,23 @@ def fill(path: Path) -> None:
     assert os.statvfs(path).f_bavail == 0, f"{path}: the filesystem still has free blocks"
 
 
+def code_blocks(text: str) -> list[tuple[str, str, int]]:
+    """(language, body, line number of the opening fence) of each fenced block of a Markdown text,
+    indented ones (in a list item) included, their indent taken off; ``` or ~~~, no nesting."""
+    blocks, opened, lang, lines, first = [], None, "", [], 0
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.lstrip()
+        if opened is None and stripped.startswith(("```", "~~~")):
+            opened, indent, lang, lines, first = stripped[:3], len(line) - len(stripped), stripped[3:].strip(), [], number
+        elif opened is not None and stripped.startswith(opened) and not stripped[3:].strip():
+            body = (ln[indent:] if ln.startswith(" " * indent) else ln.lstrip() for ln in lines)
+            blocks.append((lang, "".join(f"{ln}\n" for ln in body), first))
+            opened = None
+        elif opened is not None:
+            lines.append(line)
+    return blocks
+
+
 def run_build_py(root: Path, *args: str, env: dict | None = None, timeout: int = 3600) -> subprocess.CompletedProcess:
     """Run a project's build.py with our virtualenv, as a user would."""
     import os

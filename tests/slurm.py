@@ -1,9 +1,9 @@
-"""A real two-node Slurm 22.05 cluster on this one machine, for the tests that run jobs on it.
+"""A real Slurm 22.05 cluster of a few nodes (two unless asked) on this one machine, for the tests that run jobs on it.
 
 Everything is this test run's own, and removed again:
 - munged on its own socket and key (slurm.conf's AuthInfo names the socket);
-- a bridge with the controller's address and two network namespaces on it, one per node, each
-  with its own hostname (slurmd is started in a new UTS namespace), so torchrun and gloo see two
+- a bridge with the controller's address and a network namespace per node on it, each with its
+  own hostname (slurmd is started in a new UTS namespace), so torchrun and gloo see separate
   hosts; node names in /etc/hosts, which the OCI bundle binds into the containers;
 - slurmctld on the host side of the bridge, one slurmd per namespace, all in the foreground as
   children of this process, and the oci.conf it is given;
@@ -53,7 +53,7 @@ def _free_subnet() -> str:
 
 
 class SlurmCluster:
-    """Two nodes (`<prefix>1`, `<prefix>2`), one partition; start() and stop() are each safe to call once.
+    """`nodes` nodes (`<prefix>1`, `<prefix>2`, ...), one partition; start() and stop() are each safe to call once.
     work must exist and be readable by every user who submits (slurm.conf, the stand-ins are there)."""
 
     PARTITION = "test"

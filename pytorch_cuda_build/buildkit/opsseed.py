@@ -26,6 +26,7 @@ from filelock import FileLock
 
 from .. import paths
 from ..errors import BuildError
+from ..files import write_atomic
 from ..matrix import Image
 
 CONTEXT_DIR = "ops-seed"  # in the build context; the Dockerfile binds it at /opsseed
@@ -94,10 +95,7 @@ def save(exported: Path, image: Image) -> str:
             entry = _entry(keys[kind], kind)
             if not entry.exists():
                 parts[kind].rename(entry)  # same file system: the export is made under the store
-            fd, tmp = tempfile.mkstemp(dir=pointers_folder, prefix=".tmp-")
-            with os.fdopen(fd, "w") as f:
-                f.write(keys[kind] + "\n")
-            os.replace(tmp, _pointer(image, kind))
+            write_atomic(_pointer(image, kind), keys[kind] + "\n")  # a full disk: one line, the old pointer whole
             pointers = _pointers(kind)
             _, entries = unnamed(pointers, _entries(kind), set(pointers))
             for old in entries:
@@ -162,6 +160,11 @@ def _pointer_path(kind: str, name: str) -> Path:
 
 
 def export_dir() -> Path:
-    """A fresh directory for an export, on the store's file system (filed by a rename)."""
+    """A fresh directory for an export, on the store's file system (filed by a rename), named by
+    this process: the exports of processes that are gone (a SIGKILL mid-export) are removed first."""
     (store() / "wheels").mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(dir=store(), prefix=".export-"))
+    for left in store().glob(".export-*"):
+        pid = left.name.split("-")[1]
+        if pid.isdigit() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(left, ignore_errors=True)
+    return Path(tempfile.mkdtemp(dir=store(), prefix=f".export-{os.getpid()}-"))

@@ -14,7 +14,8 @@ import testinfra
 from pytorch_cuda_build import matrix
 from pytorch_cuda_build.checks import support
 from pytorch_cuda_build.checks.support import Container, Host
-from pytorch_cuda_build.stages import gate, lock, render
+from pytorch_cuda_build.engine import containers
+from pytorch_cuda_build.stages import lock, render
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -68,7 +69,7 @@ def container(docker_client: docker.DockerClient, image_ref: str) -> Iterator[Co
     """A long-running container of the image, removed at the end."""
     c = docker_client.containers.run(
         image_ref, ["sleep", "infinity"], detach=True, environment={"PYTORCH_CUDA_NO_BANNER": "1"},
-        labels={"pytorch-cuda.test": "structure", gate.RUN_LABEL: gate.RUN_ID},
+        labels=containers.labels("structure"),
     )
     yield c
     c.remove(force=True)

@@ -8,10 +8,13 @@ from typing import Any
 import docker
 from docker.models.containers import Container
 
+from pytorch_cuda_build.engine import containers
+
 
 def run_image(image_ref: str, cmd: list[str], opts: tuple[str, ...] = (), timeout: int = 120) -> subprocess.CompletedProcess:
     """`docker run --rm` with a timeout; output captured for the assertion message."""
-    return subprocess.run(["docker", "run", "--rm", *opts, image_ref, *cmd], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(["docker", "run", "--rm", *containers.label_args("structure"), *opts, image_ref, *cmd],
+                          capture_output=True, text=True, timeout=timeout)
 
 
 # testinfra ships no types (pyproject.toml: ignore_missing_imports): its Host is Any to mypy.

@@ -465,3 +465,28 @@ def test_the_preflight_refuses_an_old_driver_and_a_missing_gpu_in_one_line_each_
         in failed[0], shown(proc)
     assert "driver 470.57.02 (stand-in GPUs" in failed[1] and "older than 525.60.13" in failed[1], shown(proc)
     assert "all_reduce" not in proc.stdout
+
+
+def test_the_preflight_names_each_faulty_gpu_through_the_fake_nvml_and_stand_in_figures(image_ref: str) -> None:
+    """The GPU part in the image with its stand-ins (preflight/fakenvml.py and stand-in GPUs with
+    figures): three GPUs, the second with a pending row remap and a slowdown, the third slow and
+    wrong. One line per fault, each naming the node and the GPU by index and serial; the table
+    and the report hold them; a check named in --warn only warns. No rank starts."""
+    gpu = {"name": "NVIDIA H100 80GB HBM3", "driver": "550.54.15", "capability": "9.0", "tflops": 700.0}
+    standin = {"*": [gpu, gpu, {**gpu, "tflops": 300.0, "corrupt": True}]}
+    nvml = {"*": [{}, {"remapped_rows": [0, 1, 1, 0], "reasons": 0x41}, {"temperature": 95}]}
+    script = (f"cd /tmp && echo '{json.dumps(standin)}' > s.json && echo '{json.dumps(nvml)}' > n.json && "
+              "PYTORCH_CUDA_PREFLIGHT_STANDIN=/tmp/s.json PYTORCH_CUDA_PREFLIGHT_FAKE_NVML=/tmp/n.json "
+              "pytorch-cuda-preflight --gpus-per-node 3 --warn temperature --report pf.json; echo rc=$?; cat pf.json")
+    proc = run_image(image_ref, ["sh", "-c", script], PREFLIGHT_OPTS, timeout=120)
+    assert "rc=1" in proc.stdout, shown(proc)
+    failed = [ln.split("FAILED: ", 1)[1] for ln in proc.stderr.splitlines() if "pytorch-cuda-preflight: FAILED: node " in ln]
+    checks = sorted(ln.rsplit("[", 1)[1].rstrip("]") for ln in failed)
+    assert checks == ["compute-checksum", "compute-peak", "compute-slow", "row-remap", "throttle"], shown(proc)
+    assert all(" GPU 1 (serial 1650922000001): " in ln for ln in failed if "[row-remap]" in ln or "[throttle]" in ln)
+    assert all(" GPU 2 (serial 1650922000002): " in ln for ln in failed if "[compute-" in ln)
+    assert any("warning: node " in ln and "GPU 2 (serial 1650922000002): 95 C" in ln for ln in proc.stderr.splitlines())
+    assert "# all_reduce" not in proc.stdout  # no rank started
+    report = json.loads(proc.stdout[proc.stdout.index("\n{") + 1:])
+    assert not report["passed"] and [r["failed"] for r in report["gpus"]["rows"]] == [
+        [], ["row-remap", "throttle"], ["compute-checksum", "compute-peak", "compute-slow", "temperature (warning)"]]

@@ -14,6 +14,7 @@ import pytest
 
 from pytorch_cuda_build import matrix
 from pytorch_cuda_build.checks.support import Host
+from pytorch_cuda_build.engine import containers
 from pytorch_cuda_build.stages import lock
 
 pytestmark = pytest.mark.docker
@@ -56,6 +57,6 @@ def test_an_arbitrary_uid_gets_writable_kernel_caches(docker_client: docker.Dock
     script = ('for v in TRITON_CACHE_DIR FLASH_ATTENTION_CUTE_DSL_CACHE_DIR; do d=$(printenv $v); '
               'mkdir -p "$d" && touch "$d/probe" && echo "$v ok"; done; echo "enabled=$FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"')
     out = docker_client.containers.run(image_ref, ["bash", "-c", script], user=ARBITRARY, remove=True,
-                                       environment={"PYTORCH_CUDA_NO_BANNER": "1"}).decode()
+                                       environment={"PYTORCH_CUDA_NO_BANNER": "1"}, labels=containers.labels("structure")).decode()
     assert "TRITON_CACHE_DIR ok" in out and "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR ok" in out, out
     assert ("enabled=1" in out) == ("flash-attn-4" in row.extras_pins), out

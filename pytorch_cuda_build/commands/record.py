@@ -140,6 +140,8 @@ def read_saved(ref: str, docker_cli: str, reader: Callable[[IO[bytes]], T]) -> T
         parsed = e
         while save.stdout.read(1 << 20):  # a good stream must end on its own, not on a broken pipe
             pass
+    except (tarfile.TarError, EOFError) as e:  # a stream cut short (the daemon gone mid-save): the save's exit says why
+        parsed = ArchiveLayoutError(ref, f"the stream ended inside a tar ({e})")
     finally:
         save.stdout.close()
         err = save.stderr.read().decode(errors="replace").strip()
@@ -366,10 +368,11 @@ def local_image_id(c: Any, ref: str) -> str:
 def record_local(ref: str, what: str, out: Path, docker: str | None, log: Callable[[str], None]) -> Record:
     """`build.py record`: the local image ref's record, written to out."""
     c, bc = docker_env.ensure_engine(log), docker_env.build_client(docker)
-    image_id = local_image_id(c, ref)
-    log(f"record: reading {ref}'s layers (every file's sha256)")
-    rec = from_image(ref, image_id, bc.argv[0], f"{what} as {ref}, built on Docker {c.version().get('Version', '?')}, "
-                                                f"{docker_env.image_store(c)} store")
+    with docker_env.calls("the record", c=c):  # nothing written until the record is whole
+        image_id = local_image_id(c, ref)
+        log(f"record: reading {ref}'s layers (every file's sha256)")
+        rec = from_image(ref, image_id, bc.argv[0], f"{what} as {ref}, built on Docker {c.version().get('Version', '?')}, "
+                                                    f"{docker_env.image_store(c)} store")
     out.parent.mkdir(parents=True, exist_ok=True)
     write(rec, out)
     return rec
@@ -381,7 +384,8 @@ def against_record(ref: str, name: str, recorded: Path, docker: str | None, log:
     theirs = load(recorded)
     c, bc = docker_env.ensure_engine(log), docker_env.build_client(docker)
     log(f"verify: reading {ref}'s layers (every file's sha256)")
-    ours = from_image(ref, local_image_id(c, ref), bc.argv[0], f"{name} here")
+    with docker_env.calls("`verify --record`", c=c):
+        ours = from_image(ref, local_image_id(c, ref), bc.argv[0], f"{name} here")
     d = compare(theirs, ours, ("the record", "the image here"))
     return [f"image digests: {theirs.image or '(none recorded)'} vs {ours.image or '(none: classic store)'}",
             f"config digests: {theirs.config_digest} vs {ours.config_digest}", *lines(d),

@@ -20,7 +20,7 @@ from typing import IO, Callable, Iterator
 import docker.errors
 
 from .. import files
-from ..engine import docker_env
+from ..engine import containers, docker_env
 from ..errors import ArchiveLayoutError
 from ..matrix import Image
 from ..paths import results_dir
@@ -158,7 +158,7 @@ def keep_differing(c: docker.DockerClient, refs: tuple[str, ...], paths: list[st
 
 
 def _copy_out(c: docker.DockerClient, ref: str, path: str, dest: Path) -> bool:
-    container = c.containers.create(ref, command=["true"], entrypoint=[])
+    container = c.containers.create(ref, command=["true"], entrypoint=[], labels=containers.labels("verify"))
     try:
         stream, stat = container.get_archive("/" + path)
         if (stat or {}).get("size", 0) > KEEP_FILE_BYTES:
@@ -188,6 +188,12 @@ def run(root: Path, image: Image, results: Path, docker: str | None, ca: str | N
     wheel from the host's ops seed where it has one, unless compile_ops: then each compiles them,
     as a rebuild on a machine without this one's state does."""
     c = docker_env.ensure_engine(log)
+    with docker_env.calls("the verify", c=c):
+        return _twice(c, root, image, results, docker, ca, log, compile_ops)
+
+
+def _twice(c: docker.DockerClient, root: Path, image: Image, results: Path, docker: str | None, ca: str | None,
+           log: Callable[[str], None], compile_ops: bool) -> tuple[Comparison, str]:
     bc = docker_env.build_client(docker)
     build.check_disk(docker_env.root_dir(c))
     results.mkdir(parents=True, exist_ok=True)
@@ -225,7 +231,7 @@ def run(root: Path, image: Image, results: Path, docker: str | None, ca: str | N
         return comparison, note
     finally:
         for ref in kept_refs:
-            _remove(c, ref)
+            _remove_leaving(c, ref, log)
 
 
 SECOND_BUILD_MARGIN = 4 * 1024**3
@@ -258,8 +264,16 @@ def _keep(c: docker.DockerClient, refs: tuple[str, ...], paths: list[str], dest:
 def _remove(c: docker.DockerClient, ref: str) -> None:
     try:
         c.images.remove(ref, force=True)
-    except Exception:
+    except docker.errors.ImageNotFound:
         pass  # never built, or already gone
+
+
+def _remove_leaving(c: docker.DockerClient, ref: str, log: Callable[[str], None]) -> None:
+    """_remove on the way out: a daemon that cannot remove it is said, never masking why we leave."""
+    try:
+        _remove(c, ref)
+    except docker_env.TRANSPORT as e:
+        log(f"warning: could not remove {ref} ({docker_env._short(e)}); remove it with `docker image rm {ref}`")
 
 
 def each_platform(root: Path, images: list[Image], docker: str | None, ca: str | None, log: Callable[[str], None],

@@ -31,7 +31,7 @@ import docker
 
 from .. import files
 from ..engine import docker_env
-from ..errors import BadValue, ImageUnfit, NotReady, PipelineError, RegistryMismatch
+from ..errors import BadValue, EngineLost, ImageUnfit, NotReady, PipelineError, RegistryMismatch
 from ..jobs import ImageRef
 from ..matrix import Image, Matrix
 from ..registry.client import Registry, RegistryAPI, credentials
@@ -233,18 +233,25 @@ def base_for(c: docker.DockerClient, api: RegistryAPI, image: Image, published: 
 
 
 def rebuild(c: docker.DockerClient, bc: docker_env.BuildClient, api: RegistryAPI, image: Image, published: Published, root: Path, results: Path, ca: str | None, log: Callable[[str], None]) -> str:
-    """The row rebuilt without cache, ops compiled, on the image's base; its local reference."""
+    """The row rebuilt without cache, ops compiled, on the image's base; its local reference. A
+    daemon lost meanwhile is no failed rebuild: its own error goes up (exit 2, not 3)."""
     try:
-        base_id = base_for(c, api, image, published, results, bc.argv[0], root, log)
-        ref = f"{image.repository}-verify:{image.local_name}-published"
-        log(f"verify: rebuilding {image.name} for {image.platform} without the layer cache, ops compiled "
-            f"(log: {results / 'rebuild.log'})")
-        build.run(bc, root, image, results / "rebuild.log", ca, no_cache=True, echo=False, tag=ref, base_id=base_id,
-                  ops_seed=False, src=build.source(root))
-    except NotRebuilt:
+        with docker_env.calls("the rebuild of `verify --image`", c=c):
+            return _rebuild(c, bc, api, image, published, root, results, ca, log)
+    except (NotRebuilt, EngineLost):
         raise
     except PipelineError as e:
         raise NotRebuilt(f"could not rebuild {image.name}: {e}") from None
+
+
+def _rebuild(c: docker.DockerClient, bc: docker_env.BuildClient, api: RegistryAPI, image: Image, published: Published, root: Path,
+             results: Path, ca: str | None, log: Callable[[str], None]) -> str:
+    base_id = base_for(c, api, image, published, results, bc.argv[0], root, log)
+    ref = f"{image.repository}-verify:{image.local_name}-published"
+    log(f"verify: rebuilding {image.name} for {image.platform} without the layer cache, ops compiled "
+        f"(log: {results / 'rebuild.log'})")
+    build.run(bc, root, image, results / "rebuild.log", ca, no_cache=True, echo=False, tag=ref, base_id=base_id,
+              ops_seed=False, src=build.source(root))
     return ref
 
 
@@ -260,18 +267,19 @@ def run(root: Path, matrix: Matrix, ref: ImageRef, platform: str, against: str |
     c, bc = docker_env.ensure_engine(log), docker_env.build_client(docker)
     results = results_of(image) / "verify-image"
     results.mkdir(parents=True, exist_ok=True)
-    if against is not None:
-        verdict = compare(api, name, published, read_local(against, bc.argv[0]), bc.argv[0])
-    else:
-        docker_env.ensure_emulation(image.platform, log)
-        build.check_disk(docker_env.root_dir(c))
-        rebuilt = rebuild(c, bc, api, image, published, root, results, ca, log)
-        try:
-            verdict = compare(api, name, published, read_local(rebuilt, bc.argv[0]), bc.argv[0])
-        except PipelineError:
-            log(f"verify: the rebuild stays as {rebuilt}: `--against {rebuilt}` compares it again without rebuilding")
-            raise
-        verdict = kept_unless_same(c, rebuilt, verdict)
+    with docker_env.calls("`verify --image`", c=c):
+        if against is not None:
+            verdict = compare(api, name, published, read_local(against, bc.argv[0]), bc.argv[0])
+        else:
+            docker_env.ensure_emulation(image.platform, log)
+            build.check_disk(docker_env.root_dir(c))
+            rebuilt = rebuild(c, bc, api, image, published, root, results, ca, log)
+            try:
+                verdict = compare(api, name, published, read_local(rebuilt, bc.argv[0]), bc.argv[0])
+            except PipelineError:
+                log(f"verify: the rebuild stays as {rebuilt}: `--against {rebuilt}` compares it again without rebuilding")
+                raise
+            verdict = kept_unless_same(c, rebuilt, verdict)
     files.write_atomic(results / "verdict.txt", "\n".join(verdict.lines) + "\n")
     return verdict
 

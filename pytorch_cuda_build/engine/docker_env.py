@@ -5,6 +5,7 @@ through a Docker CLI; everything else (inspect, run, tag) goes through the SDK.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -13,14 +14,16 @@ import shutil
 import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import docker
 import docker.errors
 import requests
+import urllib3.exceptions
 
-from ..errors import DockerRefused, EnvironmentProblem
+from ..errors import BuildError, CommandFailed, DockerRefused, EngineLost, EnvironmentProblem, PipelineError, TestFailure
 from ..matrix import REPRODUCIBLE_EPOCH
+from . import containers
 
 ENGINE_SCRIPT = Path(__file__).with_name("engine.sh")
 DOCKER_ENV = "PYTORCH_CUDA_DOCKER"
@@ -59,18 +62,37 @@ def api_error(e: BaseException | None) -> docker.errors.APIError | None:
     return None
 
 
-def failure(during: str, e: BaseException) -> EnvironmentProblem:
+# What a call to the daemon raises when the daemon, not the request, failed: requests' errors
+# (connection refused or reset, a reply cut short: ChunkedEncodingError, a timeout), urllib3's
+# beneath them, the socket's own, and the SDK's DockerException around any of them.
+TRANSPORT: tuple[type[BaseException], ...] = (docker.errors.DockerException, requests.exceptions.RequestException,
+                                              urllib3.exceptions.HTTPError, ConnectionError)
+NO_TAG_MOVED = "no tag was moved"
+
+
+def failure(during: str, e: BaseException, left: str = NO_TAG_MOVED) -> EnvironmentProblem:
     """One line for any Docker SDK error: the daemon refused (HTTP status and its message), or it is gone.
 
-    Gone means nothing answered: connection refused or reset, the socket missing, a
-    timeout. A refusal is the daemon answering no, e.g. 500 "could not select device
-    driver" for a GPU request on a host without the NVIDIA runtime: restarting Docker
-    does not help there, so the two must never read alike.
+    Gone means nothing answered: connection refused or reset, the socket missing, a reply cut
+    short, a timeout, or a server error (5xx) after which no daemon answers a ping (a daemon
+    dying mid-request). A refusal is the daemon answering no, e.g. 500 "could not select device
+    driver" for a GPU request on a host without the NVIDIA runtime: restarting Docker does not
+    help there, so the two must never read alike. `left`: what the run leaves as it was.
     """
     api = api_error(e)
-    if api is not None:
-        return DockerRefused(daemon_address(), during, api.status_code, refusal(api))
-    return EnvironmentProblem(f"the Docker daemon at {daemon_address()} stopped answering during {during}: {_short(e)}; no tag moved")
+    if api is None:
+        return EngineLost(daemon_address(), during, _short(e), left)
+    if api.status_code is not None and api.status_code >= 500 and not _daemon_answers():
+        return EngineLost(daemon_address(), during, f"{api.status_code}: {refusal(api)}", left)
+    return DockerRefused(daemon_address(), during, api.status_code, refusal(api))
+
+
+def _daemon_answers() -> bool:
+    """Whether a daemon answers at the address now (a short ping on a client of its own)."""
+    try:
+        return bool(docker.from_env(timeout=10).ping())
+    except TRANSPORT:  # any failure to reach it is the answer: none
+        return False
 
 
 def refusal(e: docker.errors.APIError) -> str:
@@ -81,12 +103,35 @@ def refusal(e: docker.errors.APIError) -> str:
     return (text.strip().splitlines() or ["no message"])[0][:300]
 
 
-def lost(during: str, e: BaseException | None = None) -> EnvironmentProblem:
+def lost(during: str, e: BaseException | None = None, left: str = NO_TAG_MOVED) -> EnvironmentProblem:
     """The daemon went away mid-run (stopped, crashed, restarted); with the error at hand,
     classified by failure(), since an answer of the daemon is no loss of it."""
     if e is not None:
-        return failure(during, e)
-    return EnvironmentProblem(f"the Docker daemon at {daemon_address()} stopped answering during {during}; no tag moved")
+        return failure(during, e, left)
+    return EngineLost(daemon_address(), during, left=left)
+
+
+# Failures of ours that a daemon dying mid-step also gives: a build step, a test, a command
+# through the CLI. With the daemon gone after one, the daemon is what to name.
+MAYBE_LOST = (BuildError, TestFailure, CommandFailed)
+
+
+@contextlib.contextmanager
+def calls(stage: str, left: str = NO_TAG_MOVED, c: docker.DockerClient | None = None) -> Iterator[None]:
+    """Where Docker is called during `stage`: a daemon or transport failure (TRANSPORT) leaves as
+    one error of the tree, EngineLost or DockerRefused, naming the stage and what it left as it
+    was; so does a failed build, test or command (MAYBE_LOST) after which c's daemon no longer
+    answers. Our other typed errors and anything else (a bug) pass unchanged, to the CLI's one handler."""
+    try:
+        yield
+    except MAYBE_LOST:
+        if c is not None and not answers(c):
+            raise lost(stage, left=left) from None
+        raise
+    except (PipelineError, BrokenPipeError):  # ours; the reader of our output gone (the CLI's exit 141)
+        raise
+    except TRANSPORT as e:
+        raise failure(stage, e, left) from None
 
 
 def daemon_key(c: docker.DockerClient) -> str:
@@ -95,7 +140,7 @@ def daemon_key(c: docker.DockerClient) -> str:
     daemon will not say."""
     try:
         ident = str(c.info().get("ID") or "")
-    except Exception:
+    except TRANSPORT:  # the address stands in; a daemon gone fails the next call, in its stage
         ident = ""
     return hashlib.sha256((f"id:{ident}" if ident else f"address:{daemon_address()}").encode()).hexdigest()[:12]
 
@@ -103,7 +148,7 @@ def daemon_key(c: docker.DockerClient) -> str:
 def answers(c: docker.DockerClient) -> bool:
     try:
         return bool(c.ping())
-    except Exception:
+    except TRANSPORT:  # any failure to reach it is the answer: no
         return False
 
 
@@ -113,7 +158,8 @@ def _short(e: BaseException) -> str:
 
 
 def ensure_engine(log: Callable[[str], None] = print) -> docker.DockerClient:
-    """Run the project's engine setup (installs and starts dockerd as root on Debian), then connect."""
+    """Run the project's engine setup (installs and starts dockerd as root on Debian), then connect;
+    the first time in this process for this daemon, remove what runs killed before left on it."""
     try:
         c = client()
     except EnvironmentProblem:
@@ -121,12 +167,26 @@ def ensure_engine(log: Callable[[str], None] = print) -> docker.DockerClient:
             raise  # a remote daemon is the user's to start
         log(f"no Docker daemon at {daemon_address()}: running {ENGINE_SCRIPT.name}")
         _engine_setup()
-        return client()
-    if os.geteuid() == 0 and not os.environ.get("DOCKER_HOST"):
-        # A local daemon can answer and still fail every container start (its bridge deleted
-        # by another daemon, seen here): engine.sh checks that and restarts a dockerd it started.
-        _engine_setup()
+        c = client()
+    else:
+        if os.geteuid() == 0 and not os.environ.get("DOCKER_HOST"):
+            # A local daemon can answer and still fail every container start (its bridge deleted
+            # by another daemon, seen here): engine.sh checks that and restarts a dockerd it started.
+            _engine_setup()
+    swept(c, log)
     return c
+
+
+_SWEPT: set[str] = set()  # the daemons this process has swept (containers.sweep), by address
+
+
+def swept(c: docker.DockerClient, log: Callable[[str], None]) -> None:
+    """containers.sweep, once per process and daemon: the containers of runs whose process is gone."""
+    if daemon_address() in _SWEPT:
+        return
+    with calls("the removal of containers that killed runs left"):
+        containers.sweep(c, log)
+    _SWEPT.add(daemon_address())
 
 
 # The host's architecture as uname names it, as Docker names it, and as QEMU's binfmt entry does.

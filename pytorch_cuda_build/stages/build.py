@@ -196,6 +196,9 @@ def export_ops(bc: BuildClient, root: Path, image: Image, context: Path, env: di
     dest = opsseed.export_dir()
     try:
         if _stream(export_command(bc, root, image, context, dest, ca_bundle, cache_args), env, log_path, False) != 0:
+            if "no space left on device" in log_path.read_text(errors="replace").lower():
+                raise EnvironmentProblem(f"no space left on device exporting the compiled ops to {opsseed.store()} (log: {log_path}); "
+                                         "free some there and run the same command again: no tag was moved")
             raise BuildError(f"exporting the compiled ops ({opsseed.TARGET}) to {opsseed.store()}", str(log_path), progress.log_tail(log_path))
         return opsseed.save(dest, image)
     finally:

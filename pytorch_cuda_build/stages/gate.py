@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ import docker
 import docker.errors
 import requests
 
-from ..engine import docker_env
+from ..engine import containers, docker_env
 from ..errors import EnvironmentProblem, TestFailure
 from ..matrix import Image
 
@@ -118,11 +119,8 @@ def smoke(c: docker.DockerClient, image: Image, image_id: str, results: Path, re
     return report
 
 
-# Every container a run makes carries RUN_LABEL=RUN_ID beside `pytorch-cuda.test`, so a
-# caller counts and cleans only its own. PYTORCH_CUDA_RUN_ID lets one (the test suite)
-# share an ID with the build.py processes it starts; otherwise each process has its own.
-RUN_LABEL = "pytorch-cuda.run"
-RUN_ID = os.environ.get("PYTORCH_CUDA_RUN_ID") or uuid.uuid4().hex
+# Every container a run makes carries its run's ID and its owner (engine/containers.py).
+RUN_LABEL, RUN_ID = containers.RUN_LABEL, containers.RUN_ID
 
 
 @contextlib.contextmanager
@@ -132,7 +130,7 @@ def throwaway_container(c: docker.DockerClient, image_id: str, command: list[str
     interrupt, daemon error. It has a unique name, so even a create whose answer was
     lost is found and removed."""
     name = f"pytorch-cuda-{kind}-{uuid.uuid4().hex[:12]}"
-    labels = {"pytorch-cuda.test": kind, RUN_LABEL: RUN_ID}
+    labels = containers.labels(kind)
     dns = docker_env.container_dns()
     if dns and "network_mode" not in opts:  # a container on the host's network has the host's resolver
         opts = {**opts, "dns": dns}
@@ -156,9 +154,10 @@ def _remove(c: docker.DockerClient, name: str, log: Callable[[str], None]) -> No
         c.containers.get(name).remove(force=True)
     except docker.errors.NotFound:
         pass  # never created, or already gone
-    except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
-        # Never mask why we are leaving; say what is left behind and how to remove it.
-        log(f"warning: could not remove container {name} ({docker_env._short(e)}); remove it with `docker rm -f {name}`")
+    except docker_env.TRANSPORT as e:
+        # Never mask why we are leaving; say what is left behind and how it goes.
+        log(f"warning: could not remove container {name} ({docker_env._short(e)}); the next run removes it "
+            f"(or `docker rm -f {name}`)")
 
 
 def check_smoke_report(report: dict, require_gpu: bool, log_path: str) -> None:
@@ -194,10 +193,17 @@ def hand_back(c: docker.DockerClient, image_id: str, out: Path, log: Callable[[s
 
 
 def _wait(container: Any, timeout: int) -> int:
-    """The container's exit code, or 124 after killing it when it outlives the timeout."""
+    """The container's exit code, or 124 after killing it when it outlives the timeout. A daemon
+    that stops answering is no timeout: its error (a reply cut short, a connection refused or
+    reset, the kill's) goes on up, to become one line at the stage's boundary."""
+    t0 = time.monotonic()
     try:
         return container.wait(timeout=timeout)["StatusCode"]
     except (requests.exceptions.ConnectionError, requests.exceptions.ReadTimeout):
+        # docker-py reports a read timeout on a unix socket as a ConnectionError; one that comes
+        # before the timeout is a connection lost.
+        if time.monotonic() - t0 < timeout:
+            raise
         try:
             container.kill()
         except docker.errors.APIError:

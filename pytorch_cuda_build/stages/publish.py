@@ -37,7 +37,6 @@ from typing import Callable, TypeVar
 import docker
 import docker.auth
 import docker.errors
-import requests
 import tenacity
 
 from ..engine import docker_env
@@ -272,6 +271,10 @@ def where(api: RegistryAPI, moves: list[Move]) -> list[str]:
     return out
 
 
+# What a push the daemon dropped leaves: the tags pushed before it, each read back (the lines after).
+PUSH_LEFT = "the tags pushed before it name tested images (below)"
+
+
 def push_one(c: docker.DockerClient, mv: Move, reg: Registry, creds: dict | None) -> str:
     """Tag locally under the registry's name, push, untag; return the pushed digest."""
     repo = mv.repository(reg)
@@ -286,8 +289,8 @@ def push_one(c: docker.DockerClient, mv: Move, reg: Registry, creds: dict | None
                 # Docker 20.10 sends it as aux; 26 on the containerd store only in the status line
                 said = _PUSHED_DIGEST.search(ev.get("status") or "")
                 digest = (ev.get("aux") or {}).get("Digest") or (said.group(1) if said else digest)
-        except (docker.errors.APIError, requests.ConnectionError) as e:
-            raise Transient(str(docker_env.failure(f"the push of {repo}:{mv.tag}", e))) from None
+        except docker_env.TRANSPORT as e:  # a reply cut short (the daemon dying mid-push) included
+            raise Transient(str(docker_env.failure(f"the push of {repo}:{mv.tag}", e, PUSH_LEFT))) from None
         if not digest and mv.by_manifest:
             digest = mv.image_id  # that store pushes the manifest it holds; the read-back checks it
         if not digest:
@@ -296,8 +299,8 @@ def push_one(c: docker.DockerClient, mv: Move, reg: Registry, creds: dict | None
     finally:
         try:
             c.images.remove(f"{repo}:{mv.tag}", noprune=True)
-        except docker.errors.APIError:
-            pass
+        except docker_env.TRANSPORT:
+            pass  # a local name for the push only, given again by the next; never mask why we are leaving
 
 
 def execute(c: docker.DockerClient, api: RegistryAPI, moves: list[Move], creds: dict | None,

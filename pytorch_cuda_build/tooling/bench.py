@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import docker
+import docker.errors
 
 from .. import files, progress
-from ..engine import docker_env
+from ..engine import containers, docker_env
 from ..engine.docker_env import DOCKER_ENV
 from ..errors import BadValue, CommandFailed, NoSuchRow, NotReady, PipelineError
 from ..matrix import Image, Matrix
@@ -58,7 +59,8 @@ def check_consent(only: set[str], yes: bool) -> None:
 
 def _run(cmd: list[str], timeout: float | None = None, **kw: Any) -> subprocess.CompletedProcess:
     """Run a command; a failure is a BenchError naming it and its exit code, never a traceback."""
-    shown = shlex.join(cmd[:6]) + (" ..." if len(cmd) > 6 else "")
+    plain = [a for i, a in enumerate(cmd) if a != "--label" and (i == 0 or cmd[i - 1] != "--label")]  # containers' labels: noise here
+    shown = shlex.join(plain[:6]) + (" ..." if len(plain) > 6 else "")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
     except subprocess.TimeoutExpired:
@@ -72,7 +74,7 @@ def _run(cmd: list[str], timeout: float | None = None, **kw: Any) -> subprocess.
 
 def _time_run(docker_cli: str, ref: str, env: list[str]) -> float:
     t0 = time.perf_counter()
-    _run([docker_cli, "run", "--rm", *env, ref, "true"], timeout=120)
+    _run([docker_cli, "run", "--rm", *containers.label_args("bench"), *env, ref, "true"], timeout=120)
     return time.perf_counter() - t0
 
 
@@ -163,7 +165,7 @@ def image_size(c: docker.DockerClient, ref: str) -> int:
 
 
 def du_venv(docker_cli: str, ref: str) -> int:
-    out = _run([docker_cli, "run", "--rm", "--entrypoint", "du", ref, "-sb", "/opt/venv"], timeout=600).stdout
+    out = _run([docker_cli, "run", "--rm", *containers.label_args("bench"), "--entrypoint", "du", ref, "-sb", "/opt/venv"], timeout=600).stdout
     return int(out.split()[0])
 
 
@@ -366,7 +368,7 @@ def platforms(c: docker.DockerClient, image: Image, root: Path, bc: docker_env.B
         build.stage_context(root, arm, Path(tmp))
         _run([*bc.argv, "--progress=plain", "--file", str(build.dockerfile(root, arm)), *build.platform_args(arm),
               "--target", "base", "--tag", "pytorch-cuda-bench:base-arm64", tmp], env={**os.environ, **bc.env})
-    out = _run([bc.argv[0], "run", "--rm", "--platform", arm.platform, "--entrypoint", "du", ref, "-sb", "/opt/venv"], timeout=1800).stdout
+    out = _run([bc.argv[0], "run", "--rm", *containers.label_args("bench"), "--platform", arm.platform, "--entrypoint", "du", ref, "-sb", "/opt/venv"], timeout=1800).stdout
     base, venv, ours = image_size(c, "pytorch-cuda-bench:base-arm64"), int(out.split()[0]), image_size(c, ref)
     c.images.remove("pytorch-cuda-bench:base-arm64", noprune=True)
     r["size"] = {"image": ours, "base_os_python": base, "locked_env": venv, "floor": base + venv, "ratio_to_floor": ours / (base + venv)}
@@ -380,7 +382,7 @@ def _exists(c: docker.DockerClient, ref: str) -> bool:
     try:
         c.images.get(ref)
         return True
-    except Exception:
+    except docker.errors.ImageNotFound:
         return False
 
 
@@ -477,7 +479,7 @@ def train_figures(c: docker.DockerClient, m: Matrix, image: Image, ref: str, doc
     out = {"runtime_ref": runtime, "runtime_image": image_size(c, runtime) if _exists(c, runtime) else None,
            "extras": image.extras_pins, "left_out": dict(image.extras_left_out)}
     if image.extras_built:
-        facts = _run([docker_cli, "run", "--rm", "--entrypoint", "cat", ref, "/opt/pytorch-cuda/te-facts.json"])
+        facts = _run([docker_cli, "run", "--rm", *containers.label_args("bench"), "--entrypoint", "cat", ref, "/opt/pytorch-cuda/te-facts.json"])
         te = json.loads(facts.stdout)
         out["te_compile_s"], out["te_compile_jobs"] = te["compile_seconds"], te["compile_jobs"]
     return out

@@ -16,11 +16,12 @@ import socket
 import sys
 import time
 from datetime import timedelta
+from typing import Any
 
 from . import report
 
 VERDICT = "PYTORCH_CUDA_PREFLIGHT_VERDICT"  # the node process's file for this node's copy of the verdict
-NODES = "PYTORCH_CUDA_PREFLIGHT_NODES"  # the roll call's node summaries, for the report
+NODES = "PYTORCH_CUDA_PREFLIGHT_NODES"  # the roll call's node summaries, GPU part and warnings, for the report
 GPU = {"min": 1 << 20, "max": 1 << 30, "factor": 4, "iters": 20, "warmup": 5, "pair": 256 << 20, "pair_iters": 10}
 CPU = {"min": 1 << 10, "max": 4 << 20, "factor": 4, "iters": 5, "warmup": 1, "pair": 4 << 20, "pair_iters": 3}
 
@@ -150,11 +151,11 @@ def show(rk, out, links, verdict):
           flush=True)
 
 
-def write_report(path, out):
+def write_report(path: str, out: dict[str, Any]) -> None:
     """The JSON report, whole or not at all (a temporary name, then renamed); a warning where it cannot be written."""
     try:
         with open(os.environ[NODES], encoding="utf-8") as f:
-            out = {**out, "node_checks": json.load(f)}
+            out = {**out, **json.load(f)}  # node_checks, gpus, warnings: the roll call's
     except (KeyError, OSError, ValueError):
         pass
     try:

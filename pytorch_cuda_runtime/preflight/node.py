@@ -143,7 +143,7 @@ def _driver(f, m):
         return []
     plat, runtime = m.get("cuda_platform", "?"), m.get("torch_cuda", "?")
     return [f"driver {old[0]} ({f.gpu_source}) is older than {floor}, the floor of this image's CUDA {plat} platform "
-            f"(torch's CUDA {runtime} runtime): CUDA would fail at first use (error 803 or 804). Upgrade the node's "
+            f"(torch's CUDA {runtime} runtime): CUDA would fail at first use (error 35, cudaErrorInsufficientDriver). Upgrade the node's "
             f"driver to {floor} or newer; on a data-center GPU, CUDA forward compatibility (NVIDIA's cuda-compat "
             f"package for CUDA {runtime}, first on LD_LIBRARY_PATH) runs it on an older driver branch it supports"]
 

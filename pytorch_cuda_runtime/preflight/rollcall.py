@@ -18,6 +18,7 @@ import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any, Callable
 
 from . import PreflightError
 
@@ -46,25 +47,34 @@ def place(topo, me, hosts):
     return Place(me, first, hosts, topo.master_addr, topo.master_port + 1)
 
 
-def label(name):
+def label(name: str) -> str:
     """'node NAME' for a host name; a static rendezvous's names already read 'node N'."""
     return name if name.startswith("node ") else f"node {name}"
 
 
-def missing(expected, answered):
+def missing(expected: tuple[str, ...], answered: dict[str, Any]) -> list[str]:
     """The nodes that did not answer, in node order."""
     return [n for n in expected if n not in answered]
 
 
-def verdict(expected, results, waited_s):
-    """The first node's verdict from the results it got: {name: {"ok", "lines", "summary"}}."""
+Judge = Callable[[dict[str, dict[str, Any]]], dict[str, Any]]
+
+
+def verdict(expected: tuple[str, ...], results: dict[str, dict[str, Any]], waited_s: float,
+            judge: Judge | None = None) -> dict[str, Any]:
+    """The first node's verdict from the results it got: {name: {"lines", "warnings", "summary", "gpu"}};
+    judge(results) adds what is judged across nodes (the GPUs' compute figures): its lines, warnings, record."""
     gone = missing(expected, results)
-    lines = [f"{label(n)}: {line}" for n in expected if n in results for line in results[n]["lines"]]
+    answered = {n: results[n] for n in expected if n in results}
+    lines = [f"{label(n)}: {line}" for n, r in answered.items() for line in r["lines"]]
+    warnings = [f"{label(n)}: {line}" for n, r in answered.items() for line in r.get("warnings", [])]
+    across = judge(answered) if judge else {"lines": [], "warnings": [], "record": None}
     if gone:
         lines.append(f"nodes that did not answer within {waited_s:.0f} s: {', '.join(gone)} "
-                     f"({len(results)} of {len(expected)} answered: {', '.join(n for n in expected if n in results)})")
-    return {"answered": [n for n in expected if n in results], "missing": gone, "lines": lines,
-            "summaries": [results[n]["summary"] for n in expected if n in results]}
+                     f"({len(results)} of {len(expected)} answered: {', '.join(answered)})")
+    return {"answered": list(answered), "missing": gone, "lines": lines + across["lines"],
+            "warnings": warnings + across["warnings"], "gpus": across["record"],
+            "summaries": [r["summary"] for r in answered.values()]}
 
 
 def _key(name):
@@ -85,7 +95,8 @@ def reach(host, port, timeout_s, connect=socket.create_connection):
         time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
-def call(p, result, timeout_s, store_cls=None, announce=print):
+def call(p: Place, result: dict[str, Any], timeout_s: float, store_cls: Any = None,
+         announce: Callable[[dict[str, Any]], None] = print, judge: Judge | None = None) -> dict[str, Any]:
     """Take part in the roll call; the verdict, or one whose lines say this node could not take part.
     announce(verdict) runs as soon as this node has it: before the first node waits for the others'
     acknowledgements, since a scheduler may end every task once one has exited."""
@@ -107,7 +118,7 @@ def call(p, result, timeout_s, store_cls=None, announce=print):
                          f"{str(e).splitlines()[0][:160]}")
     store.set(_key(p.name), json.dumps(result))
     if p.first:
-        return _gather(store, p, t0, timeout_s, announce)
+        return _gather(store, p, t0, timeout_s, announce, judge)
     try:
         store.wait(["verdict"], timedelta(seconds=max(1.0, timeout_s - (time.monotonic() - t0)) + ACK_WAIT_S))
         out = json.loads(store.get("verdict"))
@@ -119,14 +130,16 @@ def call(p, result, timeout_s, store_cls=None, announce=print):
                          f"({str(e).splitlines()[0][:160]})")
 
 
-def _alone(p, result, why):
+def _alone(p: Place, result: dict[str, Any], why: str) -> dict[str, Any]:
     """The verdict this node gives itself when it could not take part: its own lines, and why
     (announced by the caller)."""
-    return {"answered": [], "missing": [], "summaries": [result["summary"]],
-            "lines": [f"{label(p.name)}: {line}" for line in [*result["lines"], why]]}
+    return {"answered": [], "missing": [], "summaries": [result["summary"]], "gpus": None,
+            "lines": [f"{label(p.name)}: {line}" for line in [*result["lines"], why]],
+            "warnings": [f"{label(p.name)}: {line}" for line in result.get("warnings", [])]}
 
 
-def _gather(store, p, t0, timeout_s, announce):
+def _gather(store: Any, p: Place, t0: float, timeout_s: float, announce: Callable[[dict[str, Any]], None],
+            judge: Judge | None = None) -> dict[str, Any]:
     results = {}
     while True:
         for name in p.expected:
@@ -135,7 +148,7 @@ def _gather(store, p, t0, timeout_s, announce):
         if len(results) == len(p.expected) or time.monotonic() - t0 > timeout_s:
             break
         time.sleep(0.5)
-    out = verdict(p.expected, results, time.monotonic() - t0)
+    out = verdict(p.expected, results, time.monotonic() - t0, judge)
     store.set("verdict", json.dumps(out))
     announce(out)
     others = ["ack/" + _key(n) for n in out["answered"] if n != p.name]

@@ -1,7 +1,7 @@
 """One process on GPU 0: a short sanity measure, recorded as INFO and never asserted.
 
   measure.matmul_bf16   TFLOP/s of a large square bf16 product (cuBLAS), beside the device's
-                        published dense bf16 peak where PEAKS knows the device: a figure far
+                        published dense bf16 peak where gpupeaks.py knows the device: a figure far
                         below the peak points at the stack under torch (driver, cuBLAS, clocks)
   measure.tokens        tokens/s of the smoke model's training step (model.py), eager and under
                         torch.compile; a token is one row of the batch (the model is a per-token MLP)
@@ -11,23 +11,18 @@ healthy, not how fast a real model trains. Without a GPU every record is SKIPPED
 """
 import time
 
+from .. import gpupeaks
 from . import model as M
 
 N = 8192  # 2 * N**3 = 1.1 TFLOP per product: long enough to leave launch overheads behind
 REPEATS = 20
 TOKENS = 65536  # rows per step: enough to keep a GPU busy with the smoke model's widths
 STEPS = 20
-# Dense (no sparsity) bf16 tensor-core peak, TFLOP/s, from the vendor's datasheet:
-#   H100 SXM5 (torch names it "H100 80GB HBM3") and H200 SXM: 989.4 (NVIDIA H100 and H200 datasheets: "BF16 Tensor Core 1,979
-#   teraFLOPS" with sparsity, half that dense); H100 PCIe 756.5 (the same datasheet, 1,513 sparse);
-#   A100 SXM4 and PCIe: 312 (NVIDIA A100 datasheet, "BF16 Tensor Core 312 TFLOPS", 624 sparse).
-PEAKS = {"H100 80GB HBM3": 989.4, "H200": 989.4, "H100 PCIe": 756.5, "A100": 312.0}
 
 
 def peak(name):
-    """(TFLOP/s, the name matched) of the longest PEAKS key in the device's name, else (None, None)."""
-    hits = sorted((k for k in PEAKS if k in name), key=len, reverse=True)
-    return (PEAKS[hits[0]], hits[0]) if hits else (None, None)
+    """(TFLOP/s, the product) of the device's dense bf16 peak (gpupeaks.py, each with its source), else (None, None)."""
+    return gpupeaks.peak(name)
 
 
 def matmul_tflops(torch, device):

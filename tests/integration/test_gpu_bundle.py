@@ -120,7 +120,7 @@ def test_the_prebuilt_wheel_is_installed_and_its_ops_load_with_nothing_compiled(
 def test_what_needs_a_gpu_is_skipped_with_that_reason_and_nothing_claims_a_gpu(rehearsed):
     report, _, _ = rehearsed
     states = {s["step"]: s["state"] for s in report["steps"]}
-    for step in ("smoke.gpu", "smoke.collectives", "smoke.zero3", "smoke.zero3_launcher", "smoke.fsdp2", "smoke.compile",
+    for step in ("smoke.gpu", "preflight.health", "preflight.compute", "smoke.collectives", "smoke.zero3", "smoke.zero3_launcher", "smoke.fsdp2", "smoke.compile",
                  "smoke.measure", "smoke.nocompile"):
         assert states[step] == "skipped", step
         assert by_check(report)[step][0]["detail"] == "rehearsal: this step needs a GPU"

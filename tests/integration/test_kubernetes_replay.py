@@ -29,6 +29,9 @@ on two kinds, with the smoke suite's checks: the loss falls, each rank holds its
 from __future__ import annotations
 
 import json
+import os
+import re
+import shlex
 import shutil
 import subprocess
 import time
@@ -37,7 +40,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import ROOT, free_port, one_error_line, owned_by_image_user, run_cli, shown, write_as_image_user
+from helpers import ROOT, code_blocks, free_port, one_error_line, owned_by_image_user, run_cli, shown, write_as_image_user
 
 pytestmark = [pytest.mark.docker, pytest.mark.both_cores]
 
@@ -170,15 +173,17 @@ def docker_options(pod: dict, container: dict) -> list[str]:
             "--security-opt", "no-new-privileges", "--shm-size", "1g"]
 
 
-def start(pod: dict, container: dict, env: dict[str, str], job_dir: Path, label: str) -> str:
+def start(pod: dict, container: dict, env: dict[str, str], job_dir: Path | None, label: str, image: str = IMAGE) -> str:
+    """Pod N's container: its command, env and securityContext; job_dir mounted at /job (None: no mount)."""
     from pytorch_cuda_build.stages import gate
 
     command = container["command"]
     env = {**env, "DS_ACCELERATOR": "cpu"}
+    mount = ["-v", f"{job_dir}:{JOB_DIR}"] if job_dir is not None else []
     proc = subprocess.run(["docker", "run", "-d", "--network", "host", "--label", f"{gate.RUN_LABEL}={gate.RUN_ID}",
                            "--label", f"pytorch-cuda.test={label}", *docker_options(pod, container),
-                           "-v", f"{job_dir}:{JOB_DIR}", *[a for k, v in env.items() for a in ("-e", f"{k}={v}")],
-                           "--entrypoint", command[0], IMAGE, *command[1:]], capture_output=True, text=True, timeout=120)
+                           *mount, *[a for k, v in env.items() for a in ("-e", f"{k}={v}")],
+                           "--entrypoint", command[0], image, *command[1:]], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, shown(proc)
     return proc.stdout.strip()
 
@@ -289,3 +294,78 @@ def test_replayed_pods_run_the_preflight_then_train(kind, reference, tmp_path):
     assert all("2 GPU(s) via stand-in GPUs" in line for line in report["node_checks"]), report["node_checks"]
     recs = [r for f in sorted((d / "results" / "zero3").glob("rank*.json")) for r in json.loads(f.read_text())]
     assert recs and not [r for r in recs if r["status"] == "FAIL"] and {r["rank"] for r in recs} == set(range(NODES * NPROC))
+
+
+# docs/kubernetes.md, "The code in an image of your own": the worked example baked into an image
+# built FROM the default row's, pushed to the session's registry (where publish pushed the row, so
+# the push sends the new layer and mounts the rest), pinned by the digest the page's inspect line
+# prints, and the page's job line's Indexed Job replayed from that image alone (no volume).
+DERIVED_DOC = (ROOT / "docs" / "kubernetes.md").read_text().split("## The code in an image of your own", 1)[1].split("\n## ", 1)[0]
+
+
+def derived_journey() -> tuple[str, list[str]]:
+    """The section's Dockerfile and its command lines."""
+    blocks = code_blocks(DERIVED_DOC)
+    (dockerfile,) = [b for lang, b, _ in blocks if lang == "dockerfile"]
+    (commands,) = [b for lang, b, _ in blocks if lang == "" and "docker push" in b]
+    return dockerfile, commands.splitlines()
+
+
+def test_a_derived_image_pushed_and_pinned_by_its_digest_runs_the_indexed_job_s_pods(default_published, session_registry, tmp_path):
+    dockerfile, lines = derived_journey()
+    assert dockerfile.startswith(f"FROM {IMAGE}\n")
+    assert [ln.split()[0] for ln in lines] == ["mkdir", "docker", "docker", "docker", "python3", "kubectl"], lines
+    folder = tmp_path / "my-train"
+
+    def filled(line: str) -> str:
+        """The page's line with the suite's registry and the folder in tmp_path (not the repository's name, ml/my-train)."""
+        return re.sub(r"(?<![/\w-])my-train(?=/|\s|$)", str(folder), line.replace("127.0.0.1:5000", session_registry.host))
+
+    folder.mkdir()
+    (folder / "Dockerfile").write_text(dockerfile)
+    tag = filled("127.0.0.1:5000/ml/my-train:1")
+    # 20.10's own client where it is installed: its BuildKit is built in (a newer client first on PATH may lack buildx)
+    env = {**os.environ, "PATH": f"/usr/bin:{os.environ['PATH']}"} if Path("/usr/bin/docker").exists() else None
+    ref = None
+    try:
+        said = []
+        for line in lines[:4]:  # mkdir and cp, build, push, inspect: as the page has them, in the checkout
+            proc = subprocess.run(["bash", "-c", filled(line)], capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+            assert proc.returncode == 0, shown(proc)
+            said.append(proc.stdout)
+        ref = said[3].strip()
+        assert re.fullmatch(rf"{re.escape(session_registry.host)}/ml/my-train@sha256:[0-9a-f]{{64}}", ref), ref
+        # what the page says: the push's last line names the same digest
+        assert re.search(rf"^1: digest: {ref.split('@')[1]} size: \d+$", said[2], re.M), said[2]
+        # the registry serves that manifest under the tag: the digest is the pushed one, not the engine's own ID
+        served = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}", f"docker://{tag}"],
+                                capture_output=True, text=True, timeout=120)
+        assert served.returncode == 0 and served.stdout.strip() == ref.split("@")[1], shown(served)
+        job_line = filled(lines[4]).replace("sha256:<digest>", ref.split("@")[1]).replace("--gpus-per-node 8", f"--gpus-per-node {NPROC}")
+        argv = shlex.split(job_line)
+        out = tmp_path / "job.yaml"
+        proc = run_cli(ROOT, *[str(out) if a == "job.yaml" else a for a in argv[2:]])
+        assert proc.returncode == 0, shown(proc)
+        docs = [d for d in yaml.safe_load_all(out.read_text()) if d]
+        pods, containers, envs = indexed_job_pods(docs)
+        assert {c["image"] for c in containers} == {ref} and containers[0]["command"] == [
+            "pytorch-cuda-launch", "train.py", "--deepspeed_config", "ds_config.json"]
+        name = one(docs, "Job")["metadata"]["name"]
+        envs = on_loopback(envs, f"{name}-0.{name}", str(free_port()))
+        cids: list[str] = []
+        try:
+            for i in range(NODES):
+                cids.append(start(pods[i], containers[i], envs[i], None, "k8s-replay-derived", image=ref))
+            deadline = time.monotonic() + TIMEOUT
+            results = {i: finish(cid, deadline) for i, cid in enumerate(cids)}
+        finally:
+            for cid in cids:
+                subprocess.run(["docker", "rm", "-f", cid], capture_output=True, timeout=120)
+        for i, (rc, log) in results.items():
+            assert rc == 0, f"pod {i}: {log}"
+        first, last = map(float, re.search(r"first ([\d.]+) last ([\d.]+)", results[0][1]).groups())
+        assert last < first / 2, results[0][1]
+    finally:
+        for name in (tag, ref):
+            if name:
+                subprocess.run(["docker", "image", "rm", name], capture_output=True, timeout=120)

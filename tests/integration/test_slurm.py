@@ -1,7 +1,10 @@
 """The Slurm path, for real, as an ordinary user: a three-node Slurm 22.05 cluster on this machine
 (tests/slurm.py) with three stand-in GPUs per node, oci.conf as docs/slurm.md gives it for a
 site (rootless runc under NVIDIA's runtime, pytorch-cuda-oci-gpus before it on create), and the
-sbatch script docs/slurm.md shows, submitted as it is.
+journey at the top of docs/slurm.md run line by line: the GPU hook installed with the page's
+`install` line, the worked example (docs/examples/) copied into the submit directory, the page's
+`build.py job` line writing the sbatch script the page shows (byte for byte), the bundle made with
+its `--make-bundle` line and the job submitted with its `sbatch` line.
 
 Stand-ins, named as such here and in the docs:
 - the GPUs: character devices with NVIDIA's major number, which Slurm allocates from gres.conf;
@@ -9,7 +12,9 @@ Stand-ins, named as such here and in the docs:
 - NVIDIA's runtime: tests/data/slurm/nvidia-container-runtime, a shim over runc like the real one,
   which logs how it was called and binds the stand-in devices the spec's NVIDIA_VISIBLE_DEVICES names.
 Everything else is real: Slurm, munge, runc --rootless, umoci, the wrapper as installed on a node
-(/usr/local/libexec/pytorch-cuda-oci-gpus), the default row's image.
+(/usr/local/libexec/pytorch-cuda-oci-gpus), the default row's image. What the test puts in for the
+page's placeholders: ~/job is the submit directory, PARTITION the cluster's, ACCOUNT the user's
+name; the first lines run as root (no sudo), the rest as the user.
 
 The user makes the bundle as the script's header says, `bash NAME.sbatch --make-bundle`, with the
 image from PYTORCH_CUDA_IMAGE_SOURCE: the default row's image by digest in the session's registry
@@ -18,9 +23,11 @@ checkout on PYTHONPATH, no Docker, no XDG_RUNTIME_DIR (as under runuser, cron an
 environments), and /run/containers at 0700, as a root podman run leaves it: skopeo, left to choose
 its auth file there, would read /run/containers/UID/auth.json and stop.
 
-The job is tests/data/k8s_replay/train.py in the submit directory: ZeRO-3 through torchrun and
-deepspeed.initialize, then FSDP2, on CPU ranks over gloo (the stand-in GPUs compute nothing), two
-ranks per node because the job asked for two GPUs per node. The smoke suite's checks decide.
+The page's job is the worked example: ZeRO-3 on CPU ranks over gloo (the stand-in GPUs compute
+nothing), two ranks per node because the job asked for two GPUs per node; it exits non-zero unless
+the loss fell to less than half. The deeper checks run tests/data/k8s_replay/train.py, copied into
+the same directory as smoke_train.py: ZeRO-3 through torchrun and deepspeed.initialize, then FSDP2,
+where the smoke suite's checks decide (each rank's share, the consolidated checkpoint).
 """
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ import json
 import os
 import pwd
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -41,14 +49,14 @@ import pytest
 
 from pytorch_cuda_build.jobs import slurm as slurm_job
 
-from helpers import ROOT, needs_root, one_error_line, require, run_cli, shown
+from helpers import ROOT, code_blocks, needs_root, one_error_line, require, run_cli, shown
 from registry import LocalRegistry, require_binary
 from slurm import SlurmCluster, missing_tools
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.root]  # users, network namespaces, /etc/hosts, daemons
 
 DATA = Path(__file__).resolve().parent.parent / "data"
-TRAIN = DATA / "k8s_replay" / "train.py"
+SMOKE_TRAIN = DATA / "k8s_replay" / "train.py"  # copied as smoke_train.py: the smoke suite's records
 STANDIN = DATA / "slurm" / "nvidia-container-runtime"
 DOC = (ROOT / "docs" / "slurm.md").read_text()
 FAMILIES = ("zero3", "fsdp2")
@@ -56,6 +64,26 @@ CONSOLIDATED = {"zero3": "zero3.consolidated", "fsdp2": "fsdp2.consolidated"}
 GPUS_PER_NODE = 3  # stand-ins on each node; the documented job asks for 2 of them
 NODES = 3  # the documented job takes 2; the preflight's slow-node test compares all 3
 JOB_TIMEOUT = 900  # both families on 2 nodes x 2 CPU ranks
+
+
+def journey() -> list[str]:
+    """The command block at the top of docs/slurm.md: install the hook, copy the worked example,
+    write the script, make the bundle, submit."""
+    for _, block, _ in code_blocks(DOC):
+        if block.startswith("sudo install "):
+            return block.splitlines()
+    raise AssertionError("docs/slurm.md shows no journey block (sudo install ..., build.py job, --make-bundle, sbatch)")
+
+
+def journey_line(start: str, submit: Path | None = None, **placeholders: str) -> str:
+    """The journey's line that starts with `start`, with ~/job and the placeholders filled in."""
+    line = next((ln for ln in journey() if ln.startswith(start)), None)
+    assert line is not None, f"docs/slurm.md's journey has no line starting {start!r}: {journey()}"
+    if submit is not None:
+        line = line.replace("~/job", str(submit))
+    for placeholder, value in placeholders.items():
+        line = line.replace(placeholder, value)
+    return line
 
 
 def documented_script() -> tuple[str, str]:
@@ -96,14 +124,25 @@ def work():
 
 @pytest.fixture(scope="module")
 def wrapper():
-    """pytorch-cuda-oci-gpus where oci.conf names it, as a site installs it."""
+    """pytorch-cuda-oci-gpus where oci.conf names it, installed by the journey's own line (as root,
+    so without its sudo), from the checkout; removed afterwards, with the folder if the line made it."""
+    needs_root("the GPU hook in /usr/local/libexec")
     target = Path(slurm_job.GPU_WRAPPER)
     require(not target.exists(), f"{target} exists already: this test installs its own and removes it")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(ROOT / "pytorch_cuda_build" / "jobs" / "ocigpus.py", target)
-    target.chmod(0o755)
-    yield target
-    target.unlink(missing_ok=True)
+    made = not target.parent.exists()
+    line = journey_line("sudo install ").removeprefix("sudo ")
+    assert line.endswith(f" {target}"), line
+    proc = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    try:
+        assert proc.returncode == 0, shown(proc)
+        assert target.stat().st_mode & 0o777 == 0o755 and target.stat().st_uid == 0
+        assert target.read_bytes() == (ROOT / "pytorch_cuda_build" / "jobs" / "ocigpus.py").read_bytes()
+        yield target
+    finally:
+        target.unlink(missing_ok=True)
+        if made:
+            with contextlib.suppress(OSError):
+                target.parent.rmdir()
 
 
 @pytest.fixture(scope="module")
@@ -133,11 +172,19 @@ def cluster(work, standin, wrapper):
 
 @pytest.fixture(scope="module")
 def submit(work, user) -> Path:
-    """The submit directory (shared by both nodes: one host here), the user's, with the documented script."""
+    """The submit directory (every node's: one host here), the user's: the journey's ~/job, made
+    and filled by its copy line, then its `build.py job` line, run in the checkout (as root: the
+    checkout may be root's alone); the script written must be the one the page shows."""
     d = work / "submit"
-    d.mkdir()
-    shutil.copy(TRAIN, d / "train.py")
-    (d / "pytorch-cuda-2-7.sbatch").write_text(documented_script()[0])
+    copy = journey_line("mkdir -p ~/job", d)
+    proc = subprocess.run(["bash", "-c", copy], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, shown(proc)
+    assert sorted(p.name for p in d.iterdir()) == ["ds_config.json", "train.py"]
+    argv = shlex.split(journey_line("python3 build.py job ", d))
+    proc = run_cli(ROOT, *argv[2:])
+    assert proc.returncode == 0, shown(proc)
+    assert (d / "pytorch-cuda-2-7.sbatch").read_text() == documented_script()[0]
+    shutil.copy(SMOKE_TRAIN, d / "smoke_train.py")
     for p in [d, *d.iterdir()]:
         os.chown(p, user.pw_uid, user.pw_gid)
     return d
@@ -186,8 +233,9 @@ def bundle(default_published, session_registry, submit, user, run_containers_loc
     for p in (conf.parent.parent, conf.parent, conf):
         os.chown(p, user.pw_uid, user.pw_gid)
     record = default_published.record
+    assert journey_line("cd ~/job") == "cd ~/job"  # the journey's next lines run in the submit directory
     t0 = time.monotonic()
-    proc = as_user(user, submit, "bash", "pytorch-cuda-2-7.sbatch", "--make-bundle",
+    proc = as_user(user, submit, *shlex.split(journey_line("bash pytorch-cuda-2-7.sbatch --make-bundle")),
                    env={"PYTORCH_CUDA_IMAGE_SOURCE": f"docker://{record['repository']}@{record['digest']}"}, timeout=1200)
     assert proc.returncode == 0, shown(proc)
     print(f"bundle: --make-bundle as {user.pw_name} took {time.monotonic() - t0:.0f} s")
@@ -321,12 +369,43 @@ def test_each_node_s_container_sees_exactly_its_allocated_gpus_as_the_user(clust
         assert "--rootless=true" in c["argv"] and f"--root=/tmp/runc-{user.pw_name}" in c["argv"], c["argv"]
 
 
-def test_the_documented_script_trains_zero3_then_fsdp2_with_two_ranks_per_node(cluster, bundle, submit, user, standin):
-    job = cluster.sbatch(submit / "pytorch-cuda-2-7.sbatch", submit, {"DS_ACCELERATOR": "cpu", "GLOO_SOCKET_IFNAME": "eth0"},
-                         user=user.pw_name)
+def test_the_journey_s_sbatch_line_trains_the_worked_example_with_two_ranks_per_node(cluster, bundle, submit, user, standin):
+    """The page's sbatch line, as the user, in the submit directory: the worked example's ZeRO-3 on
+    2 nodes x 2 ranks, its loss falling to less than half (train.py exits 1 otherwise)."""
+    line = journey_line("sbatch ", PARTITION=cluster.PARTITION, ACCOUNT=user.pw_name)
+    env = {**cluster.env(), "DS_ACCELERATOR": "cpu", "GLOO_SOCKET_IFNAME": "eth0"}
     t0 = time.monotonic()
+    proc = subprocess.run(["runuser", "-u", user.pw_name, "--", *shlex.split(line)], capture_output=True, text=True,
+                          env=env, timeout=120, cwd=submit)
+    assert proc.returncode == 0, shown(proc)
+    job = re.fullmatch(r"Submitted batch job (\d+)", proc.stdout.strip()).group(1)
     state = cluster.wait(job, JOB_TIMEOUT)
     out = submit / f"pytorch-cuda-2-7-{job}.out"
+    log = out.read_text(errors="replace") if out.exists() else "(no output file)"
+    print(f"journey job {job}: {state} after {time.monotonic() - t0:.0f} s")
+    assert state == "COMPLETED", f"{state}\n{log[-6000:]}\n{cluster.logs()}"
+    steps = [ln for ln in log.splitlines() if re.search(r"\[rank0\]: step \d+ loss ", ln)]
+    assert len(steps) == 30, log[-6000:]
+    first, last = map(float, re.search(r"\[rank0\]: first ([\d.]+) last ([\d.]+)", log).groups())
+    assert last < first / 2, log[-6000:]
+    assert out.stat().st_uid == user.pw_uid
+    # --exclusive: Slurm 22.05 gives the job every GPU of its nodes (scontrol: IDX:0-2), and the
+    # wrapper names what Slurm gave; the script still starts one rank per GPU it asked for
+    calls = standin_calls(standin, job)
+    allocated = sorted({c["node"] for c in calls})
+    assert len(allocated) == 2 and set(allocated) <= set(cluster.names), calls  # the job's 2 nodes of the cluster's 3
+    assert sorted((c["node"], c["NVIDIA_VISIBLE_DEVICES"]) for c in calls if "create" in c["argv"]) == \
+        [(n, ",".join(map(str, range(GPUS_PER_NODE)))) for n in allocated], calls
+
+
+def test_the_script_with_the_smoke_suite_s_training_trains_zero3_then_fsdp2_with_two_ranks_per_node(cluster, bundle, submit, user):
+    """The documented script's command with the smoke suite's training in its place: each rank's
+    share, the consolidated checkpoint, the ranks' placement, the results' owner."""
+    script = _render(submit, user, "smoke", "--bundle", str(bundle), "--", "smoke_train.py", *FAMILIES)
+    job = cluster.sbatch(script, submit, {"DS_ACCELERATOR": "cpu", "GLOO_SOCKET_IFNAME": "eth0"}, user=user.pw_name)
+    t0 = time.monotonic()
+    state = cluster.wait(job, JOB_TIMEOUT)
+    out = submit / f"smoke-{job}.out"
     log = out.read_text(errors="replace")[-6000:] if out.exists() else "(no output file)"
     print(f"job {job}: {state} after {time.monotonic() - t0:.0f} s")
     assert state == "COMPLETED", f"{state}\n{log}\n{cluster.logs()}"
@@ -344,13 +423,6 @@ def test_the_documented_script_trains_zero3_then_fsdp2_with_two_ranks_per_node(c
                 assert (f"{family}.{check}", rank) in passed, (family, check, rank, log)
         assert (f"{CONSOLIDATED[family]}.exact", 0) in passed, "rank 0 consolidated the checkpoint and compared it"
         assert all(f.stat().st_uid == user.pw_uid for f in (submit / "results" / family).iterdir())
-    # --exclusive: Slurm 22.05 gives the job every GPU of its nodes (scontrol: IDX:0-2), and the
-    # wrapper names what Slurm gave; the script still starts one rank per GPU it asked for
-    calls = standin_calls(standin, job)
-    allocated = sorted({c["node"] for c in calls})
-    assert len(allocated) == 2 and set(allocated) <= set(cluster.names), calls  # the job's 2 nodes of the cluster's 3
-    assert sorted((c["node"], c["NVIDIA_VISIBLE_DEVICES"]) for c in calls if "create" in c["argv"]) == \
-        [(n, ",".join(map(str, range(GPUS_PER_NODE)))) for n in allocated], calls
 
 
 def _render(submit: Path, user, name: str, *args: str) -> Path:
@@ -365,7 +437,7 @@ def _render(submit: Path, user, name: str, *args: str) -> Path:
 
 
 def test_a_job_without_the_bundle_fails_saying_how_to_make_it(cluster, submit, user):
-    script = _render(submit, user, "nobundle", "--bundle", str(submit / "absent"), "--", "train.py", "zero3")
+    script = _render(submit, user, "nobundle", "--bundle", str(submit / "absent"), "--", "smoke_train.py", "zero3")
     job = cluster.sbatch(script, submit, {"DS_ACCELERATOR": "cpu"}, user=user.pw_name)
     assert cluster.wait(job, 120) == "FAILED"
     out = (submit / f"nobundle-{job}.out").read_text()
@@ -437,7 +509,7 @@ def _preflight_job(cluster, submit, user, name: str, standin: dict | None, *args
 def test_the_preflight_passes_on_every_node_then_training_starts(cluster, bundle, submit, user):
     """Two nodes, two ranks each: the nodes' checks, the roll call, the fabric table; then ZeRO-3 trains."""
     state, out, took, job = _preflight_job(cluster, submit, user, "pfok", {"*": [GOOD_GPU] * GPUS_PER_NODE},
-                                           "--bundle", str(bundle), "--", "train.py", "zero3")
+                                           "--bundle", str(bundle), "--", "smoke_train.py", "zero3")
     assert state == "COMPLETED", f"{state}\n{out[-6000:]}\n{cluster.logs()}"
     assert out.count("pytorch-cuda-preflight: passed") == 2, out[-6000:]
     assert "2 node(s) answered and passed their checks" in out, out[-6000:]
@@ -465,7 +537,7 @@ def test_a_node_below_the_row_or_the_job_is_refused_before_training_within_the_b
     """One node of two (the cluster's second) has an old driver, or one GPU where the job asked for two."""
     name = f"pf{case}"
     state, out, took, _ = _preflight_job(cluster, submit, user, name, {"*": [GOOD_GPU] * GPUS_PER_NODE, cluster.names[1]: bad},
-                                         "--bundle", str(bundle), "--nodes", "3", "--", "train.py", "zero3")
+                                         "--bundle", str(bundle), "--nodes", "3", "--", "smoke_train.py", "zero3")
     assert state == "FAILED", f"{state}\n{out[-4000:]}"
     assert took < REFUSED_BOUND_S, f"{took:.0f} s\n{out[-4000:]}"
     failed = [ln.split(": ", 1)[1] for ln in out.splitlines() if "pytorch-cuda-preflight: FAILED: " in ln]
@@ -493,7 +565,7 @@ def test_a_slowed_node_is_named_and_training_never_starts(cluster, bundle, submi
     _shape(cluster, 2, SLOW_RATE)
     try:
         state, out, took, job = _preflight_job(cluster, submit, user, "pfslow", None, "--bundle", str(bundle), "--nodes", "3",
-                                               "--gpus-per-node", "0", "--", "train.py", "zero3")
+                                               "--gpus-per-node", "0", "--", "smoke_train.py", "zero3")
     finally:
         _shape(cluster, 2, None)
     assert state == "FAILED", f"{state}\n{out[-6000:]}"

@@ -4,7 +4,8 @@ The run steps of .github/workflows/images.yml, read from the YAML, job by job un
 that runs it (EVENTS; a test checks it against the jobs' `if:` and `needs:`): a push to main
 (`checks`, `matrix`, `build` for the default row through `publish` to a registry on 127.0.0.1
 that asks for a password, `merge`), a pull request (`checks`, `pr-build`) and the weekly
-schedule (`propose`, `security-refresh`). As on a hosted runner:
+schedule (`propose`, `security-refresh`; its `on-request` job, a job per test tier on request, is named
+here and not replayed: its tiers are those tests). As on a hosted runner:
 
 - a user that is not root, with password-less sudo, in the docker group;
 - an engine that is already up: Docker 26 with buildx (`build.py engine`), reached through
@@ -82,7 +83,12 @@ PASSED_THROUGH = re.compile(r"^(PIP_\w+|SSL_CERT_\w+|REQUESTS_CA_BUNDLE|CURL_CA_
 # the_replay_replays checks it against the workflow). workflow_dispatch runs the push's jobs and
 # the schedule's, each replayed under its own event.
 EVENTS = {"push": ("checks", "matrix", "build", "merge"), "pull_request": ("checks", "pr-build"),
-          "schedule": ("propose", "security-refresh")}
+          "schedule": ("propose", "security-refresh", "on-request")}
+# The schedule's on-request job, one job per test tier that runs on request and is no replay of a
+# workflow job (docs/testing.md, "On request"): its matrix, by tier. These run on GitHub's schedule
+# only; the replay checks that each is a job of its own (test_the_schedule_runs_each_on_request_tier)
+# and the unit tier that each names its tests and its variable (tests/unit/test_workflow.py).
+ON_REQUEST = ("cuda13", "devel", "no-cache", "arm64", "derived-26", "podman", "train", "verify-image", "reproducible", "faults")
 EVENT_ENV = {"push": {"GITHUB_EVENT_NAME": "push", "GITHUB_REF": "refs/heads/main"},
              "pull_request": {"GITHUB_EVENT_NAME": "pull_request", "GITHUB_REF": "refs/pull/50/merge"},
              "schedule": {"GITHUB_EVENT_NAME": "schedule", "GITHUB_REF": "refs/heads/main"}}
@@ -551,6 +557,13 @@ def test_each_event_runs_the_jobs_the_replay_replays():
                 runs.add(name)
         assert runs == set(replayed), (event, sorted(runs))
     assert set(jobs) == {j for replayed in EVENTS.values() for j in replayed}
+
+
+def test_the_schedule_runs_each_on_request_tier_in_a_job_of_its_own():
+    """The on-request job's matrix is one job per tier, each named by it, none of them failing the others."""
+    job = yaml.safe_load(WORKFLOW.read_text())["jobs"]["on-request"]
+    assert tuple(e["tier"] for e in job["strategy"]["matrix"]["include"]) == ON_REQUEST
+    assert job["strategy"]["fail-fast"] is False and job["name"] == "on request ${{ matrix.tier }}"
 
 
 # ---- a pull request: checks, then pr-build up to its test step ------------------------------------

@@ -59,6 +59,9 @@ def test_dry_run_prints_the_plan_without_docker():
     assert "pytorch-cuda:2.7.1-cuda12.1-runtime pytorch-cuda:v2.7-cuda12.1 pytorch-cuda:v2.7" in out
     assert "wheel CUDA 12.6" in out and "torch 2.7 has no CUDA 12.1 build" in out
     assert "FROM python-env AS runtime" in out
+    # stage 3 builds the base with mmdebstrap; matrix.yaml's kind name, debootstrap, is not the tool
+    assert "(built here with mmdebstrap from http://deb.debian.org/debian, suite bookworm: debian-bookworm)" in out
+    assert "debootstrap" not in out.split("\n\n", 1)[0]
 
 
 def test_list_shows_every_row_without_docker():

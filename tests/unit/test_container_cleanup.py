@@ -4,6 +4,7 @@ the engine names."""
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -11,6 +12,7 @@ import docker.errors
 import pytest
 import requests
 
+from pytorch_cuda_build.engine import containers
 from pytorch_cuda_build.errors import EnvironmentProblem
 from pytorch_cuda_build.stages import gate
 
@@ -101,12 +103,27 @@ def test_create_whose_answer_was_lost_is_found_by_name_and_removed(tmp_path):
     assert daemon.alive == {}
 
 
-def test_timeout_kills_then_removes(tmp_path):
+def test_timeout_kills_then_removes(tmp_path, monkeypatch):
+    monkeypatch.setattr(gate, "SMOKE_TIMEOUT_S", 0)  # the wait below took the whole of it
     daemon = FakeDaemon(wait_error=requests.exceptions.ReadTimeout("read timed out"),
                         kill_error=docker.errors.APIError("409 Conflict: container is not running"))
     with pytest.raises(gate.TestFailure, match="timed out"):
         smoke(daemon, tmp_path)
     assert len(daemon.killed) == 1 and daemon.alive == {}
+
+
+@pytest.mark.parametrize("lost", [
+    requests.exceptions.ChunkedEncodingError("('Connection broken: IncompleteRead(0 bytes read, 2 more expected)')"),
+    requests.exceptions.ConnectionError("('Connection aborted.', ConnectionResetError(104, 'Connection reset by peer'))"),
+])
+def test_a_daemon_lost_mid_wait_is_no_timeout(tmp_path, lost):
+    """The reply to the wait cut short, or the connection dropped before the timeout: the daemon's
+    error goes up as it is (the stage's boundary names it), nothing is killed and the container is
+    removed where the daemon still lets it."""
+    daemon = FakeDaemon(wait_error=lost)
+    with pytest.raises(type(lost)):
+        smoke(daemon, tmp_path)
+    assert daemon.killed == [] and daemon.alive == {}
 
 
 def test_interrupt_removes(tmp_path):
@@ -124,7 +141,7 @@ def test_a_failing_removal_never_hides_why_we_left(tmp_path):
     with pytest.raises(requests.exceptions.ConnectionError, match="daemon gone"):
         smoke(daemon, tmp_path, logs)
     (name,) = daemon.alive
-    assert any(f"docker rm -f {name}" in line for line in logs), logs
+    assert any(f"docker rm -f {name}" in line and "the next run removes it" in line for line in logs), logs
 
 
 def test_containers_carry_the_runs_label(tmp_path, monkeypatch):
@@ -134,7 +151,10 @@ def test_containers_carry_the_runs_label(tmp_path, monkeypatch):
     daemon.containers.create = lambda *a, **kw: seen.append(kw["labels"]) or create(*a, **kw)
     with pytest.raises(gate.TestFailure):  # the fake writes no report: 0 checks passed
         smoke(daemon, tmp_path)
-    assert seen == [{"pytorch-cuda.test": "smoke", gate.RUN_LABEL: gate.RUN_ID}]
+    me = containers.me()
+    assert seen == [{"pytorch-cuda.test": "smoke", gate.RUN_LABEL: gate.RUN_ID, containers.HOST_LABEL: socket.gethostname(),
+                     containers.PID_LABEL: str(os.getpid()), containers.PROCESS_LABEL: me.process}]
+    assert me.process and me.process == containers.identity(os.getpid())  # this process, as the next run's sweep reads it
     assert gate.RUN_ID == os.environ["PYTORCH_CUDA_RUN_ID"]  # the session's own (tests/conftest.py)
     assert daemon.alive == {}
 

@@ -131,9 +131,12 @@ def test_every_documented_command_parses(where, argv, tmp_path, monkeypatch):
         if argv[n - 1] in ("--record", "--ops-wheel") and not value.startswith("-") and not (ROOT / value).exists():
             argv[n] = str(tmp_path / value)
             (tmp_path / value).write_text("")
-        if argv[n - 1] in ("--from", "--to") and not value.startswith("-") and not (ROOT / value).exists():  # a user's folder
+        elif argv[n - 1] == "--output" and value.startswith("~/"):  # a folder of the user's home, made before (`mkdir -p`)
+            argv[n] = str(tmp_path / value[2:])
+            (tmp_path / value[2:]).mkdir(parents=True, exist_ok=True)
+        elif argv[n - 1] in ("--from", "--to") and not value.startswith("-") and not (ROOT / value).exists():  # a user's folder
             argv[n] = str(tmp_path / value.lstrip("/"))
-            (tmp_path / value.lstrip("/")).mkdir(parents=True)
+            (tmp_path / value.lstrip("/")).mkdir(parents=True, exist_ok=True)
     if {"-h", "--help"} & set(argv):
         with pytest.raises(SystemExit, match="^0$"):
             arguments.parser().parse_args(with_command(argv))

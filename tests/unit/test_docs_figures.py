@@ -43,13 +43,19 @@ GENERATED = re.compile(r"<!-- matrix-table:start.*?<!-- matrix-table:end -->", r
 
 NUMBER = r"(?<![\w.,/:#-])\d[\d,]*(?:\.\d+)?"
 BOUND = (r"(?:<=|>=|<|>|≤|≥|\bat least|\bat most|\bup to|\bno more than|\bbelow|\babove|\bunder|\bover"
-         r"|\bwithin|\bdefault|\blimit of|\bbudget of)\s*(?:about\s+)?$")
+         r"|\bwithin|\bdefault|\blimit of|\bbudget of|\be\.g\.(?:[^()]*,)?)\s*(?:about\s+)?$")
 UNIT = (r"ms|s|sec|min|h|seconds?|minutes?|hours?"
         r"|[KMGT]B|kB|[KMGT]iB"
         r"|x|%")
 COUNTED = (r"layers?|passed|failed|skipped|errors|checks?|wheels|runs|failures|tests"
            r"|steps|blobs|files|ranks")
 FIGURE = re.compile(rf"({NUMBER})(?:\s?(?:{UNIT})(?![\w])|\s+(?:{COUNTED})\b)|(?<![\w/])20\d\d-\d\d-\d\d(?![\w/])")
+# A figure in words: "a few tens of GB", "about two hours", "takes hours". Found for the rule above
+# (a record or an estimate), not matched against the record's numbers.
+SPELLED = re.compile(r"\b(?:a few|several|some|a couple of|tens of|hundreds of|one|two|three|four|five|six|seven|eight|nine|ten"
+                     r"|eleven|twelve|twenty|thirty|forty|fifty|an?)\s+(?:tens of\s+)?(?:hours?|minutes?|days?|[KMGT]i?B)\b"
+                     r"|\b(?:takes?|took|taking|lasts?)\s+(?:about\s+)?(?:hours|minutes|days)\b"
+                     r"|\((?:about\s+)?(?:hours|minutes|days)\b", re.I)
 HASH = re.compile(r"(?<![\w-])(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}(?![\w-])")
 NOTEBOOK = re.compile(r"\btoday(?:'s)?\b|\bas of (?:\d{4}-\d\d-\d\d|\w+ \d{4})", re.I)
 RECORD = re.compile(r"(?:^|/)(?:bench|measurements)/")
@@ -115,6 +121,11 @@ def figures(line: str) -> list[str]:
     return found
 
 
+def spelled(line: str) -> list[str]:
+    """The figures in words of a line, bounds left out as for figures()."""
+    return [m.group(0) for m in SPELLED.finditer(prose(line)) if not re.search(BOUND, prose(line)[:m.start()])]
+
+
 def findings(text: str) -> list[tuple[int, str]]:
     """(line number, what is wrong) for each unsourced figure, commit hash, or dated narrative."""
     found = []
@@ -129,7 +140,7 @@ def findings(text: str) -> list[tuple[int, str]]:
             for n in NOTEBOOK.findall(words):
                 found.append((start + offset, f"dated narrative {n!r}"))
             if not sourced:
-                for f in figures(line):
+                for f in figures(line) + spelled(line):
                     found.append((start + offset, f"figure {f!r} with no record"))
     return found
 
@@ -151,6 +162,9 @@ def findings(text: str) -> list[tuple[int, str]]:
     "1596 passed, 16 skipped",
     "It ran on 2026-11-25 and passed.",                         # a date is a figure too
     "| image | size |\n|---|---|\n| (2.7, 12.1) | 6.50 GB |",     # a table with no caption
+    "and a few tens of GB of disk",                             # in words
+    "its sdist's build takes hours on our 2 cores",
+    "the compiles alone take about two hours",
 ], ids=lambda t: t[:30])
 def test_the_checker_flags_a_figure_with_no_record(text):
     assert [what for _, what in findings(text) if what.startswith("figure")]
@@ -202,6 +216,7 @@ def test_a_table_takes_its_record_from_its_caption():
     "a layer per wheel of at least 5 MB, up to 40 layers",      # bounds, not figures
     "a target of <= 1.03x and <= 200 ms",
     "the job must end within 120 s; `--keep-storage` (default 40GB); /dev/shm under 1 GiB",
+    "a duration, e.g. 24h, 90m or seconds",                    # an example of a value's form
     "x86-64-v3, sm_90, armv8.2-a, e2e, deadbeef, decade, 4460ec",
     "[a heading](performance.md#today-s-figures) read as a link target",
     "<!-- matrix-table:start (build.py render) -->\n| 140 pins unchecked (2026-11-23) |\n<!-- matrix-table:end -->",
@@ -368,3 +383,38 @@ def test_a_figure_its_record_states_passes(tmp_path, text):
 ], ids=lambda t: t[:40])
 def test_a_figure_its_record_does_not_state_fails(tmp_path, text, says):
     assert any(says in what for what in checked(tmp_path, text)), checked(tmp_path, text)
+
+
+# --- the --help texts --------------------------------------------------------------------------
+
+def help_texts() -> list[tuple[str, str]]:
+    """(where, text) for build.py's description, each command's help and each option's help."""
+    import argparse
+
+    from pytorch_cuda_build import arguments
+
+    top = arguments.parser()
+    found = [("build.py", top.description or "")]
+    commands = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    found += [(f"build.py {c.dest}", c.help or "") for c in commands._choices_actions]
+    for name, sub in [("build.py", top), *commands.choices.items()]:
+        found += [(f"{name} {'/'.join(a.option_strings) or a.dest}", a.help) for a in sub._actions
+                  if a.help and a.help != argparse.SUPPRESS]
+    return found
+
+
+def test_the_help_texts_are_read():
+    texts = dict(help_texts())
+    assert "verify --compile-ops" in texts and "build.py job" in texts and len(texts) > 100
+
+
+@pytest.mark.parametrize("text", ["as a rebuild does (about 4 min more per build on 2 cores)", "report in bench/ (hours on 2 cores)"])
+def test_the_help_check_flags_a_figure(text):
+    assert figures(text) + spelled(text)
+
+
+def test_no_help_text_holds_a_figure():
+    """--help cannot link a record: a figure there has none. It names the page that gives it; a
+    default or a bound (`default 540 s`, `at most 40`) is a setting, not a figure."""
+    bad = [f"{where}: {f!r}" for where, text in help_texts() for f in figures(text) + spelled(text)]
+    assert not bad, "a --help text states a figure; name the docs page that gives it with its record instead:\n" + "\n".join(bad)

@@ -174,3 +174,57 @@ def test_the_prune_command_says_how_many_entries_it_dropped_and_their_size(monke
     assert cli.cmd_prune(m, SimpleNamespace(keep_storage="40GB")) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "dropped 1 ops-seed entry no image names, 3.0 MiB"
     assert [p.name for p in (opsseed.store() / "wheels").iterdir()] == ["a" * 64]
+
+
+def test_a_killed_runs_export_is_removed_by_the_next_and_a_live_ones_kept(tmp_path):
+    """A SIGKILL mid-export leaves .export-<pid>-*; the next export removes it once that process is
+    gone, and never one of a process that runs (another row's build exporting beside it)."""
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        opsseed.store().mkdir(parents=True)
+        left = opsseed.store() / f".export-{gone.pid}-abc"
+        beside = opsseed.store() / f".export-{live.pid}-def"
+        for d in (left, beside):
+            (d / "half").mkdir(parents=True)
+        fresh = opsseed.export_dir()
+        assert not left.exists() and beside.is_dir() and fresh.name.startswith(f".export-{os.getpid()}-")
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_a_full_disk_while_filing_an_export_is_one_line_and_leaves_the_old_pointer(monkeypatch):
+    from pytorch_cuda_build import files
+    from pytorch_cuda_build.errors import EnvironmentProblem
+
+    first = opsseed.save(exported("a" * 64), ROW)
+    pointer = next((opsseed.store()).rglob(ROW.local_name))
+    real = files._stage
+
+    def full(path, text):
+        if path == pointer:
+            raise OSError(28, "No space left on device")
+        return real(path, text)
+    monkeypatch.setattr(files, "_stage", full)
+    with pytest.raises(EnvironmentProblem, match="no space left on device writing .*; nothing was changed"):
+        opsseed.save(exported("b" * 64), ROW)
+    assert pointer.read_text() == first + "\n"
+    assert not [p for p in pointer.parent.iterdir() if p.name.startswith(".")]  # no temp file left
+
+
+def test_a_full_disk_during_the_ops_export_is_one_line(monkeypatch, tmp_path):
+    from pytorch_cuda_build.errors import EnvironmentProblem
+
+    def export(cmd, env, log_path, echo):
+        log_path.write_text("#12 exporting to client directory\n#12 ERROR: write /x/deepspeed.whl: no space left on device\n")
+        return 1
+    monkeypatch.setattr(build, "_stream", export)
+    bc = type("B", (), {"argv": ("docker", "build"), "env": {}, "network": None})()
+    with pytest.raises(EnvironmentProblem, match="no space left on device exporting the compiled ops .* no tag was moved"):
+        build.export_ops(bc, ROOT, ROW, tmp_path, {}, None, (), tmp_path / "ops-export.log")
+    assert not list(opsseed.store().glob(".export-*"))  # the half export removed

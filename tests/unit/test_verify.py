@@ -100,8 +100,9 @@ class FakeClient:
         outer = self
 
         class Containers:
-            def create(self, ref, command, entrypoint):
+            def create(self, ref, command, entrypoint, labels):
                 assert entrypoint == [] and command == ["true"]  # nothing of the image runs
+                assert labels["pytorch-cuda.test"] == "verify" and labels["pytorch-cuda.pid"]  # the next run sweeps it if we die
                 return FakeContainer(outer.images_[ref], outer.removed)
         return Containers()
 
@@ -219,7 +220,7 @@ class _Images:
 def _verify_run(monkeypatch, tmp_path, fail_on: int | None = None, room_for_two: bool = False, compile_ops: bool = False):
     events: list[str] = []
     monkeypatch.setattr(verify, "_room_for_two", lambda root, size: room_for_two)
-    engine = type("E", (), {"images": _Images(events)})()
+    engine = type("E", (), {"images": _Images(events), "ping": lambda self: True})()  # a failed build: the daemon still answers
     client = type("B", (), {"argv": ["docker"], "export": "oci", "description": "Docker 26"})()
     monkeypatch.setattr(docker_env, "ensure_engine", lambda log=None: engine)
     monkeypatch.setattr(docker_env, "build_client", lambda docker: client)

@@ -78,7 +78,8 @@ def test_every_build_py_call_is_a_real_command():
 
 
 def test_fan_out_uses_matrix_json_keys_that_exist():
-    text = WORKFLOW.read_text()
+    """The jobs that fan out over `matrix --json` (build) and `matrix --indexes` (merge) read only its keys."""
+    text = json.dumps([_jobs()["build"], _jobs()["merge"]])
     used = set(re.findall(r"\$\{\{\s*matrix\.(\w+)", text))
     row = matrix.as_json(matrix.load(ROOT / "matrix.yaml"))["include"][0]
     assert used and used <= set(row), used - set(row)
@@ -92,3 +93,30 @@ def test_publish_only_after_a_tested_build_and_never_on_pull_requests():
     assert steps.index("Build, smoke-test and tag") < steps.index("Publish the tested image (dated immutable tag, then the moving tags)")
     assert "pull_request" not in jobs["matrix"]["if"]
     assert not any("publish" in s.get("run", "") for s in jobs["pr-build"]["steps"])
+
+
+# The on-request tiers that replay a workflow job: the replay runs them (test_workflow_replay.py).
+REPLAYS = {"PYTORCH_CUDA_TEST_BUILD_JOB", "PYTORCH_CUDA_TEST_PR_BUILD", "PYTORCH_CUDA_TEST_SECURITY_REFRESH"}
+
+
+def on_request_variables() -> set[str]:
+    """The variables of docs/testing.md's on-request table."""
+    text = (ROOT / "docs" / "testing.md").read_text().split("## On request", 1)[1]
+    return set(re.findall(r"^\| `(PYTORCH_CUDA_TEST_\w+)` \|", text, re.M))
+
+
+def test_the_schedule_runs_every_on_request_tier_that_is_no_replay():
+    """Tests that never run rot: each tier of docs/testing.md's on-request table that is no replay of a
+    workflow job has a job of the weekly schedule, which sets its variable and runs its tests."""
+    job = _jobs()["on-request"]
+    assert "schedule" in job["if"]
+    tiers = job["strategy"]["matrix"]["include"]
+    assert {e["variable"] for e in tiers} == on_request_variables() - REPLAYS and len(tiers) == 10
+    for entry in tiers:
+        path, _, name = entry["tests"].partition("::")
+        source = (ROOT / path).read_text()
+        assert entry["variable"] in source, entry  # the test reads the variable the job sets
+        assert not name or re.search(rf"^def {name}\(", source, re.M), entry
+    run = next(s["run"] for s in job["steps"] if s.get("name") == "The tier's tests, as root")
+    assert '"$TIER_VARIABLE=1"' in run and '"$TIER_TESTS"' in run and "CI=true" in run
+    assert job["env"] == {"TIER_VARIABLE": "${{ matrix.variable }}", "TIER_TESTS": "${{ matrix.tests }}"}
