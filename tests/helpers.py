@@ -657,3 +657,12 @@ class NamesOnlyStore:
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_bytes(b"")
         self.staged.append((item.sha256, dest))
+
+
+def clone_at(dest: Path, commit: str) -> Path:
+    """A clone of this checkout at commit, with this checkout's .venv: builds from it name that commit
+    (never `-dirty`), whatever changes here meanwhile."""
+    subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(dest)], check=True)
+    subprocess.run(["git", "-C", str(dest), "checkout", "--quiet", commit], check=True)
+    (dest / ".venv").symlink_to(ROOT / ".venv")
+    return dest

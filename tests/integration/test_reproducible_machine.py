@@ -43,7 +43,7 @@ from pytorch_cuda_build import matrix
 from pytorch_cuda_build.commands import record
 from pytorch_cuda_build.tooling import engine_current
 
-from helpers import ROOT, require, run_build_py
+from helpers import ROOT, clone_at, require, run_build_py
 
 ON_REQUEST = "PYTORCH_CUDA_TEST_REPRODUCIBLE"
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.engine26,
@@ -88,15 +88,6 @@ def xfs(tmp_path_factory):
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
         shutil.rmtree(where, ignore_errors=True)
-
-
-def clone(dest: Path, commit: str) -> Path:
-    """A clone of this checkout at commit (both builds read one commit, as another machine would,
-    whatever is committed here meanwhile)."""
-    subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(dest)], check=True)
-    subprocess.run(["git", "-C", str(dest), "checkout", "--quiet", commit], check=True)
-    (dest / ".venv").symlink_to(ROOT / ".venv")
-    return dest
 
 
 def build_on(store: engine_current.Store, checkout: Path, state: Path, extra_env: dict[str, str], umask: int) -> tuple[str, str, dict[str, str]]:
@@ -144,13 +135,13 @@ def test_two_machines_that_differ_in_all_this_one_can_vary_build_one_digest(tmp_
     name = f"{ROW.name}-{commit[:7]}"
     try:
         if not against:  # machine A builds here; with records of this commit from elsewhere, they stand for it
-            _, ref_a, env_a = build_on(a, clone(tmp_path / "a", commit), tmp_path / "state-a", {"LANG": "C.UTF-8"}, 0o022)
+            _, ref_a, env_a = build_on(a, clone_at(tmp_path / "a", commit), tmp_path / "state-a", {"LANG": "C.UTF-8"}, 0o022)
             record_of(ref_a, env_a, kept / f"{name}-a.json.xz")
             against = [kept / f"{name}-a.json.xz"]
             engine_current.down(a)  # one engine at a time, and one engine's data: about 35 GB each
             shutil.rmtree(a.state, ignore_errors=True)
         (elsewhere / "tmp").mkdir()
-        _, ref_b, env_b = build_on(b, clone(elsewhere / "b", commit), elsewhere / "state-b",
+        _, ref_b, env_b = build_on(b, clone_at(elsewhere / "b", commit), elsewhere / "state-b",
                                    {"TZ": "Pacific/Chatham", "LANG": "de_DE.UTF-8", "LC_ALL": "de_DE.UTF-8",
                                     "TMPDIR": str(elsewhere / "tmp")}, 0o077)
         rec_b = record_of(ref_b, env_b, kept / f"{name}-b.json.xz")

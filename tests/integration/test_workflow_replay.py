@@ -88,7 +88,7 @@ EVENTS = {"push": ("checks", "matrix", "build", "merge"), "pull_request": ("chec
 # workflow job (docs/testing.md, "On request"): its matrix, by tier. These run on GitHub's schedule
 # only; the replay checks that each is a job of its own (test_the_schedule_runs_each_on_request_tier)
 # and the unit tier that each names its tests and its variable (tests/unit/test_workflow.py).
-ON_REQUEST = ("cuda13", "devel", "no-cache", "arm64", "derived-26", "podman", "train", "verify-image", "reproducible", "faults")
+ON_REQUEST = ("cuda13", "devel", "no-cache", "arm64", "derived-26", "podman", "train", "verify-image", "reproducible", "faults", "hermetic")
 EVENT_ENV = {"push": {"GITHUB_EVENT_NAME": "push", "GITHUB_REF": "refs/heads/main"},
              "pull_request": {"GITHUB_EVENT_NAME": "pull_request", "GITHUB_REF": "refs/pull/50/merge"},
              "schedule": {"GITHUB_EVENT_NAME": "schedule", "GITHUB_REF": "refs/heads/main"}}
