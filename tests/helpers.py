@@ -5,6 +5,7 @@ import base64
 import contextlib
 import gzip
 import hashlib
+import http.server
 import io
 import json
 import os
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import types
 import zipfile
 from pathlib import Path
@@ -666,3 +668,34 @@ def clone_at(dest: Path, commit: str) -> Path:
     subprocess.run(["git", "-C", str(dest), "checkout", "--quiet", commit], check=True)
     (dest / ".venv").symlink_to(ROOT / ".venv")
     return dest
+
+
+class _Gone(http.server.BaseHTTPRequestHandler):
+    """Every address answers 404, a plain request or a tunnel to an HTTPS host alike; each is noted."""
+
+    def _gone(self) -> None:
+        self.server.asked.append(f"{self.command} {self.path}")  # type: ignore[attr-defined]
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_HEAD = do_CONNECT = _gone
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def sources_gone():
+    """A proxy on 127.0.0.1 for which every mirror and index has dropped everything, and the
+    environment that sends a tool's downloads through it: (server, env); server.asked lists them."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Gone)
+    server.asked = []  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    proxy = f"http://127.0.0.1:{server.server_address[1]}"
+    env = {"http_proxy": proxy, "https_proxy": proxy, "HTTP_PROXY": proxy, "HTTPS_PROXY": proxy, "no_proxy": "", "NO_PROXY": ""}
+    try:
+        yield server, env
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -21,18 +21,16 @@ mirror or an index). Each build runs with `--network none` in any case (stages/b
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
 import os
 import subprocess
-import threading
 import time
 
 import pytest
 
 from pytorch_cuda_build import matrix
 
-from helpers import ROOT, clone_at, current_engine, needs_root, run_build_py, store_restored
+from helpers import ROOT, clone_at, current_engine, needs_root, run_build_py, sources_gone, store_restored
 
 ON_REQUEST = "PYTORCH_CUDA_TEST_HERMETIC"
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.engine26, pytest.mark.root,
@@ -41,33 +39,6 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.engine26, pytest
                                         "machine's clock moved, about 30-40 min on 2 cores")]
 ROW = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
 DAYS_ON = 2
-
-
-class _Moved(http.server.BaseHTTPRequestHandler):
-    """A mirror and an index that dropped everything: 404 to every address, each one noted."""
-
-    def _gone(self) -> None:
-        self.server.asked.append(f"{self.command} {self.path}")  # type: ignore[attr-defined]
-        self.send_response(404)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    do_GET = do_HEAD = do_CONNECT = _gone
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def moved_mirror():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Moved)
-    server.asked = []  # type: ignore[attr-defined]
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @contextlib.contextmanager
@@ -96,10 +67,8 @@ def test_another_day_and_a_moved_mirror_give_the_same_image_built_from_the_store
         first = run_build_py(checkout, "--torch", "2.7", "--cuda", "12.1", "--no-test", "--quiet", env=env, timeout=5400)
         assert first.returncode == 0, first.stderr[-3000:]
         built = image_id(env)
-        with moved_mirror() as mirror, clock_moved(DAYS_ON):
-            proxy = f"http://127.0.0.1:{mirror.server_address[1]}"
-            cut = {**env, "http_proxy": proxy, "https_proxy": proxy, "HTTP_PROXY": proxy, "HTTPS_PROXY": proxy,
-                   "no_proxy": "", "NO_PROXY": ""}
+        with sources_gone() as (mirror, moved), clock_moved(DAYS_ON):
+            cut = {**env, **moved}
             base = run_build_py(checkout, "base", "--torch", "2.7", "--cuda", "12.1", "--rebuild", env=cut, timeout=1800)
             again = run_build_py(checkout, "--torch", "2.7", "--cuda", "12.1", "--no-test", "--no-cache", "--quiet", env=cut,
                                  timeout=5400)

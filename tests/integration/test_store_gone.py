@@ -4,54 +4,25 @@ build reads"). The sources here are a proxy on 127.0.0.1 that serves nothing: ev
 package index gone, as for a commit built years later on a machine without its store."""
 from __future__ import annotations
 
-import http.server
-import threading
-
 import docker
 import pytest
 
 from pytorch_cuda_build import matrix
 from pytorch_cuda_build.stages import lock, tag
 
-from helpers import ROOT, run_build_py
+from helpers import ROOT, run_build_py, sources_gone
 
 pytestmark = [pytest.mark.docker, pytest.mark.second_lane]
 ROW = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
 
 
-class _Gone(http.server.BaseHTTPRequestHandler):
-    """Every address answers 404, a plain request or a tunnel to an HTTPS host alike."""
-
-    def _gone(self) -> None:
-        self.server.asked.append(f"{self.command} {self.path}")  # type: ignore[attr-defined]
-        self.send_response(404)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    do_GET = do_HEAD = do_CONNECT = _gone
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def gone():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Gone)
-    server.asked = []  # type: ignore[attr-defined]
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
-    server.server_close()
-
-
-def test_an_empty_store_and_no_source_is_one_line_and_nothing_built_or_tagged(gone, tmp_path, docker_client):
-    proxy = f"http://127.0.0.1:{gone.server_address[1]}"
+def test_an_empty_store_and_no_source_is_one_line_and_nothing_built_or_tagged(tmp_path, docker_client):
     before = {ref: _id(docker_client, ref) for ref in tag.refs(ROW)}
     images = {i.id for i in docker_client.images.list(all=True)}
     store = tmp_path / "store"
-    env = {"PYTORCH_CUDA_STORE": str(store), "http_proxy": proxy, "https_proxy": proxy, "HTTP_PROXY": proxy,
-           "HTTPS_PROXY": proxy, "no_proxy": "", "NO_PROXY": ""}
-    proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.1", "--quiet", env=env, timeout=600)
+    with sources_gone() as (gone, cut):
+        proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.1", "--quiet", env={"PYTORCH_CUDA_STORE": str(store), **cut},
+                            timeout=600)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert proc.returncode == 1 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert " is not in the store" in errors[0] and "build.py fetch --from DIR" in errors[0] and "relock" in errors[0], errors

@@ -8,8 +8,8 @@ import pytest
 import requests
 import urllib3.exceptions
 
-from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build import errors
+from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import BuildError, CommandFailed, DockerRefused, EngineLost, EnvironmentProblem, NotReady
 
 

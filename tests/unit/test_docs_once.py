@@ -19,9 +19,9 @@ from __future__ import annotations
 import re
 
 import pytest
+from test_docs_figures import USER_PAGES, blocks, prose
 
 from helpers import ROOT
-from test_docs_figures import USER_PAGES, blocks, prose
 
 LINK = re.compile(r"\]\(([^)\s]*)[^)]*\)")
 
