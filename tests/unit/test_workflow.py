@@ -111,7 +111,7 @@ def test_the_schedule_runs_every_on_request_tier_that_is_no_replay():
     job = _jobs()["on-request"]
     assert "schedule" in job["if"]
     tiers = job["strategy"]["matrix"]["include"]
-    assert {e["variable"] for e in tiers} == on_request_variables() - REPLAYS and len(tiers) == 10
+    assert {e["variable"] for e in tiers} == on_request_variables() - REPLAYS and len(tiers) == len(on_request_variables() - REPLAYS)
     for entry in tiers:
         path, _, name = entry["tests"].partition("::")
         source = (ROOT / path).read_text()
