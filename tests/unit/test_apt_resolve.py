@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import lzma
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -105,3 +106,31 @@ def test_pins_are_named_as_pep_503_says_once_for_both_packages():
     assert pins[0].hashes == frozenset({"c" * 64}) and pins[0].requirement == f"nvidia-cudnn-cu12==9.5.1.17 --hash=sha256:{'c' * 64}"
     with pytest.raises(lockfile.LockFormatError, match="not a file record"):
         lockfile.Input.from_json({"file": "a/b.whl", "url": "https://x/a", "sha256": "e" * 64, "size": 1}, "lock.json")
+
+
+def test_a_security_relock_moves_exactly_the_fixed_package(monkeypatch):
+    """The security suite gains a fix of a package the image holds: a relock changes that package's
+    line of debs.lock and its version in lock.json `debian`, and nothing else; the structure check
+    then holds the image to it (checks/test_image.py, the Debian packages exactly the locked ones)."""
+    from dataclasses import replace
+
+    from pytorch_cuda_build import matrix
+    from pytorch_cuda_build.stages import lock
+
+    row = matrix.load(Path(__file__).resolve().parents[2] / "matrix.yaml").select("2.7", "12.1")
+    os_ = row.os.model_copy(update={"mirror": MIRROR, "suite": "bookworm", "packages": ("tini", "openssl"), "build_packages": (),
+                                    "updates": (matrix.AptSource(mirror=SECURITY, suite="bookworm-security"),)})
+    image = replace(row, os=os_)
+
+    def world(fixes: list[str]):
+        suites = {(MIRROR, "bookworm"): suite(MIRROR, "bookworm", RELEASE), (SECURITY, "bookworm-security"): suite(SECURITY, "bookworm-security", fixes)}
+        monkeypatch.setattr(lock.resolve_debian, "read_suite", lambda mirror, name, arch, ca: suites[(mirror, name)])
+        return lock.debian_lock(image, "linux/amd64", None)
+
+    before = world(FIXES)
+    after = world([*FIXES, stanza("libssl3", "3.0.23-1~deb12u1", depends="libc6")])
+    moved = {n: (before.installed.get(n), v) for n, v in after.installed.items() if before.installed.get(n) != v}
+    assert moved == {"libssl3": ("3.0.22-1~deb12u2", "3.0.23-1~deb12u1")}
+    changed = sorted(set(before.text.splitlines()) ^ set(after.text.splitlines()))
+    assert len(changed) == 2 and all("libssl3" in line for line in changed), changed
+    assert after.pins == {"tini": "0.19.0-1+b3", "openssl": "3.0.17-1~deb12u2"}
