@@ -602,6 +602,7 @@ def extras_problems(root: Path, image: Image, meta: dict) -> list[str]:
             out.append(f"{image.name}: {p}'s extras files: one was edited or half-written{fix}")
         else:
             out += wheel_problems(image, f"{p} extras", texts[0], parts[p].get("wheels"))
+            out += file_problems(image, f"{p} extras sdist", texts[1], parts[p].get("sdists"))
     return out
 
 
