@@ -24,6 +24,8 @@ import re
 import sys
 from pathlib import Path
 
+from pytorch_cuda_runtime import lockfile
+
 CONSTRAINTS = Path("/opt/pytorch-cuda/constraints.txt")
 # What the prebuilt DeepSpeed ops and the image's tests depend on: moving any of these can break
 # the ops (built against this torch and CUDA) or NCCL and cuDNN as tested.
@@ -47,8 +49,7 @@ HEADER = """\
 HOW_TO_OVERRIDE = "PIP_CONSTRAINT= pip install ... or UV_CONSTRAINT= uv pip install ..."
 
 
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+canonical = lockfile.canonical
 
 
 def installed() -> dict[str, str]:

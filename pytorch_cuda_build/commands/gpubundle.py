@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from pytorch_cuda_runtime import lockfile
+
 from .. import paths
 from ..errors import BadFile, BadValue, BundleTooLarge, CommandFailed, EnvironmentProblem, ImageUnfit, ResolveError
 from ..matrix import Image
@@ -93,8 +95,7 @@ class Pin:
     parents: frozenset[str]
 
 
-def normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+normalize = lockfile.canonical
 
 
 def parse_lock(text: str) -> dict[str, Pin]:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from pytorch_cuda_runtime import lockfile
+
 from ..errors import EnvironmentProblem, ResolveError
 from ..matrix import OS_PLATFORMS, Image
 from .wheel_files import PIN
@@ -138,13 +140,8 @@ def _first_error_line(stderr: str) -> str:
 
 
 def pins(lock_text: str) -> dict[str, str]:
-    """name -> version of every `name==version` line of a requirements lock."""
-    out = {}
-    for line in lock_text.splitlines():
-        m = PIN.match(line.strip())
-        if m:
-            out[m.group(1).lower().replace("_", "-")] = m.group(2)
-    return out
+    """name (PEP 503) -> version of every `name==version` requirement of a requirements lock."""
+    return lockfile.versions(lock_text)
 
 
 def _one(pinned: dict[str, str], pattern: re.Pattern[str], what: str, torch: str) -> str:

@@ -17,7 +17,9 @@ from urllib.parse import urldefrag, urljoin
 
 import requests
 from packaging import tags
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+from pytorch_cuda_runtime import lockfile
 
 from ..errors import ResolveError
 from ..matrix import OS_PLATFORMS
@@ -44,12 +46,7 @@ class WheelFile:
 
 def pinned_hashes(lock_text: str) -> dict[str, tuple[str, set[str]]]:
     """name -> (version, the sha256 hashes the lock allows) for each `name==version` block."""
-    out = {}
-    for block in _BLOCK.split(lock_text.strip()):
-        m = PIN.match(block)
-        if m:
-            out[str(canonicalize_name(m.group(1)))] = (m.group(2), set(_HASH.findall(block)))
-    return out
+    return {p.name: (p.version, set(p.hashes)) for p in lockfile.pins(lock_text)}
 
 
 def platform_tags(python: str, platform: str, glibc: str | None = None) -> list[tags.Tag]:
