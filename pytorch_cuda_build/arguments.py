@@ -88,6 +88,15 @@ def _allow_vulnerable() -> Any:
     return many("publish despite this critical advisory of vulnerabilities.json (its ID or an alias); repeatable", metavar="ID")
 
 
+ATTACHED_INPUTS = ("debian", "all", "none")  # publish's inputs artifact (registry/attach.py)
+
+
+def _attach_inputs() -> Any:
+    return opt("debian", "the locked files attached beside each pushed image, for a rebuild whose sources are gone: debian (default: "
+                         "the .debs and indexes, which Debian's mirror drops), all (the wheels and sdists too), none",
+               choices=ATTACHED_INPUTS, later=True)
+
+
 def _compression() -> Any:
     return opt("gzip", "the pushed layers: gzip (default: as the engine holds them; every Docker pulls them) or zstd "
                        "(the containerd image store; Docker >= 23 and containerd >= 1.5 pull them, Docker 20.10 cannot)",
@@ -105,7 +114,8 @@ class BuildOptions(spec.Rows):
         ("jobs", "all", "it is how many rows --all builds at once"),
         ("retries", "push", "it counts attempts per registry call, and only --push calls a registry"),
         ("allow_vulnerable", "push", "it lets --push publish past an advisory, and without --push nothing is published"),
-        ("compression", "push", "it is how --push compresses the layers it pushes, and without --push nothing is pushed"))
+        ("compression", "push", "it is how --push compresses the layers it pushes, and without --push nothing is pushed"),
+        ("attach_inputs", "push", "it is what --push attaches beside the image, and without --push nothing is pushed"))
     CLASHES: ClassVar[tuple[tuple[str, str, str], ...]] = (
         ("dry_run", "all", "a dry run prints one row's plan"),
         ("platform", "all", "--all builds every row for this host's platform; --platform picks one row's platforms"),
@@ -138,6 +148,7 @@ class BuildOptions(spec.Rows):
     retries: int = _retries()
     allow_vulnerable: tuple[str, ...] = _allow_vulnerable()
     compression: str = _compression()
+    attach_inputs: str = _attach_inputs()
 
     def child_argv(self, image: Image, result_json: Path, ca_path: str | None) -> list[str]:
         """This build for one row of --all: its child's command line (after build.py), with the CA
@@ -179,7 +190,8 @@ class PublishOptions(spec.Rows):
         ("merge", "platform", "--merge makes the index of every platform from the registry's parts"),
         ("merge", "allow_vulnerable", "--merge pushes no image, only the index of parts each build published"),
         ("merge", "compression", "--merge pushes no image, only the index of the parts each build published, "
-                                 "compressed as they were pushed"))
+                                 "compressed as they were pushed"),
+        ("merge", "attach_inputs", "--merge pushes no image, only the index of the parts each build published, with their inputs"))
 
     all: bool = flag("every row of the matrix (each must be built and tested)")
     platform: str | None = spec.platform("all: one image index of each row's platforms, every one built and tested here (build --platform "
@@ -191,6 +203,7 @@ class PublishOptions(spec.Rows):
     retries: int = _retries()
     allow_vulnerable: tuple[str, ...] = _allow_vulnerable()
     compression: str = _compression()
+    attach_inputs: str = _attach_inputs()
     ca_bundle: str | None = spec.ca_bundle("CA bundle for an HTTPS registry (default: pip's configured cert)")
     sign_key: Path | None = opt(None, "with --push: sign each row's image (GPG, containers' simple signing) with the key signing-key "
                                       "wrote in FOLDER; its passphrase in $PYTORCH_CUDA_SIGN_PASSPHRASE", type=Path, metavar="FOLDER")
@@ -238,6 +251,7 @@ class FetchOptions(spec.Row):
                            "first); or carry them: --to writes them to a folder, --from fills the store from one (an air-gapped host)")
     CLASHES: ClassVar[tuple[tuple[str, str, str], ...]] = (
         ("to", "from_", "--from fills this host's store from a folder, --to writes the store's files to one: one at a time"),
+        ("from_", "from_image", "each names where the files come from: a folder or an image, one at a time"),
         ("from_", "ca_bundle", "--from reads a folder, not the network, which is the only use of a CA"))
 
     platform: str | None = spec.platform()
@@ -245,6 +259,9 @@ class FetchOptions(spec.Row):
                                 "without the network", type=Path, metavar="FOLDER")
     from_: Path | None = opt(None, "fill the store from this folder (one `fetch --to` wrote, or the files by name) instead of the "
                                    "network; a file of other bytes than the lock's is refused", type=Path, metavar="FOLDER")
+    from_image: str | None = opt(None, "fill the store from the files attached beside this published image (`publish` attaches "
+                                       "them), HOST[:PORT]/NAMESPACE/NAME@sha256:<64 hex>; then the network for what it lacks",
+                                 metavar="REF")
     ca_bundle: str | None = spec.ca_bundle()
 
 

@@ -66,6 +66,8 @@ def cmd_fetch(m: matrix.Matrix, args: a.FetchOptions) -> int:
                 raise errors.InputUnavailable(f"{args.from_} lacks {len(lacking)} of {what}'s {len(items)} files, "
                                               f"{lacking[0].file} among them", url=lacking[0].url)
         else:
+            if args.from_image is not None:
+                verify_image.fill_store(jobs.parse_image(args.from_image), items, ca.ca_bundle(args.ca_bundle), log)
             fetch.fetch(items, ca.ca_bundle(args.ca_bundle), log, what)
         if args.to is not None:
             fetch.write_to(items, args.to, log)
@@ -93,7 +95,7 @@ def cmd_build(m: matrix.Matrix, args: a.BuildOptions) -> int:
     opts = pipeline.Options(docker=args.docker, matrix_path=args.matrix, ca_path=ca.ca_bundle(args.ca_bundle), no_test=args.no_test, retest=args.retest,
                             no_cache=args.no_cache, require_gpu=args.require_gpu, registry=reg, retries=args.retries,
                             allow_vulnerable=args.allow_vulnerable, cache_from=args.cache_from, cache_to=args.cache_to,
-                            compression=args.compression)
+                            compression=args.compression, attach_inputs=args.attach_inputs)
     pipeline.preflight(opts, log)  # before an hour of building, like a bad registry address
     with console.make(args.verbose, args.quiet) as con:  # a bad CA failed above, not after waiting for the row lock
         results = scheduler.build(ROOT, m, images, on, opts, con, every=args.all, jobs=args.jobs,
@@ -116,7 +118,8 @@ def cmd_test(m: matrix.Matrix, args: a.ImageTestOptions) -> int:
 def cmd_publish(m: matrix.Matrix, args: a.PublishOptions) -> int:
     images = list(m.images) if args.all else [m.select(args.torch, args.cuda, args.flavor)]
     opts = pipeline.Options(ca_path=ca.ca_bundle(args.ca_bundle), registry=publish.registry(args.registry, args.retries),
-                            retries=args.retries, allow_vulnerable=args.allow_vulnerable, compression=args.compression)
+                            retries=args.retries, allow_vulnerable=args.allow_vulnerable, compression=args.compression,
+                            attach_inputs=args.attach_inputs)
     for lines in pipeline.publish_command(ROOT, images, opts, args.push, args.platform, args.merge, args.sign_key,
                                           args.signatures or ROOT / "build-results" / "signatures", log):
         print(lines)

@@ -27,6 +27,8 @@ import docker
 import docker.errors
 from filelock import FileLock, Timeout
 
+from pytorch_cuda_runtime.lockfile import Input
+
 from . import files, paths
 from .buildkit import provenance
 from .console import Quiet
@@ -66,6 +68,7 @@ class Options:
     matrix_path: Path | None = None  # the gate checks the row against the matrix the user gave
     allow_vulnerable: tuple[str, ...] = ()  # critical advisories the user lets publish past
     compression: str = "gzip"  # the pushed layers' (publish; zstd: registry/zstd.py)
+    attach_inputs: str = "debian"  # the locked files attached beside a pushed image (registry/attach.py)
     # BuildKit cache imports and exports (buildx syntax; {image} is the row's name), for CI
     # runners that start cold: type=registry,ref=HOST/NS/pytorch-cuda-cache:{image}
     cache_from: tuple[str, ...] = ()
@@ -265,7 +268,8 @@ class _Row:
             with self.stage("publish", c):
                 self.result.moves = publish_rows(c, [image], opts.registry, True, opts.ca_path, opts.retries,
                                                  log, lambda i: results_dir(self.root, i), opts.compression)
-                for line in after_push(self.result.moves, opts.registry, opts.ca_path, lambda i: results_dir(self.root, i)):
+                for line in after_push(self.result.moves, opts.registry, opts.ca_path, lambda i: results_dir(self.root, i),
+                                       inputs=attached_inputs(self.root, opts.attach_inputs)):
                     log(line)
         return self.result
 
@@ -364,15 +368,36 @@ def publish_rows(c: docker.DockerClient, images: list[Image], reg: registry.Regi
     return moves
 
 
+def attached_inputs(root: Path, which: str) -> Callable[[Image], list[Input]]:
+    """The locked files `publish --attach-inputs` puts beside a row's image: debian (the .debs and
+    the release index, which Debian's mirror drops), all (the wheels and sdists too), none."""
+    def of(image: Image) -> list[Input]:
+        if which == "none":
+            return []
+        files = lock.build_inputs(root, image).all()
+        return files if which == "all" else [i for i in files if i.file.endswith(".deb") or "/dists/" in i.url]
+    return of
+
+
 def after_push(moves: list[publish.Move], reg: registry.Registry, ca_path: str | None, results: Callable[[Image], Path],
-               sign_key: Path | None = None, signatures: Path | None = None) -> list[str]:
-    """Beside each pushed row image (its dated tag): its SBOM and, where the build kept it for
-    that image, BuildKit's provenance, as artifacts; and with sign_key its signature in the
-    signatures lookaside directory. One line each, for the caller to show."""
+               sign_key: Path | None = None, signatures: Path | None = None,
+               inputs: Callable[[Image], list[Input]] = lambda image: []) -> list[str]:
+    """Beside each pushed row image (its dated tag): its SBOM, where the build kept it for that
+    image BuildKit's provenance, and its locked files (inputs), as artifacts; and with sign_key its
+    signature in the signatures lookaside directory. One line each, for the caller to show."""
     api = registry.RegistryAPI(reg, registry.credentials(reg), ca_path)
     where, lines = f"{reg.host}/{reg.namespace}", []
     for mv in (m for m in moves if m.immutable and not m.base and m.after):
         assert mv.after is not None  # the filter above
+        files = inputs(mv.image)
+        if files:
+            store = fetch.store()
+            lacking = store.missing(files)
+            if lacking:  # published from another checkout's store, or a store cleaned since the build
+                fetch.fetch(lacking, ca_path, lambda line: None, f"{mv.image.name}'s inputs", store)
+            found = attach.attach_inputs(api, mv.image.repository, mv.after.digest, files, lambda i: store.blob(i.sha256))
+            lines.append(f"inputs {found} attached to {where}/{mv.image.repository}@{mv.after.digest}: {len(files)} files, "
+                         f"{fetch.size_text(sum(i.size for i in files))} (:{attach.fallback_tag(mv.after.digest)}{attach.INPUTS.tag_suffix})")
         found = attach.attach_sbom(api, mv.image.repository, mv.after.digest, results(mv.image) / sbom.FILE)
         lines.append(f"SBOM {found} attached to {where}/{mv.image.repository}@{mv.after.digest} "
                      f"(referrers fallback :{attach.fallback_tag(mv.after.digest)})")
@@ -426,7 +451,8 @@ def publish_command(root: Path, images: list[Image], opts: Options, push: bool, 
         moves = publish_rows(c, images, reg, push, opts.ca_path, opts.retries, log, lambda i: results_dir(root, i), opts.compression)
     yield "\n".join(publish.table(moves, reg, push))
     if push:
-        yield from after_push(moves, reg, opts.ca_path, lambda i: results_dir(root, i), sign_key, signatures)
+        yield from after_push(moves, reg, opts.ca_path, lambda i: results_dir(root, i), sign_key, signatures,
+                              attached_inputs(root, opts.attach_inputs))
 
 
 def base_command(root: Path, m: Matrix, images: list[Image], docker: str | None, rebuild: bool, record: bool,

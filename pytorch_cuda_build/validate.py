@@ -202,6 +202,8 @@ def _files(args: argparse.Namespace, c: Checks) -> None:
     if snapshot is not None and not snapshot.is_dir():
         c.fail("security_snapshot", f"--security-snapshot {snapshot} is not a folder")
     if args.command == "fetch":
+        if args.from_image is not None:
+            c.run("from_image", lambda: jobs.parse_image(args.from_image, "--from-image"))
         if args.from_ is not None and not args.from_.is_dir():
             c.fail("from_", f"--from {args.from_} is not a folder")
         if args.to is not None:

@@ -29,13 +29,16 @@ from typing import Callable
 
 import docker
 
+from pytorch_cuda_runtime.lockfile import Input
+
 from .. import files
 from ..engine import docker_env
 from ..errors import BadValue, EngineLost, ImageUnfit, NotReady, PipelineError, RegistryMismatch
 from ..jobs import ImageRef
 from ..matrix import Image, Matrix
+from ..registry import attach
 from ..registry.client import Registry, RegistryAPI, credentials
-from ..stages import base, build, publish, render
+from ..stages import base, build, fetch, lock, publish, render
 from . import record
 
 REVISION_LABEL = "org.opencontainers.image.revision"
@@ -201,6 +204,21 @@ def compare(api: RegistryAPI, name: str, published: Published, local: Local, doc
                            "verdict: DIFFERENT: " + ("the files above differ" if differing else "the config differs, the layers are the same")])
 
 
+def fill_store(ref: ImageRef, items: list[Input], ca: str | None, log: Callable[[str], None]) -> int:
+    """The store's missing items from the files `publish` attached beside ref (none: say so); how many."""
+    store = fetch.store()
+    if not store.missing(items):
+        return 0
+    api, name = api_for(ref, ca)
+    with tempfile.TemporaryDirectory(prefix="pytorch-cuda-inputs-", dir=store.root.parent if store.root.parent.exists() else None) as tmp:
+        blobs = attach.read_inputs(api, name, ref.digest, Path(tmp) / "layout")
+        if blobs is None:
+            log(f"fetch: {ref} has no inputs attached (published with --attach-inputs none, or before they were)")
+            return 0
+        log(f"fetch: the files attached beside {ref}")
+        return fetch.fill_from(items, blobs, log, store)
+
+
 def base_for(c: docker.DockerClient, api: RegistryAPI, image: Image, published: Published, results: Path, docker_cli: str, root: Path, log: Callable[[str], None]) -> str:
     """The base the image names, here: this machine's (built from the recipe if absent), else the
     registry's copy publish pushed; NotRebuilt where neither is that base."""
@@ -273,6 +291,7 @@ def run(root: Path, matrix: Matrix, ref: ImageRef, platform: str, against: str |
         else:
             docker_env.ensure_emulation(image.platform, log)
             build.check_disk(docker_env.root_dir(c))
+            fill_store(ref, lock.build_inputs(root, image).all(), ca, log)  # what a mirror dropped, from the registry
             rebuilt = rebuild(c, bc, api, image, published, root, results, ca, log)
             try:
                 verdict = compare(api, name, published, read_local(rebuilt, bc.argv[0]), bc.argv[0])

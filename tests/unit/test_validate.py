@@ -99,6 +99,10 @@ VALUE_CASES = {
                           ("gpu-bundle", ["--torch", "2.7", "{dir}/b"]), ("fetch", ["--torch", "2.7"])]},
     ("fetch", "--to"): [(["fetch", "--torch", "2.7", "--to", "/nonexistent/dir/inputs"], "--to /nonexistent/dir/inputs: /nonexistent/dir is not a folder"),
                         (["fetch", "--torch", "2.7", "--to", "{notpem}"], "--to {notpem} is not a folder")],
+    ("fetch", "--from-image"): [(["fetch", "--torch", "2.7", "--from-image", "pytorch-cuda:v2.7"],
+                                 "--from-image takes an image pinned by digest, REPO@sha256:<64 hex>, not 'pytorch-cuda:v2.7'")],
+    ("build", "--attach-inputs"): [(["build", "--torch", "2.7", *REG, "--attach-inputs", "wheels"], "argument --attach-inputs: invalid choice: 'wheels'")],
+    ("publish", "--attach-inputs"): [(["publish", "--torch", "2.7", *REG, "--attach-inputs", "wheels"], "argument --attach-inputs: invalid choice: 'wheels'")],
     ("fetch", "--from"): [(["fetch", "--torch", "2.7", "--from", "/nonexistent/inputs"], "--from /nonexistent/inputs is not a folder"),
                           (["fetch", "--torch", "2.7", "--from", "{notpem}"], "--from {notpem} is not a folder")],
     **{(cmd, "--docker"): [([cmd, "--torch", "2.7", "--docker", "/nonexistent/docker"], "--docker '/nonexistent/docker' is neither")]
@@ -282,7 +286,8 @@ GIVE = {"jobs": ["--jobs", "2"], "retries": ["--retries", "2"], "allow_vulnerabl
         "result_json": ["--result-json", "{dir}/r.json"], "ca_bundle": ["--ca-bundle", "{pem}"], "cuda": ["--cuda", "12.1"],
         "cluster_runtime": ["--kind", "trainjob", "--cluster-runtime", "torch-distributed"], "rdma": ["--rdma", "rdma/ib=1"],
         "platform": ["--platform", "linux/arm64"], "sign_key": ["--sign-key", "{dir}"], "signatures": ["--signatures", "{dir}"], "compression": ["--compression", "zstd"], "deadline": ["--deadline", "24h"],
-        "to": ["--to", "{dir}"], "from_": ["--from", "{dir}"]}
+        "to": ["--to", "{dir}"], "from_": ["--from", "{dir}"], "from_image": ["--from-image", f"127.0.0.1:5000/ml/pytorch-cuda@sha256:{'a' * 64}"],
+        "attach_inputs": ["--attach-inputs", "all"]}
 
 
 def _give(command: str, dest: str, but: str | None = None) -> list[str]:
