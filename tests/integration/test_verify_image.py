@@ -13,7 +13,7 @@ import pytest
 
 from pytorch_cuda_build.stages import build
 
-from helpers import ROOT, run_build_py
+from helpers import ROOT, run_build_py, sources_gone
 from registry import LocalRegistry, push_small, require_binary, small_image
 
 pytestmark = [pytest.mark.docker]
@@ -77,15 +77,22 @@ def test_a_digest_the_registry_does_not_have_is_bad_input(published):
 @pytest.mark.skipif(os.environ.get("PYTORCH_CUDA_TEST_VERIFY_IMAGE") != "1",
                     reason="on request: PYTORCH_CUDA_TEST_VERIFY_IMAGE=1 (rebuilds the default row, ops compiled, ~30 min)")
 def test_the_default_row_published_then_rebuilt_from_this_checkout_is_the_same_image(tmp_path):
-    """The whole path: the default row's tagged image published to 127.0.0.1, then `verify
-    --image` rebuilds it without cache and with the ops compiled, and finds one config digest."""
+    """The whole path: the default row's tagged image published to 127.0.0.1 with every locked file
+    attached beside it, then `verify --image` on a store of its own, empty, with every mirror and
+    index gone: it fills the store from the registry, rebuilds without cache and with the ops
+    compiled, and finds one config digest."""
     require_binary()
     reg = LocalRegistry(tmp_path / "registry").start()
     try:
-        pushed = run_build_py(ROOT, "publish", "--torch", "2.7", "--cuda", "12.1", "--registry", reg.address("ml"), "--push")
+        pushed = run_build_py(ROOT, "publish", "--torch", "2.7", "--cuda", "12.1", "--registry", reg.address("ml"), "--push",
+                              "--attach-inputs", "all")
         assert pushed.returncode == 0, pushed.stdout[-3000:] + pushed.stderr[-3000:]
+        assert "inputs sha256:" in pushed.stdout, pushed.stdout[-3000:]
         digest = reg.manifest("ml/pytorch-cuda", "v2.7")[0]
-        proc = run_build_py(ROOT, "verify", "--image", f"{reg.address('ml')}/pytorch-cuda@{digest}", timeout=7200)
+        with sources_gone() as (gone, cut):
+            proc = run_build_py(ROOT, "verify", "--image", f"{reg.address('ml')}/pytorch-cuda@{digest}", timeout=7200,
+                                env={**cut, "PYTORCH_CUDA_STORE": str(tmp_path / "empty-store")})
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "fetch: the files attached beside" in proc.stderr and gone.asked == [], (gone.asked[:5], proc.stderr[-3000:])
     finally:
         reg.stop()
