@@ -146,6 +146,10 @@ class _ServerError(Exception):
     """A 5xx answer: worth another try."""
 
 
+class _Stopped(Exception):
+    """The run is ending (another file failed, or an interrupt): this download stops here."""
+
+
 def _reason(e: BaseException) -> str:
     text = str(e).split("\n")[0]
     return text if len(text) < 160 else text[:157] + "..."
@@ -182,8 +186,11 @@ def fetch(items: list[Input], ca_bundle: str | None, log: Callable[[str], None],
     lock = threading.Lock()
     shown = [time.monotonic()]
     start = time.monotonic()
+    stop = threading.Event()  # set when the run ends early (an interrupt, a file that failed): each download ends at its next chunk
 
     def progress(n: int) -> None:
+        if stop.is_set():
+            raise _Stopped()
         with lock:
             got[0] += n
             now = time.monotonic()
@@ -198,6 +205,7 @@ def fetch(items: list[Input], ca_bundle: str | None, log: Callable[[str], None],
             for f in concurrent.futures.as_completed(futures):
                 f.result()
         except BaseException:
+            stop.set()  # what was received stays in partial/, for the next run to resume
             for f in futures:
                 f.cancel()
             raise
