@@ -2,7 +2,7 @@
 README's build line, its publish and `lock`, each followed by the same command run again.
 
 - SIGKILL of the run's process group (what the OOM killer or a CI runner's last resort does) at each
-  stage: KILLS below, one row per stage, each found from the run's own output (its console lines, or
+  stage (fetch's into an empty store of the run's own, mid-download): KILLS below, one row per stage, each found from the run's own output (its console lines, or
   BuildKit's steps in build.log, which the run streams there);
 - the Docker daemon killed while the smoke suite runs (the 20.10 daemon, restarted after: `alone`);
 - the state directory's disk filling during the build and the ops export (a small tmpfs);
@@ -46,7 +46,7 @@ from test_faults import FAULT_REPO, built, error_lines, fault_copy, fault_tags, 
 
 from pytorch_cuda_build import ca
 from pytorch_cuda_build.engine import containers
-from pytorch_cuda_build.stages import tag
+from pytorch_cuda_build.stages import fetch, tag
 
 from helpers import fill, needs_root, tmpfs, tree_snapshot
 from registry import LocalRegistry, require_binary
@@ -166,9 +166,9 @@ def left_by(client, pid: int) -> list[str]:
     return found + [str(p) for p in STATE_DIR.rglob("*.tmp")]
 
 
-def rerun(client, root: Path, killed: Run, *args: str, reg: LocalRegistry | None = None) -> Run:
+def rerun(client, root: Path, killed: Run, *args: str, reg: LocalRegistry | None = None, env: dict[str, str] | None = None) -> Run:
     """The same command again: it passes, tags only a tested image, and leaves nothing of `killed`."""
-    again = build_py(root, *args)
+    again = build_py(root, *args, env=env)
     assert again.proc.returncode == 0, f"{again.err[-4000:]}\n{again.out[-2000:]}"
     assert left_by(client, killed.proc.pid) == []
     for ref in fault_tags(client):
@@ -198,12 +198,15 @@ class Kill:
     tested_first: bool = False  # the copy's row built and tested before the run that is killed
     untagged_first: bool = False  # and its public tags removed, so the tag stage has work to do
     registry: bool = False  # the command pushes to a registry of the test's own
+    empty_store: bool = False  # the run's store is one of its own, empty, so fetch downloads (gigabytes) when the kill lands
 
 
 # One row per stage, in the pipeline's order (stages/__init__.py); a new stage is one more row.
 KILLS = {
     # 1 lock: while uv resolves the row against the index (inputs.relock writes every file at the end)
     "lock": Kill(("lock", "--upgrade", *ROW), r"^==> resolving ", after=3.0),
+    # 3 fetch: while the row's files download into an empty store (a file enters it only whole)
+    "fetch": Kill((*ROW, "--no-test"), r"^==> fetch: .* into the store ", after=5.0, empty_store=True),
     # 4 build: while a RUN step of the image runs (BuildKit's client dies with the group)
     "build": Kill((*ROW, "--no-test"), r"RUN sleep 60 # {token}", in_build_log=True, steps="RUN sleep 60 # {token}"),
     # 4 build, the DeepSpeed ops' step (its cache mount is where a half-done compile would stay)
@@ -255,7 +258,9 @@ def test_sigkill_at_each_stage_leaves_nothing_untested_or_half_written_and_the_r
     kill = KILLS[stage]
     root, args, token = prepared(kill, tmp_path, docker_client, empty_registry)
     images_before, public_before = tree_snapshot(root / "images"), public_tags(docker_client)
-    run = Run(root, *args)
+    store = tmp_path / "store"
+    env = {"PYTORCH_CUDA_STORE": str(store)} if kill.empty_store else None
+    run = Run(root, *args, env=env)
     log = root / "build-results" / "2.7.1-cuda12.1-runtime" / "build.log"
     run.wait_for(kill.marker.replace("{token}", token), where=log if kill.in_build_log else None)
     if stage == "gate":  # the smoke container is up, and labelled with its owner
@@ -270,7 +275,9 @@ def test_sigkill_at_each_stage_leaves_nothing_untested_or_half_written_and_the_r
     if stage == "gate":
         assert left, "the killed run's smoke container should still be there for the next run to remove"
     after_fault(docker_client, root, images_before, public_before, empty_registry if kill.registry else None)
-    again = rerun(docker_client, root, run, *args, reg=empty_registry if kill.registry else None)
+    if kill.empty_store:  # what entered the store is whole and the lock's; the rest waits in partial/ for the rerun
+        assert all(fetch.file_sha256(blob) == blob.name for blob in store.glob("sha256/*"))
+    again = rerun(docker_client, root, run, *args, reg=empty_registry if kill.registry else None, env=env)
     if left:  # the Done-when of issue 61: the next run removes the killed run's container and says so
         said = [ln for ln in again.lines if "of runs whose process is gone" in ln]
         assert len(said) == 1 and f"pid {run.proc.pid} " in said[0] and all(c.name in said[0] for c in left), again.err[-3000:]
