@@ -14,7 +14,7 @@ PACKAGE = "pytorch_cuda_build"
 LAYERS = [
     ("shared", {"errors", "files", "paths", "progress", "console", "ca"}),
     ("model", {"matrix"}),  # matrix.yaml's rows, which every layer above reads
-    ("spec", {"spec"}),  # how a command's options are declared once (arguments.py, jobs/options.py declare them)
+    ("spec", {"spec", "rules"}),  # how a command's options and rules are declared once (arguments.py, jobs/options.py declare them)
     ("engine", {"engine"}),
     ("helpers", {"resolve", "buildkit", "registry"}),  # the stages' helpers
     ("stages", {"stages"}),
@@ -155,7 +155,7 @@ def test_the_pipelines_diagram_numbers_the_stages_as_the_package_does():
 
 # Bad input to a command is found by validation, before anything is touched; what later steps
 # find has a class of its own in errors.py (BadValue, BadFile, NotReady, ImageUnfit, ...).
-VALIDATION = {"validate", "arguments"}
+VALIDATION = {"validate", "arguments", "spec", "rules"}  # the engine, the rules, the parser's refusals
 
 
 def test_only_validation_makes_usage_errors():

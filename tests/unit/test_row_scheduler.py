@@ -99,7 +99,7 @@ else:
 def test_row_processes_read_each_childs_json_result(tmp_path):
     (tmp_path / "build.py").write_text(FAKE_CHILD)
     options = arguments.BuildOptions(matrix=tmp_path / "matrix.yaml", all=True, no_test=True, no_cache=True)
-    worker = scheduler.RowProcesses(tmp_path, lambda image, out: options.child_argv(image, out, None))
+    worker = scheduler.RowProcesses(tmp_path, lambda image, out: options.child_argv(image, out))
     results = scheduler.schedule(ROWS, worker, 3, quiet(), worker.log_path)
     assert (results[0].ok, results[0].seconds, results[0].tags, results[0].size_bytes) == (True, {"build": 2.5}, ["t:1"], 5)
     assert (results[1].ok, results[1].exit_code, results[1].error) == (False, 2, ["no disk space for a build"])
@@ -124,11 +124,11 @@ def test_a_child_records_its_typed_error_then_raises_it(tmp_path):
 
 def test_options_become_the_childs_flags():
     options = arguments.BuildOptions(matrix=Path("m.yaml"), all=True, jobs=2, docker="/usr/bin/docker", ca_bundle="ca.pem", retest=True,
-                                     require_gpu=True, push=True, registry="127.0.0.1:5000/ml")
-    argv = options.child_argv(ROWS[1], Path("r.json"), "/ca.pem")  # the CA bundle as the parent found it
-    assert argv == ["--matrix", "m.yaml", "build", "--torch", "2.7.1", "--cuda", "12.6", "--docker", "/usr/bin/docker",
-                    "--ca-bundle", "/ca.pem", "--retest", "--require-gpu", "--result-json", "r.json", "--registry", "127.0.0.1:5000/ml",
-                    "--push"]  # --retries 4 is the child's default
+                                     require_gpu=True, push=True, registry="127.0.0.1:5000/ml", ca_path="/ca.pem")
+    argv = options.child_argv(ROWS[1], Path("r.json"))  # the CA bundle as the parent found it
+    assert argv == ["--matrix", "m.yaml", "build", "--torch", "2.7.1", "--cuda", "12.6", "--registry", "127.0.0.1:5000/ml", "--push",
+                    "--ca-bundle", "/ca.pem", "--docker", "/usr/bin/docker", "--retest", "--require-gpu",
+                    "--result-json", "r.json"]  # --retries 4 is the child's default
     assert sys.executable  # children run with this interpreter
 
 

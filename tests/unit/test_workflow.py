@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from pytorch_cuda_build import arguments, matrix
+from pytorch_cuda_build import cli, matrix
 
 from helpers import ROOT, venv_tool
 
@@ -74,7 +74,7 @@ def _jobs() -> dict:
 def test_every_build_py_call_is_a_real_command():
     runs = " ".join(s.get("run", "") for j in _jobs().values() for s in j["steps"])
     called = set(re.findall(r"build\.py (\w+)", runs))
-    assert called and called <= set(arguments.COMMANDS), called - set(arguments.COMMANDS)
+    assert called and called <= set(cli.NAMES), called - set(cli.NAMES)
 
 
 def test_fan_out_uses_matrix_json_keys_that_exist():

@@ -172,8 +172,8 @@ def test_the_classic_store_is_refused_in_one_line_naming_what_to_do(monkeypatch)
 def test_a_build_with_all_hands_the_compression_to_each_row():
     row = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
     pushed = arguments.BuildOptions(all=True, push=True, registry="127.0.0.1:5000/ml")
-    assert "--compression" not in pushed.child_argv(row, Path("r.json"), None)
-    argv = dataclasses.replace(pushed, compression="zstd").child_argv(row, Path("r.json"), None)
+    assert "--compression" not in pushed.child_argv(row, Path("r.json"))
+    argv = dataclasses.replace(pushed, compression="zstd").child_argv(row, Path("r.json"))
     assert argv[argv.index("--compression") + 1] == "zstd"
 
 
