@@ -48,33 +48,39 @@ def test_typed_results_come_back_in_row_order_and_failures_are_named():
 
 
 def test_no_more_than_jobs_rows_run_at_once():
+    """Six rows, two at a time: each row waits at a barrier for a second one, so two must run
+    together (a scheduler running one at a time breaks the barrier) and never three."""
     lock, now, most = threading.Lock(), [0], [0]
+    pair = threading.Barrier(2, timeout=30)
 
     def worker(image):
         with lock:
             now[0] += 1
             most[0] = max(most[0], now[0])
-        time.sleep(0.05)
+        pair.wait()
         with lock:
             now[0] -= 1
         return pipeline.RowResult(image.name, True)
-    assert all(r.ok for r in scheduler.schedule(ROWS * 2, worker, 2, quiet(), log_path)[:1])
+    results = scheduler.schedule(ROWS * 2, worker, 2, quiet(), log_path)
+    assert [(r.image, r.ok) for r in results] == [(i.name, True) for i in ROWS * 2]
     assert most[0] == 2
 
 
 @pytest.mark.parametrize("raised", [KeyboardInterrupt, RuntimeError])
 def test_an_interrupt_or_a_bug_stops_the_running_rows_and_goes_up(raised):
-    stopped, ran = [], []
+    """One row at a time: the first raises, the second (already handed to the pool) may start, the
+    third never does. A started row waits until stop() is called, as a child process does."""
+    stopped, ran = threading.Event(), []
 
     def worker(image):
         ran.append(image.name)
         if image is ROWS[0]:
             raise raised("stop")
-        time.sleep(0.2)
+        assert stopped.wait(timeout=30), "stop() was never called"
         return pipeline.RowResult(image.name, True)
     with pytest.raises(raised):
-        scheduler.schedule(ROWS, worker, 1, quiet(), log_path, stop=lambda: stopped.append(True))
-    assert stopped == [True]
+        scheduler.schedule(ROWS, worker, 1, quiet(), log_path, stop=stopped.set)
+    assert stopped.is_set()
     assert ROWS[2].name not in ran  # a row not started never starts
 
 
