@@ -34,7 +34,7 @@ from .console import Quiet
 from .engine import docker_env
 from .errors import BadValue, NoSuchRow, NotReady, PipelineError
 from .matrix import Image, Matrix
-from .registry import attach, sign, zstd
+from .registry import attach, retry, sign, zstd
 from .registry import client as registry
 from .registry.client import Registry
 from .stages import base, build, gate, lock, publish, publish_index, render, sbom, security, tag
@@ -93,7 +93,7 @@ class Publishing(spec.Rows):
         does not depend on --retries: checked even where --retries was refused."""
         retries = (self.retries if c.ok("retries") else None) or Publishing.retries
         c.run(("registry", "push"), lambda: publish.registry(self.registry, retries))
-        c.run(("push",), publish.retry_backoff)
+        c.run(("push",), retry.retry_backoff)
 
 
 CACHE_SPEC = r"type=[a-z]+(,.*)?"  # buildx's --cache-from/--cache-to: type=...,key=value
@@ -199,7 +199,7 @@ def build_platforms(root: Path, images: list[Image], opts: Options, console: Qui
     for image, result in reversed(list(zip(images, proven))):
         _Row(root, image, opts, console, result).promote(c, publish=False)
     if opts.push_to:  # one index of every platform, not one push each
-        backoff = publish.retry_backoff()
+        backoff = retry.retry_backoff()
         with docker_env.calls(STAGE_WORDS["publish"], PUSHED_TESTED):
             for line in publish_index.publish_index(c, images[0].on("linux/amd64"), opts.push_to, push=True, ca_bundle=opts.ca_path,
                                                     attempts=opts.retries, backoff=backoff, log=console.log, compression=opts.compression):
@@ -405,7 +405,7 @@ def _stream_lines(chunks: Iterable[bytes | str], sink: Callable[[str], None], st
 def publish_rows(c: docker.DockerClient, images: list[Image], reg: registry.Registry, push: bool, ca_path: str | None, retries: int,
                  log: Callable[[str], None], results: Callable[[Image], Path], compression: str = "gzip") -> list[publish.Move]:
     """Publish tested rows; with push, record where each went in build-results/<image>/published.json."""
-    backoff = publish.retry_backoff()
+    backoff = retry.retry_backoff()
     moves = publish.publish(c, images, reg, push=push, ca_bundle=ca_path, attempts=retries, backoff=backoff, log=log,
                             compression=compression)
     if push:
@@ -452,7 +452,7 @@ def publish_command(root: Path, images: list[Image], opts: Publishing, push: boo
     reg = opts.push_to
     several = [i for i in images if len(i.platforms) > 1]
     images = [i for i in images if len(i.platforms) == 1]
-    backoff = publish.retry_backoff()
+    backoff = retry.retry_backoff()
     common: dict[str, Any] = {"push": push, "ca_bundle": opts.ca_path, "attempts": opts.retries, "backoff": backoff, "log": log}
     if merge:  # the registry's parts alone: no daemon
         for row in several:
