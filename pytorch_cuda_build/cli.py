@@ -14,7 +14,7 @@ from typing import Any, Callable, Generic, TypeVar
 
 from . import arguments as a
 from . import ca, console, files, inputs, jobs, matrix, pipeline, scheduler, spec
-from .commands import gpubundle, propose, record, verify, verify_image
+from .commands import fanout, gpubundle, propose, record, verify, verify_image
 from .engine import docker_env
 from .errors import PipelineError, UsageErrors
 from .jobs import options as job_options
@@ -108,7 +108,7 @@ def cmd_signing_key(m: matrix.Matrix, args: a.SigningKeyOptions) -> int:
 
 def cmd_matrix(m: matrix.Matrix, args: a.MatrixOptions) -> int:
     if args.json or args.indexes:
-        print(json.dumps(matrix.as_json(m) if args.json else matrix.indexes_json(m), indent=2))
+        print(json.dumps(fanout.as_json(m) if args.json else fanout.indexes_json(m), indent=2))
         return 0
     print(propose.render(propose.candidates(m, ca.ca_bundle(args.ca_bundle), log)), end="")
     return 0

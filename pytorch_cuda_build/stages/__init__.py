@@ -3,7 +3,7 @@
     matrix.yaml --1 lock--> images/<image>/ --2 render--> Dockerfile --3 base, 4 build--> candidate
                 --5 gate (smoke + structure tests), 6 sbom, 7 security--> 8 tag --> 9 publish
 
-matrix.yaml itself is read by the model below this folder (pytorch_cuda_build/matrix.py), which
+matrix.yaml itself is read by the model below this folder (pytorch_cuda_build/matrix/), which
 every stage imports. pipeline.py runs the stages for one row. The helpers they use live beside
 this folder: resolve/ (the package index and Debian's mirrors, for lock), buildkit/ (the layer
 layout, the ops seed and provenance, for render and build) and registry/ (the registry client,
