@@ -33,7 +33,7 @@ def header(desc, facts):
 def plan_lines(steps, running):
     if not steps:
         return []
-    state = next((s["state"] for s in steps if s["step"] == running), None)
+    state = next((s["state"] for s in steps if s["step"] == running), "")
     note = {"cut": f"**Cut: `{running}`**, stopped before it finished.",
             "running": f"**Running when this report was written: `{running}`**; if the run ended here, it was cut "
                        "(killed) during this step."}

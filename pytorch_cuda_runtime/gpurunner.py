@@ -8,6 +8,7 @@ import platform
 import subprocess
 import sys
 import time
+from typing import Any
 
 from . import gpureport
 from .smoke.results import FAIL, SKIP, record
@@ -40,8 +41,9 @@ class Check:
         self.budget, self.rehearse = budget, rehearse
         self.site = os.path.join(work, "site")  # the bundle's packages: first on PYTHONPATH, nothing replaced
         self.logs = os.path.join(report_dir, "logs")
-        self.records, self.facts = [], {"python": platform.python_version(), "platform": platform.platform(),
-                                        "mode": "rehearsal (no GPU steps)" if rehearse else "GPU"}
+        self.records: list[dict[str, Any]] = []
+        self.facts: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
+                                       "mode": "rehearsal (no GPU steps)" if rehearse else "GPU"}
         self.steps, self.current, self.t0 = [], None, time.monotonic()
         self.suite, self.manifest, self.gpus = None, {}, 0
         os.makedirs(self.logs, exist_ok=True)

@@ -233,8 +233,8 @@ def preflight_compute(c, step):
         c.add(f"preflight.compute.gpu{r['gpu']}", INFO, actual=f"{r['tflops']:.1f} TFLOP/s",
               detail=f"{r['name']}, serial {r.get('serial')}: {figures['size']}x{figures['size']} bf16, seed "
                      f"{figures['seed']}; {peak}; checksum {r['checksum']}")
-    for f in [*compute.local(figures), *(f for _, f in found)]:
-        c.add(f"preflight.{f.check}", FAIL, expected=health.CHECKS[f.check], actual=f.line())
+    for finding in [*compute.local(figures), *(f for _, f in found)]:
+        c.add(f"preflight.{finding.check}", FAIL, expected=health.CHECKS[finding.check], actual=finding.line())
     if not found and not compute.local(figures) and figures.get("gpus"):
         c.add("preflight.compute", PASS, expected="each GPU within its thresholds, one checksum",
               actual=f"{len(figures['gpus'])} GPU(s)")

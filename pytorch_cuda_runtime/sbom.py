@@ -16,7 +16,7 @@ from importlib import metadata
 def python_components():
     seen = {}
     for dist in metadata.distributions():
-        name = dist.metadata.get("Name")
+        name = dist.metadata["Name"]
         if not name:
             continue
         key = name.lower().replace("_", "-")
