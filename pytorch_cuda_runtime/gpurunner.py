@@ -11,12 +11,13 @@ import time
 from typing import Any
 
 from . import gpureport
+from .errors import PytorchCudaError
 from .smoke.results import FAIL, SKIP, record
 
 ESTIMATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_estimates.json")
 
 
-class Stop(Exception):
+class Stop(PytorchCudaError):
     """A step failed so that the ones after it cannot run; the reason goes into their records."""
 
 
