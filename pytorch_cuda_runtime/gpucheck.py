@@ -45,6 +45,7 @@ import os
 import shutil
 import sys
 import tempfile
+from typing import Any
 
 from . import banner
 from .gpurunner import Check, estimate, print_plan, run_steps
@@ -56,7 +57,7 @@ BUNDLE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_BUDGET = 540  # a lent machine's command runs at most 600 s: the report is written before then
 
 
-def parse_args(argv):
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="gpucheck", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bundle", default=BUNDLE, help="the bundle (default: the one this package came in)")
     p.add_argument("--report", help="directory for report.json, report.md and logs/ (default: BUNDLE/report)")
@@ -69,7 +70,7 @@ def parse_args(argv):
     return a
 
 
-def load(a):
+def load(a: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """bundle.json and a writable report directory, or one line and exit 2."""
     with open(os.path.join(a.bundle, "bundle.json")) as f:
         desc = json.load(f)
@@ -83,7 +84,7 @@ def load(a):
     return desc, report_dir
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     try:
         desc, report_dir = load(a)

@@ -10,13 +10,14 @@ import platform
 import shutil
 import sys
 from types import SimpleNamespace
+from typing import Any
 
 from . import manifest as mf
-from .gpurunner import Step, Stop, skip_reason, tail
+from .gpurunner import Check, Step, Stop, skip_reason, tail
 from .preflight import compute, health
 from .smoke import cli as smoke
 from .smoke import nocompile, versions
-from .smoke.results import FAIL, INFO, PASS, SKIP, record
+from .smoke.results import FAIL, INFO, PASS, SKIP, Record, record
 
 TORCH_FACTS = ("import json, torch; c = torch.cuda.is_available(); n = torch.cuda.device_count() if c else 0; "
                "print(json.dumps({'torch': torch.__version__, 'torch_cuda': torch.version.cuda, 'gpus': n, "
@@ -25,14 +26,14 @@ TORCH_FACTS = ("import json, torch; c = torch.cuda.is_available(); n = torch.cud
                "torch.cuda.get_device_capability(i)} for i in range(n)]}))")
 
 
-def sha256(path):
+def sha256(path: str) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 # ---- the machine and the install
 
-def verify_files(c, step):
+def verify_files(c: Check, step: Step) -> None:
     bad = [rel for rel, f in c.desc["files"].items()
            if not os.path.isfile(os.path.join(c.bundle, rel)) or sha256(os.path.join(c.bundle, rel)) != f["sha256"]]
     c.add("bundle.files", FAIL if bad else PASS, expected=f"{len(c.desc['files'])} files as bundle.json lists them",
@@ -41,7 +42,7 @@ def verify_files(c, step):
         raise Stop("the bundle's files do not match bundle.json")
 
 
-def check_python(c, step):
+def check_python(c: Check, step: Step) -> None:
     want, have = c.desc["python"], ".".join(platform.python_version_tuple()[:2])
     c.add("machine.python", PASS if want == have else FAIL, expected=want, actual=have,
           detail="" if want == have else f"the wheels are for Python {want}: `bash run.sh --python PATH` names another "
@@ -50,11 +51,11 @@ def check_python(c, step):
         raise Stop(f"Python {have} cannot install wheels made for {want}")
 
 
-def release(version):
+def release(version: str) -> str:
     return version.split("+")[0]
 
 
-def probe_torch(c, step):
+def probe_torch(c: Check, step: Step) -> None:
     rc, log = c.run("torch", [sys.executable, "-c", TORCH_FACTS], step.bound)
     with open(log, errors="replace") as f:
         lines = [ln for ln in f if ln.startswith("{")]
@@ -80,12 +81,12 @@ def probe_torch(c, step):
               detail="`bash run.sh --rehearse` runs the steps that need no GPU")
 
 
-def pip(c, name, args, timeout):
+def pip(c: Check, name: str, args: list[str], timeout: float) -> tuple[int | None, str]:
     """pip with nothing from the machine's configuration (--isolated) and no index."""
     return c.run(name, [sys.executable, "-m", "pip", "--isolated", "--disable-pip-version-check", *args], timeout)
 
 
-def missing(c, name, requirements, timeout):
+def missing(c: Check, name: str, requirements: list[str], timeout: float) -> tuple[list[tuple[str, str, str]] | None, str]:
     """What pip would install for requirements, given what this machine (and site) already has."""
     report = os.path.join(c.work, f"{name}.json")
     rc, log = pip(c, name, ["install", "--dry-run", "--quiet", "--no-index", "--find-links",
@@ -97,13 +98,13 @@ def missing(c, name, requirements, timeout):
                 for i in json.load(f)["install"]], log
 
 
-def install(c, name, files, timeout):
+def install(c: Check, name: str, files: list[str], timeout: float) -> tuple[bool, str]:
     rc, log = pip(c, name, ["install", "--quiet", "--no-deps", "--no-index", "--no-compile", "--target", c.site, *files],
                   timeout)
     return rc == 0, log
 
 
-def install_dependencies(c, step):
+def install_dependencies(c: Check, step: Step) -> None:
     """Only what the machine lacks: its own numpy, pydantic... stay, the bundle fills the gaps."""
     todo, log = missing(c, "install.dependencies", sorted(c.desc["wheels"]), step.bound)
     ok, log = install(c, "install.dependencies", [f for _, _, f in todo], step.bound) if todo else (todo is not None, log)
@@ -114,7 +115,7 @@ def install_dependencies(c, step):
         raise Stop("the bundle's wheels did not install")
 
 
-def install_deepspeed(c, step):
+def install_deepspeed(c: Check, step: Step) -> None:
     """The prebuilt wheel, nothing compiled: its requirements are met already (the step before)."""
     wheel = os.path.join(c.bundle, c.desc["ops_wheel"]["file"])
     todo, log = missing(c, "install.deepspeed-plan", [wheel], step.bound)
@@ -131,7 +132,7 @@ def install_deepspeed(c, step):
 
 # ---- the smoke suite's GPU-only mode, one family a step
 
-def effective_manifest(c):
+def effective_manifest(c: Check) -> tuple[dict[str, Any], str]:
     """The row's manifest as this check reads it: the bundle's Python, the wheel's ops and arch list."""
     with open(os.path.join(c.bundle, "manifest.json")) as f:
         manifest = json.load(f)
@@ -151,14 +152,14 @@ def effective_manifest(c):
     return mf.load(path), path
 
 
-def start_suite(c):
+def start_suite(c: Check) -> None:
     c.manifest, path = effective_manifest(c)
     args = SimpleNamespace(report=os.path.join(c.report_dir, "smoke", "report.json"), manifest=path, timeout=60,
                            ranks=1, require_gpu=not c.rehearse, cpu=False, gpu_only=True, only=list(smoke.FAMILIES))
     c.suite = smoke.Suite(args)
 
 
-def smoke_versions(c, step):
+def smoke_versions(c: Check, step: Step) -> list[Record]:
     facts = c.suite.probe("host")
     c.facts.update({k: facts.get(k) for k in ("cudnn", "nccl", "deepspeed", "ds_build_accelerator")})
     recs = versions.check(c.manifest, facts)
@@ -169,33 +170,33 @@ def smoke_versions(c, step):
     return recs + smoke.world_of_one(c.gpus, families)
 
 
-def smoke_gpu(c, step):
+def smoke_gpu(c: Check, step: Step) -> list[Record]:
     return smoke.run_gpu_basics(c.suite, c.gpus, "no CUDA device visible")
 
 
-def smoke_ops(c, step):
+def smoke_ops(c: Check, step: Step) -> list[Record]:
     if c.facts.get("torch_cuda") is None:
         return [record("nocompile.ops", SKIP, detail="the wheel's ops are built for cuda and link torch's CUDA "
                                                      "libraries; this torch is a CPU build")]
     return nocompile.run_ops(c.suite, c.manifest)
 
 
-def smoke_family(c, step):
+def smoke_family(c: Check, step: Step) -> list[Record]:
     return smoke.run_family(c.suite, step.family, "cuda", 1 if step.family in smoke.GPU_ONLY else c.gpus)
 
 
-def smoke_extras(c, step):
+def smoke_extras(c: Check, step: Step) -> list[Record]:
     return smoke.run_extras(c.suite, c.manifest, c.gpus)
 
 
-def smoke_nocompile(c, step):
+def smoke_nocompile(c: Check, step: Step) -> list[Record]:
     return [nocompile.empty_check("nocompile.torch_extensions_training", f"cuda x{c.gpus}", c.suite.ext["cuda"],
                                   "GPU families")]
 
 
 # ---- the preflight's GPU checks (preflight/health.py, preflight/compute.py), the machine as a job of one node
 
-def preflight_health(c, step):
+def preflight_health(c: Check, step: Step) -> None:
     """NVML's faults of each GPU, each a FAIL naming the GPU by index and serial."""
     out = os.path.join(c.report_dir, "preflight-health.json")
     rc, log = c.run("preflight.health", [sys.executable, "-m", "pytorch_cuda_runtime.preflight.health", "--out", out],
@@ -214,7 +215,7 @@ def preflight_health(c, step):
                                 *(f"{k} not read: {v}" for k, v in g["unread"].items())]))
 
 
-def preflight_compute(c, step):
+def preflight_compute(c: Check, step: Step) -> None:
     """The bf16 matmul on each GPU: TFLOP/s against the product's peak and the others, the checksum, PCIe."""
     out, node = os.path.join(c.report_dir, "preflight-compute.json"), platform.node().split(".")[0]
     bound = min(step.bound, compute.GPU_TIMEOUT_S)
@@ -240,7 +241,7 @@ def preflight_compute(c, step):
               actual=f"{len(figures['gpus'])} GPU(s)")
 
 
-def plan(gpus):
+def plan(gpus: int) -> list[Step]:
     """Every step in order; a world of one still runs the sharding families (one rank)."""
     steps = [Step("bundle.files", verify_files), Step("machine.python", check_python), Step("machine.torch", probe_torch),
              Step("install.dependencies", install_dependencies), Step("install.deepspeed", install_deepspeed),

@@ -2,7 +2,7 @@
 from typing import Any, Callable
 
 from .. import manifest as mf
-from .results import FAIL, PASS, record
+from .results import FAIL, PASS, Record, record
 
 # (check name, manifest key, probe key, how to turn the probe value into a version)
 FIELDS: list[tuple[str, str, str, Callable[[Any], str | None]]] = [
@@ -15,7 +15,7 @@ FIELDS: list[tuple[str, str, str, Callable[[Any], str | None]]] = [
 ]
 
 
-def check(manifest, facts):
+def check(manifest: dict[str, Any], facts: dict[str, Any]) -> list[Record]:
     out = []
     for name, mkey, pkey, conv in FIELDS:
         expected = manifest.get(mkey)
