@@ -1,65 +1,28 @@
 """The command line's arguments: every command of build.py as a frozen dataclass, one field per
-option with its help, type and default (spec.py), from which the parser is built. Bad arguments
-are UsageErrors (one line each, exit 2) like every other bad input: validate.py reports them."""
+option with its help, type, default and form (spec.py), and the command's rules beside them, from
+which the parser is built and the arguments checked. Bad arguments are UsageErrors (one line each,
+exit 2) like every other bad input: validate.py runs the rules and reports every problem.
+cli.py pairs each class with its handler, in `build.py --help`'s order."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, NoReturn
+from typing import Callable, ClassVar, Iterable
 
-from . import spec
-from .errors import UsageErrors
-from .jobs.options import JobOptions
-from .matrix import Image
-from .spec import Command, flag, many, opt
+from . import jobs, rules, scheduler, spec
+from .commands import gpubundle
+from .engine import docker_env
+from .errors import UsageError
+from .matrix import Image, Matrix
+from .pipeline import Options, Publishing
+from .registry import sign
+from .rules import Checks
+from .spec import Command, flag, opt
 from .tooling import bench, engine_current
-
-COMPRESSIONS = ("gzip", "zstd")  # publish's layer compression (registry/zstd.py)
-
-BAD = "_bad_arguments"  # the namespace's {dest: problem} of values argparse's types or choices refused
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, except that a value its type or choices refuse is kept as a problem (the value
-    left None, or as given) instead of ending the parse: validate() reports it with every other
-    problem of the command line at once, and skips the checks that read it."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._bad: dict[str, str] = {}
-
-    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:  # type: ignore[override]
-        self._bad = {}
-        ns, extras = super().parse_known_args(args, namespace)
-        # A subcommand's parser ran inside this one and copied its namespace, BAD included, into ns.
-        self._bad = {**getattr(ns, BAD, {}), **self._bad}
-        setattr(ns, BAD, self._bad)
-        return ns, extras
-
-    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
-        try:
-            return super()._get_value(action, arg_string)
-        except argparse.ArgumentError as e:
-            self._bad.setdefault(action.dest, f"{e} (see --help)")
-            return None
-
-    def _check_value(self, action: argparse.Action, value: Any) -> None:
-        if isinstance(action, argparse._SubParsersAction):
-            return super()._check_value(action, value)
-        if action.dest in self._bad:  # its type refused it already
-            return None
-        try:
-            return super()._check_value(action, value)
-        except argparse.ArgumentError as e:
-            self._bad[action.dest] = f"{e} (see --help)"
-            return None
-
-    def error(self, message: str) -> NoReturn:  # each problem one line, exit 2, like every other bad input
-        raise UsageErrors([*self._bad.values(), f"{message} (see --help)"])
-
 
 # What Docker's --keep-storage takes (go-units RAMInBytes): bytes, or a number with k/m/g/t/p,
 # an optional i and an optional b, in either case (10GB, 512mb, 10GiB, 1.5g, 1048576).
@@ -73,40 +36,10 @@ def docker_size(text: str) -> str:
     return text
 
 
-
-# ---- the registry options build and publish share ------------------------------------------
-
-def _registry() -> Any:
-    return opt(None, "HOST[:PORT]/NAMESPACE (default: $PYTORCH_CUDA_REGISTRY)", env="PYTORCH_CUDA_REGISTRY")
-
-
-def _retries() -> Any:
-    return opt(4, "attempts per registry call (default 4, exponential backoff)", type=spec.positive_int, later=True)
-
-
-def _allow_vulnerable() -> Any:
-    return many("publish despite this critical advisory of vulnerabilities.json (its ID or an alias); repeatable", metavar="ID")
-
-
-ATTACHED_INPUTS = ("debian", "all", "none")  # publish's inputs artifact (registry/attach.py)
-
-
-def _attach_inputs() -> Any:
-    return opt("debian", "the locked files attached beside each pushed image, for a rebuild whose sources are gone: debian (default: "
-                         "the .debs and indexes, which Debian's mirror drops), all (the wheels and sdists too), none",
-               choices=ATTACHED_INPUTS, later=True)
-
-
-def _compression() -> Any:
-    return opt("gzip", "the pushed layers: gzip (default: as the engine holds them; every Docker pulls them) or zstd "
-                       "(the containerd image store; Docker >= 23 and containerd >= 1.5 pull them, Docker 20.10 cannot)",
-               choices=COMPRESSIONS, later=True)
-
-
 # ---- the commands, in `build.py --help`'s order --------------------------------------------
 
 @dataclass(frozen=True)
-class BuildOptions(spec.Rows):
+class BuildOptions(Options):
     NAME: ClassVar[str] = "build"
     HELP: ClassVar[str] = "build, test and tag one row (the default command), or many with --all"
     GROUPS: ClassVar[dict[str, bool]] = {"shown": False}
@@ -126,35 +59,36 @@ class BuildOptions(spec.Rows):
         ("no_test", "push", "--no-test sets no tag, so --push has nothing to publish"),
         ("all", "result_json", "each row of --all writes its own result"))
 
+    push: bool = flag("after tagging, publish the row (see `publish`)")
+    ca_bundle: str | None = spec.ca_bundle("CA bundle for HTTPS inside the build (default: pip's configured cert)")
     all: bool = flag("every row (of --torch, if given): each built, tested and tagged as on its own")
     platform: str | None = spec.platform()
     jobs: int = opt(1, "with --all: rows built at once (default 1; shared layers are built once)", type=spec.positive_int, later=True)
-    docker: str | None = spec.docker()
-    ca_bundle: str | None = spec.ca_bundle("CA bundle for HTTPS inside the build (default: pip's configured cert)")
-    no_test: bool = flag("build only; sets no public tag")
-    retest: bool = flag("test even if this image ID already passed")
-    no_cache: bool = flag("build without the layer cache")
-    require_gpu: bool = flag("fail instead of testing on the CPU when no GPU runtime exists")
     dry_run: bool = flag("print the plan without calling Docker")
-    cache_from: tuple[str, ...] = many("import BuildKit's cache (buildx; e.g. type=registry,ref=HOST/NS/pytorch-cuda-cache:{image}); "
-                                       "repeatable", metavar="SPEC")
-    cache_to: tuple[str, ...] = many("export BuildKit's cache (buildx on the containerd store; add mode=max for every stage); repeatable",
-                                     metavar="SPEC")
     quiet: bool = flag("show no build progress (the log is still saved)", group="shown")
     verbose: bool = flag("stream BuildKit's raw log instead of one line per step", group="shown")
-    result_json: Path | None = opt(None, argparse.SUPPRESS, type=Path)  # where a child of --all writes its RowResult
-    registry: str | None = _registry()
-    push: bool = flag("after tagging, publish the row (see `publish`)")
-    retries: int = _retries()
-    allow_vulnerable: tuple[str, ...] = _allow_vulnerable()
-    compression: str = _compression()
-    attach_inputs: str = _attach_inputs()
+    result_json: Path | None = opt(None, argparse.SUPPRESS, type=Path, check=rules.writable_file)  # a child of --all's RowResult
 
-    def child_argv(self, image: Image, result_json: Path, ca_path: str | None) -> list[str]:
+    def rules(self, c: Checks) -> None:
+        if self.push:  # --push's registry: not asked for where --push was refused
+            self.check_registry(c)
+
+    def check_row(self, c: Checks, load: Callable[[], Matrix]) -> None:
+        if self.all and self.torch:
+            c.run(("torch", "cuda", "flavor", "matrix", "all"), lambda: self.rows(load()))
+        elif not self.all:
+            super().check_row(c, load)
+
+    def rows(self, m: Matrix) -> list[Image]:
+        """The rows it builds: --all's (of --torch, if given), or the one it picks."""
+        return scheduler.select_rows(m, self.torch, self.cuda, self.flavor) if self.all else [self.row(m)]
+
+    def child_argv(self, image: Image, result_json: Path) -> list[str]:
         """This build for one row of --all: its child's command line (after build.py), with the CA
         bundle already found and the RowResult written to result_json."""
         return spec.argv(dataclasses.replace(self, torch=image.torch, cuda=image.cuda, flavor=image.flavor, all=False, jobs=1,
-                                             result_json=result_json, ca_bundle=ca_path, registry=self.registry if self.push else None))
+                                             result_json=result_json, ca_bundle=self.ca_path,
+                                             registry=self.registry if self.push else None))
 
 
 @dataclass(frozen=True)
@@ -179,7 +113,7 @@ class MatrixOptions(Command):
 
 
 @dataclass(frozen=True)
-class PublishOptions(spec.Rows):
+class PublishOptions(Publishing):
     NAME: ClassVar[str] = "publish"
     HELP: ClassVar[str] = "push tested images and their tags to a registry (dry run without --push)"
     NEEDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
@@ -193,22 +127,51 @@ class PublishOptions(spec.Rows):
                                  "compressed as they were pushed"),
         ("merge", "attach_inputs", "--merge pushes no image, only the index of the parts each build published, with their inputs"))
 
+    push: bool = flag("push for real; without it, print what would move")
     all: bool = flag("every row of the matrix (each must be built and tested)")
     platform: str | None = spec.platform("all: one image index of each row's platforms, every one built and tested here (build --platform "
                                          "all); default: this host's platform: its image, or for a row on several platforms its part "
                                          "<dated>-<arch>")
     merge: bool = flag("a row on several platforms: one index of the parts each platform's build published (the GitHub workflow's merge job)")
-    registry: str | None = _registry()
-    push: bool = flag("push for real; without it, print what would move")
-    retries: int = _retries()
-    allow_vulnerable: tuple[str, ...] = _allow_vulnerable()
-    compression: str = _compression()
-    attach_inputs: str = _attach_inputs()
-    ca_bundle: str | None = spec.ca_bundle("CA bundle for an HTTPS registry (default: pip's configured cert)")
     sign_key: Path | None = opt(None, "with --push: sign each row's image (GPG, containers' simple signing) with the key signing-key "
                                       "wrote in FOLDER; its passphrase in $PYTORCH_CUDA_SIGN_PASSPHRASE", type=Path, metavar="FOLDER")
     signatures: Path | None = opt(None, "with --sign-key: the lookaside directory the signatures go to, to be served over HTTP(S) "
                                         "(default: build-results/signatures)", type=Path, metavar="DIR")
+
+    def rules(self, c: Checks) -> None:
+        self.check_registry(c)
+        host = docker_env.host_platform()
+        if self.platform not in (None, "all", host):
+            c.fail("platform", f"publish --platform takes all (an index of every platform of the row) or this host's {host}, "
+                               f"not {self.platform}")
+        if self.sign_key is not None and self.push:
+            if self.signatures is not None and self.signatures.exists() and not self.signatures.is_dir():
+                c.fail("signatures", f"--signatures {self.signatures} is not a directory")
+            # The passphrase opens the key, before anything is pushed; not tried for a run already refused.
+            sign_key = self.sign_key
+            c.run(("sign_key", "signatures"), lambda: sign.check_key(sign_key))
+        if self.all == bool(self.torch):
+            c.fail(("all", "torch"), "pick the rows: --torch X [--cuda Y] for one, or --all")
+
+    def check_row(self, c: Checks, load: Callable[[], Matrix]) -> None:
+        if self.all:
+            if self.sign_key is not None:
+                c.run(("all", "sign_key", "matrix"), lambda: _signed_rows(load().images))
+            return
+        row = self.picked_row(c, load)
+        if row is not None and self.sign_key is not None:
+            c.run("sign_key", lambda: _signed_rows([row]))
+
+    def rows(self, m: Matrix) -> list[Image]:
+        return list(m.images) if self.all else [self.row(m)]
+
+
+def _signed_rows(rows: Iterable[Image]) -> None:
+    """publish --sign-key signs images, not indexes: no row of several platforms among those published."""
+    several = [i for i in rows if len(i.platforms) > 1]
+    if several:
+        raise UsageError(f"--sign-key signs single-platform rows' images; {several[0].name} is an index of "
+                         f"{', '.join(several[0].platforms)}, which publish does not sign yet")
 
 
 @dataclass(frozen=True)
@@ -217,7 +180,14 @@ class SigningKeyOptions(Command):
     HELP: ClassVar[str] = ("make a GPG signing key for publish --sign-key in FOLDER/gnupg, its public half in "
                            "FOLDER/signing-key.pub.asc; passphrase from $PYTORCH_CUDA_SIGN_PASSPHRASE")
 
+    READS_MATRIX: ClassVar[bool] = False
+
     folder: Path = opt(Path(), "where to write them (created if absent; an existing key is never replaced)", type=Path, kind="positional")
+
+    def rules(self, c: Checks) -> None:
+        if self.folder.exists() and not self.folder.is_dir():
+            c.fail("folder", f"FOLDER {self.folder} is not a directory")
+        c.run("passphrase", sign.passphrase)
 
 
 @dataclass(frozen=True)
@@ -240,7 +210,7 @@ class LockOptions(spec.Rows):
                                 "exit 1 if any (network)")
     record: bool = flag("with --check-security: write images/<image>/security.json (the README table's counts)")
     security_snapshot: Path | None = opt(None, "with --check-security: recorded answers instead of the network (pypi.json, "
-                                               "<suite>-security.Packages)", type=Path, metavar="DIR")
+                                               "<suite>-security.Packages)", type=Path, metavar="DIR", check=rules.folder)
     ca_bundle: str | None = spec.ca_bundle()
 
 
@@ -256,12 +226,13 @@ class FetchOptions(spec.Row):
 
     platform: str | None = spec.platform()
     to: Path | None = opt(None, "also write the row's files to this folder (FOLDER/sha256/<hex> and FOLDER/INDEX), for a host "
-                                "without the network", type=Path, metavar="FOLDER")
+                                "without the network", type=Path, metavar="FOLDER", check=rules.writable_folder)
     from_: Path | None = opt(None, "fill the store from this folder (one `fetch --to` wrote, or the files by name) instead of the "
-                                   "network; a file of other bytes than the lock's is refused", type=Path, metavar="FOLDER")
+                                   "network; a file of other bytes than the lock's is refused", type=Path, metavar="FOLDER",
+                             check=rules.folder)
     from_image: str | None = opt(None, "fill the store from the files attached beside this published image (`publish` attaches "
                                        "them), HOST[:PORT]/NAMESPACE/NAME@sha256:<64 hex>; then the network for what it lacks",
-                                 metavar="REF")
+                                 metavar="REF", check=lambda name, value: jobs.parse_image(value, name))
     ca_bundle: str | None = spec.ca_bundle()
 
 
@@ -278,9 +249,13 @@ class ImageTestOptions(spec.Row):
     NAME: ClassVar[str] = "test"
     HELP: ClassVar[str] = "run the smoke and structure tests against a built image"
 
-    image: str | None = opt(None, "image reference or ID to test (default: the row's own tag)")
+    image: str | None = opt(None, "image reference or ID to test (default: the row's own tag)", check=rules.reference)
     platform: str | None = spec.platform()
     require_gpu: bool = flag()
+
+    def rules(self, c: Checks) -> None:
+        if self.image and self.platform == "all":
+            c.fail(("image", "platform"), "--image names one image: give its one --platform, not all")
 
 
 @dataclass(frozen=True)
@@ -290,9 +265,11 @@ class VerifyOptions(spec.Rows):
                            "image's row from this checkout and compare")
 
     image: str | None = opt(None, "a published image, HOST[:PORT]/NAMESPACE/NAME@sha256:<64 hex>: its labels name the commit and the "
-                                  "row; exit 0 same, 1 different, 2 bad input, 3 not rebuildable here")
+                                  "row; exit 0 same, 1 different, 2 bad input, 3 not rebuildable here",
+                                  check=rules.parsed_by(jobs.parse_image))
     against: str | None = opt(None, "with --image or --record: compare with this local image instead of rebuilding (--record: default "
-                                    "the row's own tag)", metavar="LOCAL")
+                                    "the row's own tag)", metavar="LOCAL",
+                                check=rules.form(r"\S+", "a local image reference or ID"))
     record: Path | None = opt(None, "compare the row's local image with a record (`build.py record`, another machine's build): exit 0 "
                                     "the same image, 1 another; the differing layers and files are named", type=Path, metavar="FILE")
     compile_ops: bool = flag("compile the DeepSpeed ops in both builds instead of taking the host's ops seed, as a rebuild on a fresh "
@@ -301,6 +278,32 @@ class VerifyOptions(spec.Rows):
     docker: str | None = spec.docker()
     ca_bundle: str | None = spec.ca_bundle()
 
+    def rules(self, c: Checks) -> None:
+        """verify picks its row with --torch, or takes it from --image's labels: one or the other."""
+        if self.record is not None:
+            if self.image is not None:
+                c.fail(("image", "record"), "--image and --record do not go together: compare with a published image or with a record")
+            if self.compile_ops:
+                c.fail(("record", "compile_ops"), "--record and --compile-ops do not go together: --record builds nothing")
+            if self.platform == "all":
+                c.fail(("record", "platform"), "--record is one image's: give its one --platform, not all")
+            if not self.record.is_file():
+                c.fail("record", f"--record {self.record}: no such file (a record that `build.py record` wrote)")
+        if self.image is None:
+            if not self.torch:
+                c.fail("torch", "verify needs the row: --torch X [--cuda Y], or a published image: --image REPO@sha256:...")
+            if self.against is not None and self.record is None:
+                c.fail("against", "--against needs --image or --record: it is what the published image or the record is compared with")
+            return
+        for dest in ("torch", "cuda", "compile_ops"):
+            if rules.given(getattr(self, dest)):
+                why = "the rebuild always compiles the ops" if dest == "compile_ops" else "the image's labels name its row"
+                c.fail(("image", dest), f"--image and {spec.flag_of(dest)} do not go together: {why}")
+        if self.flavor != "runtime":
+            c.fail(("image", "flavor"), "--image and --flavor do not go together: the image's labels name its row")
+        if self.platform == "all":
+            c.fail(("image", "platform"), "--image names one image: give its one --platform (of an index), not all")
+
 
 @dataclass(frozen=True)
 class RecordOptions(spec.Row):
@@ -308,9 +311,9 @@ class RecordOptions(spec.Row):
     HELP: ClassVar[str] = ("write a local image's record for another machine to compare its build with: the image and config "
                            "digests, the config, every layer's files (xz-compressed JSON)")
 
-    image: str | None = opt(None, "local image reference or ID (default: the row's own tag)")
+    image: str | None = opt(None, "local image reference or ID (default: the row's own tag)", check=rules.reference)
     output: Path | None = opt(None, "where to write it, a new .json.xz (default: build-results/<image>/record.json.xz)", type=Path,
-                              metavar="FILE")
+                              metavar="FILE", check=rules.writable_file)
     platform: str | None = spec.platform()
     docker: str | None = spec.docker()
 
@@ -326,14 +329,20 @@ class BaseOptions(spec.Row):
     platform: str | None = spec.platform()
     docker: str | None = spec.docker()  # no --ca-bundle: mmdebstrap reads the mirror's signed indexes over HTTP
 
+    def check_row(self, c: Checks, load: Callable[[], Matrix]) -> None:
+        row = self.picked_row(c, load)
+        if row is not None and row.os.kind == "registry":
+            c.fail("torch", f"{row.name}'s base is the registry image {row.os.image}: it is pulled, never built")
+
 
 @dataclass(frozen=True)
 class SbomOptions(Command):
     NAME: ClassVar[str] = "sbom"
     HELP: ClassVar[str] = "CycloneDX SBOM (Python and Debian packages) of any local image"
+    READS_MATRIX: ClassVar[bool] = False
 
-    image: str = opt("", "image reference or ID", kind="positional")
-    output: Path | None = opt(None, "file to write (default: stdout)", type=Path)
+    image: str = opt("", "image reference or ID", kind="positional", check=rules.reference)
+    output: Path | None = opt(None, "file to write (default: stdout)", type=Path, check=rules.writable_file)
 
 
 @dataclass(frozen=True)
@@ -350,18 +359,27 @@ class BenchOptions(spec.Row):
     full: bool = flag("every benchmark; report in bench/ (cold builds, two naive images, the matrix and pull measures: the "
                       "longest command this tool has; --only picks some; empties the build cache for the cold builds)")
     cold_runs: int = opt(1, "with --full: cold builds of each kind (default 1)", type=spec.positive_int, later=True)
-    only: str | None = opt(None, "with --full: comma list of " + ",".join(bench.MEASURES) + " (default: every one)")
+    only: str | None = opt(None, "with --full: comma list of " + ",".join(bench.MEASURES) + " (default: every one)",
+                           check=rules.parsed_by(bench.parse_only))
     pull_rows: int | None = opt(None, "with --only pull: build the first N CUDA 13 rows, oldest first (default: every one)",
                                 type=spec.positive_int, metavar="N")
     yes: bool = flag("allow the cold and matrix measures to empty this daemon's whole build cache")
     docker: str | None = spec.docker()
     ca_bundle: str | None = spec.ca_bundle()
 
+    def rules(self, c: Checks) -> None:
+        if not self.full:
+            return
+        c.run(("only", "yes"), lambda: bench.check_consent(bench.parse_only(self.only), self.yes))
+        if c.ok("only") and self.pull_rows is not None and "pull" not in bench.parse_only(self.only):
+            c.fail(("pull_rows", "only"), "--pull-rows picks the rows of the pull measure, and --only leaves it out")
+
 
 @dataclass(frozen=True)
 class SelftestOptions(Command):
     NAME: ClassVar[str] = "selftest"
     HELP: ClassVar[str] = "this project's own test suite (sets up Docker first)"
+    READS_MATRIX: ClassVar[bool] = False
 
     pytest_args: tuple[str, ...] = opt((), "extra pytest arguments", kind="rest")
 
@@ -372,6 +390,7 @@ class EngineOptions(Command):
     HELP: ClassVar[str] = ("bring up a current Docker Engine (26, buildx) beside this host's; prints the environment that points "
                            "build.py at it (root)")
     CLASHES: ClassVar[tuple[tuple[str, str, str], ...]] = (("down", "ca_bundle", "stopping the engine downloads nothing"),)
+    READS_MATRIX: ClassVar[bool] = False
 
     store: str = opt("containerd", "image store: containerd (default, Docker 29's) or classic", choices=tuple(engine_current.STORES))
     down: bool = flag("stop that engine instead")
@@ -384,8 +403,9 @@ class GpuBundleOptions(spec.Row):
     HELP: ClassVar[str] = ("write DIR: DeepSpeed with the row's ops prebuilt, libaio, wheels, smoke suite and run.sh, to prove the "
                            "row's GPU half on a GPU machine without Docker, network or compiler (`bash DIR/run.sh` there)")
 
-    dir: Path = opt(Path(), "new or empty directory to write", type=Path, kind="positional", metavar="DIR")
-    python: str | None = opt(None, "the GPU machine's Python, MAJOR.MINOR (default: the row's)")
+    dir: Path = opt(Path(), "new or empty directory to write", type=Path, kind="positional", metavar="DIR",
+                    check=rules.parsed_by(gpubundle.check_target))
+    python: str | None = opt(None, "the GPU machine's Python, MAJOR.MINOR (default: the row's)", check=rules.python_version)
     build_python: str | None = opt(None, "the Python of that version (with its headers) that builds the ops wheel here (default: "
                                          "found: pythonX.Y or python3 on PATH, `uv python find X.Y`, pyenv's versions)", metavar="PATH")
     ops_wheel: Path | None = opt(None, "a DeepSpeed wheel with the row's ops built before, for that Python and the row's torch, instead "
@@ -393,8 +413,22 @@ class GpuBundleOptions(spec.Row):
     ops_arch: str = opt("9.0", "TORCH_CUDA_ARCH_LIST the ops are built for (default 9.0: H100, H200; e.g. '8.0;9.0;10.0')",
                         metavar="LIST")
     limit_mib: int = opt(64, "refuse a bundle that, with the repository's tracked files beside it, is larger than this (default 64)",
-                         type=int)
+                         type=int, check=rules.at_least_one)
     ca_bundle: str | None = spec.ca_bundle()
+
+    def rules(self, c: Checks) -> None:
+        """--ops-wheel, --build-python and --ops-arch: one wheel source, a file that is there, an arch list."""
+        if self.ops_wheel is not None and self.build_python is not None:
+            c.fail("build_python", "--build-python builds the ops wheel; --ops-wheel brings one built before: name one of them")
+        if self.ops_wheel is not None and not self.ops_wheel.is_file():
+            c.fail("ops_wheel", f"--ops-wheel {self.ops_wheel}: no such file")
+        if self.build_python is not None and not shutil.which(self.build_python):
+            c.fail("build_python", f"--build-python {self.build_python!r} is neither a program on PATH nor an executable file")
+        if not re.fullmatch(OPS_ARCH, self.ops_arch):
+            c.fail("ops_arch", f"--ops-arch {self.ops_arch!r}: expected TORCH_CUDA_ARCH_LIST's form, e.g. 9.0 or '8.0;9.0;10.0+PTX'")
+
+
+OPS_ARCH = r"\d+\.\d+a?(\+PTX)?(;\d+\.\d+a?(\+PTX)?)*"  # TORCH_CUDA_ARCH_LIST, as opsbuild.py takes it
 
 
 @dataclass(frozen=True)
@@ -405,23 +439,3 @@ class PruneOptions(Command):
     keep_storage: str = opt("40GB", "build cache to keep (default 40GB)", type=docker_size)
 
 
-COMMAND_OPTIONS: dict[str, type[Command]] = {c.NAME: c for c in (
-    BuildOptions, ListOptions, MatrixOptions, PublishOptions, SigningKeyOptions, LockOptions, FetchOptions, RenderOptions, ImageTestOptions,
-    VerifyOptions, RecordOptions, BaseOptions, SbomOptions, BenchOptions, SelftestOptions, EngineOptions, GpuBundleOptions,
-    JobOptions, PruneOptions)}
-COMMANDS = ("build", "list", "matrix", "lock", "fetch", "render", "test", "publish", "prune", "selftest", "bench", "sbom", "verify", "record",
-            "base", "signing-key", "engine", "gpu-bundle", "job")
-
-
-def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="build.py", description="Build, test and tag pinned PyTorch + CUDA images from matrix.yaml.")
-    p.add_argument("--matrix", type=Path, help=spec.Command.__dataclass_fields__["matrix"].metadata[spec.KEY].help)
-    sub = p.add_subparsers(dest="command", parser_class=_Parser)
-    for cls in COMMAND_OPTIONS.values():
-        spec.add_command(sub, cls)
-    return p
-
-
-def options(args: argparse.Namespace, **given: Any) -> Any:
-    """The frozen, typed options of validated arguments (its command's class): what a handler gets."""
-    return spec.complete(COMMAND_OPTIONS[args.command], args, **given)

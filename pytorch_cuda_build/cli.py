@@ -2,17 +2,19 @@
 print. Typed errors are caught here, once, and printed as one line with their exit code."""
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Generic, TypeVar
 
 from . import arguments as a
-from . import ca, console, errors, files, inputs, jobs, matrix, pipeline, scheduler
-from .commands import gpubundle, propose, record, verify, verify_image
+from . import ca, console, errors, files, inputs, jobs, matrix, pipeline, scheduler, spec
+from .commands import fanout, gpubundle, propose, record, verify, verify_image
 from .engine import docker_env
 from .errors import PipelineError, UsageErrors
 from .jobs import options as job_options
@@ -35,7 +37,7 @@ def cmd_list(m: matrix.Matrix, args: a.ListOptions) -> int:
 
 
 def cmd_lock(m: matrix.Matrix, args: a.LockOptions) -> int:
-    images = [m.select(args.torch, args.cuda, args.flavor)] if args.torch else list(m.images)
+    images = [args.row(m)] if args.torch else list(m.images)
     if args.check_security:
         lines, found = inputs.check_security(ROOT, images, args.security_snapshot, lambda: ca.ca_bundle(args.ca_bundle),
                                              record=args.record)
@@ -54,7 +56,7 @@ def cmd_lock(m: matrix.Matrix, args: a.LockOptions) -> int:
 
 
 def cmd_fetch(m: matrix.Matrix, args: a.FetchOptions) -> int:
-    image = m.select(args.torch, args.cuda, args.flavor)
+    image = args.row(m)
     pipeline.check_inputs(ROOT, m, [image])
     for row in pipeline.platforms(image, args.platform):
         items = lock.build_inputs(ROOT, row).all()
@@ -85,30 +87,26 @@ def cmd_render(m: matrix.Matrix, args: a.RenderOptions) -> int:
 
 
 def cmd_build(m: matrix.Matrix, args: a.BuildOptions) -> int:
-    images = scheduler.select_rows(m, args.torch, args.cuda, args.flavor) if args.all else [m.select(args.torch, args.cuda, args.flavor)]
-    reg = publish.registry(args.registry, args.retries) if args.push else None  # validated: its form was checked
+    images = args.rows(m)
     pipeline.check_inputs(ROOT, m, images)
     on = pipeline.platforms(images[0], args.platform) if not args.all else images
     if args.dry_run:
         print("\n".join(inputs.plan(ROOT, image) for image in on))
         return 0
-    opts = pipeline.Options(docker=args.docker, matrix_path=args.matrix, ca_path=ca.ca_bundle(args.ca_bundle), no_test=args.no_test, retest=args.retest,
-                            no_cache=args.no_cache, require_gpu=args.require_gpu, registry=reg, retries=args.retries,
-                            allow_vulnerable=args.allow_vulnerable, cache_from=args.cache_from, cache_to=args.cache_to,
-                            compression=args.compression, attach_inputs=args.attach_inputs)
+    opts = args.found(publish_to=args.push)  # the CA bundle found, --push's registry parsed (its form validated)
     pipeline.preflight(opts, log)  # before an hour of building, like a bad registry address
     with console.make(args.verbose, args.quiet) as con:  # a bad CA failed above, not after waiting for the row lock
         results = scheduler.build(ROOT, m, images, on, opts, con, every=args.all, jobs=args.jobs,
-                                  child_argv=lambda image, out: args.child_argv(image, out, opts.ca_path), result_json=args.result_json)
-    if reg and not args.all:
-        print("\n".join(publish.table(results[0].moves, reg, True)))
+                                  child_argv=opts.child_argv, result_json=args.result_json)
+    if opts.push_to and not args.all:
+        print("\n".join(publish.table(results[0].moves, opts.push_to, True)))
     if failed := scheduler.failures(results):
         raise failed
     return 0
 
 
 def cmd_test(m: matrix.Matrix, args: a.ImageTestOptions) -> int:
-    for image in pipeline.platforms(m.select(args.torch, args.cuda, args.flavor), args.platform):
+    for image in pipeline.platforms(args.row(m), args.platform):
         ref = args.image or tag.own_ref(image)
         image_id, mode = pipeline.test_image(ROOT, image, ref, args.require_gpu, log, matrix_path=args.matrix)
         print(f"{ref} ({image_id[:19]}, {image.platform}) passed the smoke and structure tests ({mode})")
@@ -116,11 +114,8 @@ def cmd_test(m: matrix.Matrix, args: a.ImageTestOptions) -> int:
 
 
 def cmd_publish(m: matrix.Matrix, args: a.PublishOptions) -> int:
-    images = list(m.images) if args.all else [m.select(args.torch, args.cuda, args.flavor)]
-    opts = pipeline.Options(ca_path=ca.ca_bundle(args.ca_bundle), registry=publish.registry(args.registry, args.retries),
-                            retries=args.retries, allow_vulnerable=args.allow_vulnerable, compression=args.compression,
-                            attach_inputs=args.attach_inputs)
-    for lines in pipeline.publish_command(ROOT, images, opts, args.push, args.platform, args.merge, args.sign_key,
+    opts = args.found(publish_to=True)  # a dry run reads the registry too
+    for lines in pipeline.publish_command(ROOT, args.rows(m), opts, args.push, args.platform, args.merge, args.sign_key,
                                           args.signatures or ROOT / "build-results" / "signatures", log):
         print(lines)
     return 0
@@ -135,7 +130,7 @@ def cmd_signing_key(m: matrix.Matrix, args: a.SigningKeyOptions) -> int:
 
 def cmd_matrix(m: matrix.Matrix, args: a.MatrixOptions) -> int:
     if args.json or args.indexes:
-        print(json.dumps(matrix.as_json(m) if args.json else matrix.indexes_json(m), indent=2))
+        print(json.dumps(fanout.as_json(m) if args.json else fanout.indexes_json(m), indent=2))
         return 0
     print(propose.render(propose.candidates(m, ca.ca_bundle(args.ca_bundle), log)), end="")
     return 0
@@ -155,7 +150,7 @@ def cmd_verify(m: matrix.Matrix, args: a.VerifyOptions) -> int:
     the published image against a rebuild of its row from this checkout (commands/verify_image.py)."""
     if args.image:
         return verify_published(m, args)
-    row = m.select(args.torch, args.cuda, args.flavor)
+    row = args.row(m)
     if args.record:
         return verify_record(m, row, args)
     pipeline.check_inputs(ROOT, m, [row])
@@ -168,7 +163,7 @@ def cmd_verify(m: matrix.Matrix, args: a.VerifyOptions) -> int:
 
 
 def cmd_base(m: matrix.Matrix, args: a.BaseOptions) -> int:
-    row = m.select(args.torch, args.cuda, args.flavor)
+    row = args.row(m)
     for line in pipeline.base_command(ROOT, m, pipeline.platforms(row, args.platform), args.docker, args.rebuild, args.record, log):
         print(line)
     return 0
@@ -186,7 +181,7 @@ def verify_record(m: matrix.Matrix, row: matrix.Image, args: a.VerifyOptions) ->
 
 
 def cmd_record(m: matrix.Matrix, args: a.RecordOptions) -> int:
-    image = pipeline.platforms(m.select(args.torch, args.cuda, args.flavor), args.platform)[0]
+    image = pipeline.platforms(args.row(m), args.platform)[0]
     out = args.output or pipeline.results_dir(ROOT, image) / "record.json.xz"
     rec = record.record_local(args.image or tag.own_ref(image), f"{image.name} ({image.platform})", out, args.docker, log)
     print(f"{out}: image {rec.image or '(classic store: no manifest digest)'}, config {rec.config_digest}, "
@@ -213,7 +208,7 @@ def cmd_sbom(m: matrix.Matrix, args: a.SbomOptions) -> int:
 
 
 def cmd_bench(m: matrix.Matrix, args: a.BenchOptions) -> int:
-    image = m.select(args.torch, args.cuda, args.flavor)
+    image = args.row(m)
     only = bench.parse_only(args.only)  # validated, with --yes for the cold measures
     if args.pull_rows is not None:
         pullcost.rows(m, args.pull_rows)  # within the matrix's CUDA 13 rows, before Docker is touched
@@ -233,7 +228,7 @@ def cmd_engine(m: matrix.Matrix, args: a.EngineOptions) -> int:
 
 
 def cmd_gpu_bundle(m: matrix.Matrix, args: a.GpuBundleOptions) -> int:
-    image = m.select(args.torch, args.cuda, args.flavor)  # DIR, --python, the wheel's source and --limit-mib: validated
+    image = args.row(m)  # DIR, --python, the wheel's source and --limit-mib: validated
     pipeline.check_inputs(ROOT, m, [image])  # the locks it reads are current
     source = gpubundle.WheelSource(args.ops_wheel, args.build_python, args.ops_arch)
     described = gpubundle.write(ROOT, image, args.dir, args.python or image.python, ca.ca_bundle(args.ca_bundle),
@@ -244,10 +239,10 @@ def cmd_gpu_bundle(m: matrix.Matrix, args: a.GpuBundleOptions) -> int:
 
 
 def cmd_job(m: matrix.Matrix, args: job_options.JobOptions) -> int:
-    image = m.select(args.torch, args.cuda, args.flavor)
+    image = args.row(m)
     ref = jobs.parse_image(args.image) if args.image else jobs.published(pipeline.results_dir(ROOT, image), image.name)
     job = job_options.job(args, image.name, ref)
-    text, path = renderers.render(job), jobs.target(job, args.output)
+    text, path = renderers.render(job), job.target(args.output)
     if path is None:
         sys.stdout.write(text)
         return 0
@@ -264,19 +259,62 @@ def _terminated(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-HANDLERS: dict[str, Callable[[matrix.Matrix, Any], int]] = {"build": cmd_build, "list": cmd_list, "matrix": cmd_matrix, "lock": cmd_lock, "fetch": cmd_fetch, "render": cmd_render, "test": cmd_test,
-            "publish": cmd_publish, "prune": cmd_prune, "selftest": cmd_selftest, "bench": cmd_bench, "sbom": cmd_sbom,
-            "verify": cmd_verify, "record": cmd_record, "base": cmd_base, "signing-key": cmd_signing_key, "engine": cmd_engine,
-            "gpu-bundle": cmd_gpu_bundle, "job": cmd_job}
-assert set(HANDLERS) == set(a.COMMANDS), "each command of arguments.py has its handler here"
-# The commands that call the Docker daemon, with what a daemon lost in one leaves as it was. The
-# pipeline's stages and the commands name their own step first (docker_env.calls); this names the
-# command for whatever call lies outside them. The rest reach no daemon: a network error of theirs
-# (the package index's, a registry's) is never read as the daemon's.
-ENGINE_COMMANDS = {"build": docker_env.NO_TAG_MOVED, "test": docker_env.NO_TAG_MOVED, "publish": pipeline.PUSHED_TESTED,
-                   "prune": "the candidate tags and dangling images not yet removed are still there", "verify": docker_env.NO_TAG_MOVED,
-                   "record": docker_env.NO_TAG_MOVED, "base": docker_env.NO_TAG_MOVED, "sbom": docker_env.NO_TAG_MOVED,
-                   "bench": docker_env.NO_TAG_MOVED, "list": docker_env.NO_TAG_MOVED}
+C = TypeVar("C", bound=spec.Command)
+
+
+@dataclass(frozen=True)
+class Handler(Generic[C]):
+    """A command: its options class (the parser's, the rules') and the handler that gets them, typed
+    alike so that mypy checks each pair. lost: what a lost Docker daemon leaves as it was, for the
+    commands that call it (the pipeline's stages and the commands name their own step first,
+    docker_env.calls; this names the command for whatever call lies outside them). The rest reach
+    no daemon: a network error of theirs (the package index's, a registry's) is never read as the daemon's."""
+
+    options: type[C]
+    run: Callable[[matrix.Matrix, C], int]
+    lost: str | None = None
+
+    def __call__(self, parsed: argparse.Namespace) -> int:
+        path = parsed.matrix or ROOT / "matrix.yaml"
+        args = spec.complete(self.options, parsed, matrix=path)  # frozen and typed
+        lost = self.lost
+        with docker_env.calls(f"`build.py {self.options.NAME}`", lost) if lost else contextlib.nullcontext():
+            return self.run(matrix.load(path), args)
+
+
+# The commands, in `build.py --help`'s order: the one list.
+COMMANDS = (  # not annotated: each pair is inferred on its own, so mypy checks its handler against its class
+    Handler(a.BuildOptions, cmd_build, docker_env.NO_TAG_MOVED),
+    Handler(a.ListOptions, cmd_list, docker_env.NO_TAG_MOVED),
+    Handler(a.MatrixOptions, cmd_matrix),
+    Handler(a.PublishOptions, cmd_publish, pipeline.PUSHED_TESTED),
+    Handler(a.SigningKeyOptions, cmd_signing_key),
+    Handler(a.LockOptions, cmd_lock),
+    Handler(a.FetchOptions, cmd_fetch),
+    Handler(a.RenderOptions, cmd_render),
+    Handler(a.ImageTestOptions, cmd_test, docker_env.NO_TAG_MOVED),
+    Handler(a.VerifyOptions, cmd_verify, docker_env.NO_TAG_MOVED),
+    Handler(a.RecordOptions, cmd_record, docker_env.NO_TAG_MOVED),
+    Handler(a.BaseOptions, cmd_base, docker_env.NO_TAG_MOVED),
+    Handler(a.SbomOptions, cmd_sbom, docker_env.NO_TAG_MOVED),
+    Handler(a.BenchOptions, cmd_bench, docker_env.NO_TAG_MOVED),
+    Handler(a.SelftestOptions, cmd_selftest),
+    Handler(a.EngineOptions, cmd_engine),
+    Handler(a.GpuBundleOptions, cmd_gpu_bundle),
+    Handler(job_options.JobOptions, cmd_job),
+    Handler(a.PruneOptions, cmd_prune, "the candidate tags and dangling images not yet removed are still there"),
+)
+NAMES = tuple(h.options.NAME for h in COMMANDS)
+
+
+def parser() -> argparse.ArgumentParser:
+    return spec.parser([h.options for h in COMMANDS], prog="build.py",
+                       description="Build, test and tag pinned PyTorch + CUDA images from matrix.yaml.")
+
+
+def handler(parsed: argparse.Namespace) -> Handler[Any]:
+    """The handler of the command a namespace was parsed for."""
+    return next(h for h in COMMANDS if h.options is spec.command_class(parsed))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -287,15 +325,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     skip = 2 if argv[:1] == ["--matrix"] else 1 if argv[:1] and argv[0].startswith("--matrix=") else 0
     first = next((a for a in argv[skip:] if not a.startswith("-")), None)
-    if first not in a.COMMANDS and not {"-h", "--help"} & set(argv):
+    if first not in NAMES and not {"-h", "--help"} & set(argv):
         argv.insert(skip, "build")  # `build.py --torch 2.7` means `build.py build --torch 2.7`
     command, push = None, False
     try:
-        parsed = validate(a.parser().parse_args(argv), ROOT / "matrix.yaml")  # every argument, before anything is touched
+        parsed = validate(parser().parse_args(argv), ROOT / "matrix.yaml")  # every argument, before anything is touched
         command, push = parsed.command, getattr(parsed, "push", False)
-        args = a.options(parsed, matrix=parsed.matrix or ROOT / "matrix.yaml")  # frozen and typed: what the handler gets
-        with docker_env.calls(f"`build.py {command}`", ENGINE_COMMANDS[command]) if command in ENGINE_COMMANDS else contextlib.nullcontext():
-            return HANDLERS[command](matrix.load(args.matrix), args)
+        return handler(parsed)(parsed)
     except PipelineError as e:
         for n, line in enumerate(e.lines()):  # each of several usage problems is an error line of its own
             print(f"error: {line}" if n == 0 or isinstance(e, UsageErrors) else line, file=sys.stderr)

@@ -15,13 +15,15 @@ Many rows: scheduler.py, which runs this pipeline once per row, each in its own 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
+import re
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import docker
 import docker.errors
@@ -29,14 +31,15 @@ from filelock import FileLock, Timeout
 
 from pytorch_cuda_runtime.lockfile import Input
 
-from . import files, paths
+from . import ca, files, paths, rules, spec
 from .buildkit import provenance
 from .console import Quiet
 from .engine import docker_env
-from .errors import NoSuchRow, NotReady, PipelineError
+from .errors import BadValue, NoSuchRow, NotReady, PipelineError
 from .matrix import Image, Matrix
-from .registry import attach, sign, zstd
+from .registry import attach, retry, sign, zstd
 from .registry import client as registry
+from .registry.client import Registry
 from .stages import base, build, fetch, gate, lock, publish, publish_index, render, sbom, security, tag
 
 results_dir = paths.results_dir
@@ -52,27 +55,81 @@ LEFT = {"tag": TAGS_TESTED, "publish": PUSHED_TESTED}
 
 
 
-@dataclass(frozen=True)
-class Options:
-    """What a row's run takes from the command line (arguments.BuildOptions, with the registry
-    parsed and the CA bundle found)."""
+# The options a row's run takes, declared once (spec.py): build's and publish's options classes
+# (arguments.py) derive from them, so the pipeline gets the command's own options object, with what
+# its handler found added (`found`): the CA bundle's path and, to publish, the parsed registry.
 
-    docker: str | None = None
+COMPRESSIONS = ("gzip", "zstd")  # publish's layer compression (registry/zstd.py)
+ATTACHED_INPUTS = ("debian", "all", "none")  # the locked files publish attaches beside an image (registry/attach.py)
+P = TypeVar("P", bound="Publishing")
+
+
+def _registry() -> Any:
+    return spec.opt(None, "HOST[:PORT]/NAMESPACE (default: $PYTORCH_CUDA_REGISTRY)", env="PYTORCH_CUDA_REGISTRY")
+
+
+@dataclass(frozen=True)
+class Publishing(spec.Rows):
+    """What publishing rows takes: the registry, its calls' attempts, the advisories let past, the
+    layers' compression, the CA."""
+
+    registry: str | None = _registry()
+    push: bool = spec.flag("push for real; without it, print what would move")
+    retries: int = spec.opt(4, "attempts per registry call (default 4, exponential backoff)", type=spec.positive_int, later=True)
+    allow_vulnerable: tuple[str, ...] = spec.many(
+        "publish despite this critical advisory of vulnerabilities.json (its ID or an alias); repeatable", metavar="ID",
+        check=rules.form(r"[A-Za-z0-9][\w.:-]*", "an advisory ID (e.g. GHSA-xxxx-xxxx-xxxx, PYSEC-2024-1)"))
+    compression: str = spec.opt("gzip", "the pushed layers: gzip (default: as the engine holds them; every Docker pulls them) or zstd "
+                                        "(the containerd image store; Docker >= 23 and containerd >= 1.5 pull them, Docker 20.10 cannot)",
+                                choices=COMPRESSIONS, later=True)
+    attach_inputs: str = spec.opt("debian", "the locked files attached beside each pushed image, for a rebuild whose sources are gone: "
+                                            "debian (default: the .debs and indexes, which Debian's mirror drops), all (the wheels and "
+                                            "sdists too), none", choices=ATTACHED_INPUTS, later=True)
+    ca_bundle: str | None = spec.ca_bundle("CA bundle for an HTTPS registry (default: pip's configured cert)")
+    # What the handler found (`found`), never options: the CA bundle's path, the registry to publish to.
     ca_path: str | None = None
-    no_test: bool = False
-    retest: bool = False
-    no_cache: bool = False
-    require_gpu: bool = False
-    registry: registry.Registry | None = None  # set: publish after tagging
-    retries: int = 4
-    matrix_path: Path | None = None  # the gate checks the row against the matrix the user gave
-    allow_vulnerable: tuple[str, ...] = ()  # critical advisories the user lets publish past
-    compression: str = "gzip"  # the pushed layers' (publish; zstd: registry/zstd.py)
-    attach_inputs: str = "debian"  # the locked files attached beside a pushed image (registry/attach.py)
+    push_to: Registry | None = None
+
+    def found(self: P, publish_to: bool) -> P:
+        """These options with the CA bundle found and, where publish_to, the registry parsed (its form validated)."""
+        return dataclasses.replace(self, ca_path=ca.ca_bundle(self.ca_bundle),
+                                   push_to=publish.registry(self.registry, self.retries) if publish_to else None)
+
+    def check_registry(self, c: rules.Checks) -> None:
+        """The registry's address of the right form, and the retries' wait readable: no network. Its form
+        does not depend on --retries: checked even where --retries was refused."""
+        retries = (self.retries if c.ok("retries") else None) or Publishing.retries
+        c.run(("registry", "push"), lambda: publish.registry(self.registry, retries))
+        c.run(("push",), retry.retry_backoff)
+
+
+CACHE_SPEC = r"type=[a-z]+(,.*)?"  # buildx's --cache-from/--cache-to: type=...,key=value
+
+
+def _cache_spec(name: str, text: str) -> None:
+    if not re.fullmatch(CACHE_SPEC, text):
+        raise BadValue(f"{name} {text!r} is not buildx's type=...,key=value form (e.g. type=registry,ref=HOST/NS/pytorch-cuda-cache:{{image}})",
+                       name=name)
+
+
+def _cache(help: str) -> Any:
+    return spec.many(help, metavar="SPEC", check=_cache_spec)
+
+
+@dataclass(frozen=True)
+class Options(Publishing):
+    """What a row's run takes: publishing's options, and the build's and the gate's."""
+
+    docker: str | None = spec.docker()
+    no_test: bool = spec.flag("build only; sets no public tag")
+    retest: bool = spec.flag("test even if this image ID already passed")
+    no_cache: bool = spec.flag("build without the layer cache")
+    require_gpu: bool = spec.flag("fail instead of testing on the CPU when no GPU runtime exists")
     # BuildKit cache imports and exports (buildx syntax; {image} is the row's name), for CI
     # runners that start cold: type=registry,ref=HOST/NS/pytorch-cuda-cache:{image}
-    cache_from: tuple[str, ...] = ()
-    cache_to: tuple[str, ...] = ()
+    cache_from: tuple[str, ...] = _cache("import BuildKit's cache (buildx; e.g. type=registry,ref=HOST/NS/pytorch-cuda-cache:{image}); "
+                                         "repeatable")
+    cache_to: tuple[str, ...] = _cache("export BuildKit's cache (buildx on the containerd store; add mode=max for every stage); repeatable")
 
     def cache_args(self, image: Image) -> list[str]:
         return [a for flag, specs in (("--cache-from", self.cache_from), ("--cache-to", self.cache_to))
@@ -114,7 +171,7 @@ def preflight(opts: Options, log: Callable[[str], None]) -> None:
     for a cache import or export, and the containerd store for zstd layers."""
     if opts.cache_from or opts.cache_to:
         build.check_cache_options(docker_env.build_client(opts.docker), opts.cache_from, opts.cache_to)
-    if opts.registry and opts.compression == "zstd":
+    if opts.push_to and opts.compression == "zstd":
         zstd.check_engine(docker_env.ensure_engine(log))
 
 
@@ -148,10 +205,10 @@ def build_platforms(root: Path, images: list[Image], opts: Options, console: Qui
     c = docker_env.ensure_engine(console.log)
     for image, result in reversed(list(zip(images, proven))):
         _Row(root, image, opts, console, result).promote(c, publish=False)
-    if opts.registry:  # one index of every platform, not one push each
-        backoff = publish.retry_backoff()
+    if opts.push_to:  # one index of every platform, not one push each
+        backoff = retry.retry_backoff()
         with docker_env.calls(STAGE_WORDS["publish"], PUSHED_TESTED):
-            for line in publish_index.publish_index(c, images[0].on("linux/amd64"), opts.registry, push=True, ca_bundle=opts.ca_path,
+            for line in publish_index.publish_index(c, images[0].on("linux/amd64"), opts.push_to, push=True, ca_bundle=opts.ca_path,
                                                     attempts=opts.retries, backoff=backoff, log=console.log, compression=opts.compression):
                 console.log(line)
     return proven
@@ -250,7 +307,7 @@ class _Row:
             files.write_atomic(self.results / sbom.FILE, sbom.text(doc))
         with self.stage("vulnerabilities", docker=False):  # PyPI and Debian's index: their own errors
             report = security.record(self.root, image, security.sbom_debian(doc), opts.ca_path, log)
-        if opts.registry:  # before any tag moves: a refused image keeps its old tags everywhere
+        if opts.push_to:  # before any tag moves: a refused image keeps its old tags everywhere
             security.refuse_critical(report, opts.allow_vulnerable)
         self.result.base_id = base_id
         self.result.ok = True
@@ -264,11 +321,11 @@ class _Row:
             c.images.remove(build.candidate_ref(image), noprune=True)
             self.result.size_bytes = c.images.get(image_id).attrs.get("Size", 0)
         self.write_summary(self.result.base_id)
-        if opts.registry and publish:
+        if opts.push_to and publish:
             with self.stage("publish", c):
-                self.result.moves = publish_rows(c, [image], opts.registry, True, opts.ca_path, opts.retries,
+                self.result.moves = publish_rows(c, [image], opts.push_to, True, opts.ca_path, opts.retries,
                                                  log, lambda i: results_dir(self.root, i), opts.compression)
-                for line in after_push(self.result.moves, opts.registry, opts.ca_path, lambda i: results_dir(self.root, i),
+                for line in after_push(self.result.moves, opts.push_to, opts.ca_path, lambda i: results_dir(self.root, i),
                                        inputs=attached_inputs(self.root, opts.attach_inputs)):
                     log(line)
         return self.result
@@ -296,7 +353,7 @@ class _Row:
             return
         with self.stage("test", c), following_smoke(c, image_id, self.console):
             report = gate.run(c, self.root, self.image, image_id, self.results, self.opts.require_gpu, self.console.log,
-                              matrix_path=self.opts.matrix_path)
+                              matrix_path=self.opts.matrix)
         tag.record_pass(self.image, image_id, report, code)
 
     def write_summary(self, base_id: str) -> None:
@@ -359,7 +416,7 @@ def _stream_lines(chunks: Iterable[bytes | str], sink: Callable[[str], None], st
 def publish_rows(c: docker.DockerClient, images: list[Image], reg: registry.Registry, push: bool, ca_path: str | None, retries: int,
                  log: Callable[[str], None], results: Callable[[Image], Path], compression: str = "gzip") -> list[publish.Move]:
     """Publish tested rows; with push, record where each went in build-results/<image>/published.json."""
-    backoff = publish.retry_backoff()
+    backoff = retry.retry_backoff()
     moves = publish.publish(c, images, reg, push=push, ca_bundle=ca_path, attempts=retries, backoff=backoff, log=log,
                             compression=compression)
     if push:
@@ -418,16 +475,16 @@ def after_push(moves: list[publish.Move], reg: registry.Registry, ca_path: str |
     return lines
 
 
-def publish_command(root: Path, images: list[Image], opts: Options, push: bool, platform: str | None, merge: bool,
+def publish_command(root: Path, images: list[Image], opts: Publishing, push: bool, platform: str | None, merge: bool,
                     sign_key: Path | None, signatures: Path, log: Callable[[str], None]) -> Iterator[str]:
     """`build.py publish`, its lines as they come. A row on one platform: its image under its
     tags. A row on several: one index under its tags, of the images here (platform `all`) or of
     the parts in the registry (merge); or, by default, this host's part only (CI's per-platform builds)."""
-    assert opts.registry is not None  # publish always has one: validated
-    reg = opts.registry
+    assert opts.push_to is not None  # publish always has one: validated
+    reg = opts.push_to
     several = [i for i in images if len(i.platforms) > 1]
     images = [i for i in images if len(i.platforms) == 1]
-    backoff = publish.retry_backoff()
+    backoff = retry.retry_backoff()
     common: dict[str, Any] = {"push": push, "ca_bundle": opts.ca_path, "attempts": opts.retries, "backoff": backoff, "log": log}
     if merge:  # the registry's parts alone: no daemon
         for row in several:

@@ -9,9 +9,13 @@ From that one declaration come
   Namespace: lists become tuples;
 - a child process's argv (`argv`): every field that differs from its default, as its flag.
 
+Each command's rules sit on its class too: a value's form on its field (`check`, rules.py), the rules
+over two options as NEEDS, CLASHES and ONLY_WITH, any other as the methods `rules()` and
+`check_row()`. validate.py runs them all, and knows no command by name.
+
 This module declares the options many commands share (the row, the platform, Docker and the CA);
-arguments.py and jobs/options.py declare the commands. A new option is one field there, and its
-handler's use of it.
+arguments.py and jobs/options.py declare the commands, cli.py pairs each with its handler. A new
+option is one field there, with its rule where it has one, and its handler's use of it.
 """
 from __future__ import annotations
 
@@ -20,9 +24,12 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, TypeVar
+from typing import Any, Callable, ClassVar, NoReturn, TypeVar
 
-from . import matrix
+from . import matrix, rules
+from .errors import UsageErrors
+from .matrix import Image, Matrix
+from .rules import Checks
 
 KEY = "option"  # the field metadata's key
 
@@ -41,6 +48,7 @@ class Opt:
     later: bool = False  # the parser leaves it None (given or not can be told); validation fills the default
     env: str | None = None  # the parser's default is this environment variable's value
     write: Callable[[Any], str] = str  # the value as a child's argv writes it
+    check: rules.Check | None = None  # the value's form, checked where given (each item of a repeatable option)
 
 
 def opt(default: Any = None, help: str | None = None, **kw: Any) -> Any:
@@ -73,16 +81,90 @@ class Command:
     NEEDS: ClassVar[tuple[tuple[str, str, str], ...]] = ()  # (option, the option it needs, what it is for)
     CLASHES: ClassVar[tuple[tuple[str, str, str], ...]] = ()  # (option, option, why they do not go together)
     ONLY_WITH: ClassVar[tuple[tuple[str, str, tuple[str, ...], str], ...]] = ()  # (option, other, its values, why)
+    READS_MATRIX: ClassVar[bool] = True  # False: --matrix does nothing for it
 
-    matrix: Path | None = opt(None, "matrix file (default: the project's matrix.yaml)", type=Path, kind="global")
+    matrix: Path | None = opt(None, "matrix file (default: the project's matrix.yaml)", type=Path, kind="global",
+                              check=rules.matrix_file)
+
+    # The rules validation runs on the options as given: an option declared later=True is None where
+    # it was not given, and one argparse refused is None, its name already among c.failed.
+
+    def setting(self, name: str) -> Any:
+        """The option's value as ONLY_WITH reads it: as given, or what the command takes in its place."""
+        return getattr(self, name)
+
+    def rules(self, c: Checks) -> None:
+        """The command's rules beyond its fields' forms and its pairs: each problem kept in c."""
+
+    def check_row(self, c: Checks, load: Callable[[], Matrix]) -> None:
+        """The matrix rows the options pick are there (load() reads the matrix the command will)."""
 
 
 C = TypeVar("C", bound=Command)
 
 
-def options(cls: type[Command]) -> list[tuple[dataclasses.Field, Opt]]:
-    """The command's own options (not --matrix, which the top parser takes), in their order."""
-    return [(f, f.metadata[KEY]) for f in dataclasses.fields(cls) if KEY in f.metadata and f.metadata[KEY].kind != "global"]
+def options(cls: type[Command], every: bool = False) -> list[tuple[dataclasses.Field, Opt]]:
+    """The command's own options (not --matrix, which the top parser takes; every: with it), in their order."""
+    return [(f, f.metadata[KEY]) for f in dataclasses.fields(cls) if KEY in f.metadata and (every or f.metadata[KEY].kind != "global")]
+
+
+CLASS = "_command_class"  # the namespace's options class, set by the command's subparser
+BAD = "_bad_arguments"  # the namespace's {dest: problem} of values argparse's types or choices refused
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, except that a value its type or choices refuse is kept as a problem (the value
+    left None, or as given) instead of ending the parse: validation reports it with every other
+    problem of the command line at once, and skips the checks that read it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._bad: dict[str, str] = {}
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:  # type: ignore[override]
+        self._bad = {}
+        ns, extras = super().parse_known_args(args, namespace)
+        # A subcommand's parser ran inside this one and copied its namespace, BAD included, into ns.
+        self._bad = {**getattr(ns, BAD, {}), **self._bad}
+        setattr(ns, BAD, self._bad)
+        return ns, extras
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        try:
+            return super()._get_value(action, arg_string)
+        except argparse.ArgumentError as e:
+            self._bad.setdefault(action.dest, f"{e} (see --help)")
+            return None
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if isinstance(action, argparse._SubParsersAction):
+            return super()._check_value(action, value)
+        if action.dest in self._bad:  # its type refused it already
+            return None
+        try:
+            return super()._check_value(action, value)
+        except argparse.ArgumentError as e:
+            self._bad[action.dest] = f"{e} (see --help)"
+            return None
+
+    def error(self, message: str) -> NoReturn:  # each problem one line, exit 2, like every other bad input
+        raise UsageErrors([*self._bad.values(), f"{message} (see --help)"])
+
+
+def parser(commands: list[type[Command]], **kw: Any) -> argparse.ArgumentParser:
+    """The command line's parser: --matrix, then one subparser per command, in the list's order."""
+    p = Parser(**kw)
+    p.add_argument("--matrix", type=Path, help=Command.__dataclass_fields__["matrix"].metadata[KEY].help)
+    sub = p.add_subparsers(dest="command", parser_class=Parser)
+    for cls in commands:
+        add_command(sub, cls)
+    return p
+
+
+def command_class(ns: argparse.Namespace) -> type[Command]:
+    """The options class of the command a namespace was parsed for."""
+    cls: type[Command] = getattr(ns, CLASS)
+    return cls
 
 
 def flag_of(name: str) -> str:
@@ -100,7 +182,13 @@ def add_command(sub: Any, cls: type[Command]) -> argparse.ArgumentParser:
         if o.group is not None:
             where = groups.get(o.group) or groups.setdefault(o.group, p.add_mutually_exclusive_group(required=cls.GROUPS[o.group]))
         where.add_argument(*_names(f.name, o), **_settings(f, o))
+    p.set_defaults(**{CLASS: cls})
     return p
+
+
+def shown_name(f: dataclasses.Field, o: Opt) -> str:
+    """The option as the user writes it: --torch, or a positional's IMAGE, DIR."""
+    return o.metavar or f.name.upper() if o.kind in ("positional", "many") else flag_of(f.name)
 
 
 def _names(name: str, o: Opt) -> list[str]:
@@ -141,6 +229,15 @@ def complete(cls: type[C], ns: argparse.Namespace, **given: Any) -> C:
     values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if hasattr(ns, f.name)}
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
     return cls(**{**values, **given})
+
+
+D = TypeVar("D", bound=Command)
+
+
+def extend(cls: type[D], o: Command, **more: Any) -> D:
+    """o as an object of cls, a class derived from o's that adds what its handler found (`more`): every field
+    of o carried over, none named by hand."""
+    return cls(**{**{f.name: getattr(o, f.name) for f in dataclasses.fields(o)}, **more})
 
 
 def argv(o: Command) -> list[str]:
@@ -185,11 +282,11 @@ whole = at_least(0)  # a count that may be 0 (--gpus-per-node)
 # ---- options many commands share ------------------------------------------------------------
 
 def torch(required: bool = False) -> Any:
-    return opt(None, "torch minor (2.7) or full version (2.7.1)", required=required)
+    return opt(None, "torch minor (2.7) or full version (2.7.1)", required=required, check=rules.torch_version)
 
 
 def cuda() -> Any:
-    return opt(None, "CUDA platform, e.g. 12.1; default: the torch minor's default row")
+    return opt(None, "CUDA platform, e.g. 12.1; default: the torch minor's default row", check=rules.cuda_version)
 
 
 def flavor() -> Any:
@@ -205,11 +302,11 @@ def platform(help: str = "linux/amd64, linux/arm64 (emulated on an x86-64 host) 
 
 
 def docker() -> Any:
-    return opt(None, "Docker CLI to use (default: $PYTORCH_CUDA_DOCKER, else detected)")
+    return opt(None, "Docker CLI to use (default: $PYTORCH_CUDA_DOCKER, else detected)", check=rules.program)
 
 
 def ca_bundle(help: str = "CA bundle for HTTPS (default: pip's configured cert)") -> Any:
-    return opt(None, help)
+    return opt(None, help, check=rules.ca_bundle)
 
 
 @dataclass(frozen=True)
@@ -219,6 +316,21 @@ class Rows(Command):
     torch: str | None = torch()
     cuda: str | None = cuda()
     flavor: str = flavor()
+
+    def row(self, m: Matrix) -> Image:
+        """The one row --torch, --cuda and --flavor pick."""
+        return m.select(self.torch, self.cuda, self.flavor)
+
+    def check_row(self, c: Checks, load: Callable[[], Matrix]) -> None:
+        self.picked_row(c, load)
+
+    def picked_row(self, c: Checks, load: Callable[[], Matrix]) -> Image | None:
+        """The row --torch picks (None where none is given, or it is not in the matrix: a problem kept)."""
+        if not self.torch:
+            return None
+        picked: list[Image] = []
+        c.run(("torch", "cuda", "flavor", "matrix"), lambda: picked.append(self.row(load())))
+        return picked[0] if picked else None
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,12 @@ every check with its outcome, a check that did not run as SKIPPED with the reaso
 and after every step. Standard library only.
 """
 import os
+from typing import Any, Sequence
 
-from .smoke.results import FAIL, PASS, describe, summary, write_report
+from .smoke.results import FAIL, PASS, Record, describe, summary, write_report
 
 
-def header(desc, facts):
+def header(desc: dict[str, Any], facts: dict[str, Any]) -> list[tuple[str, Any]]:
     """(label, value) rows of what was checked on what."""
     smi = facts.get("nvidia_smi") or []
     gpus = "; ".join(f"{g['name']} (compute {g['capability']})" for g in smi) or "none visible (nvidia-smi absent or lists none)"
@@ -30,10 +31,10 @@ def header(desc, facts):
     ]
 
 
-def plan_lines(steps, running):
+def plan_lines(steps: Sequence[dict[str, Any]], running: str | None) -> list[str]:
     if not steps:
         return []
-    state = next((s["state"] for s in steps if s["step"] == running), None)
+    state = next((s["state"] for s in steps if s["step"] == running), "")
     note = {"cut": f"**Cut: `{running}`**, stopped before it finished.",
             "running": f"**Running when this report was written: `{running}`**; if the run ended here, it was cut "
                        "(killed) during this step."}
@@ -45,7 +46,8 @@ def plan_lines(steps, running):
     return lines
 
 
-def markdown(desc, facts, records, seconds, steps=(), running=None):
+def markdown(desc: dict[str, Any], facts: dict[str, Any], records: list[Record], seconds: float,
+             steps: Sequence[dict[str, Any]] = (), running: str | None = None) -> str:
     s = summary(records)
     lines = [f"# GPU check of {desc['image']}", "",
              f"{s[PASS]} passed, {s[FAIL]} failed, {s['SKIPPED']} skipped, {s['INFO']} info in {seconds:g} s.", "",
@@ -60,7 +62,8 @@ def markdown(desc, facts, records, seconds, steps=(), running=None):
     return "\n".join(lines) + "\n"
 
 
-def write(report_dir, desc, facts, records, seconds, steps=(), running=None):
+def write(report_dir: str, desc: dict[str, Any], facts: dict[str, Any], records: list[Record], seconds: float,
+          steps: Sequence[dict[str, Any]] = (), running: str | None = None) -> tuple[str, str]:
     """Both files, each written whole (a temporary name, then renamed); their paths."""
     json_path, md_path = os.path.join(report_dir, "report.json"), os.path.join(report_dir, "report.md")
     write_report(json_path, {"bundle": {k: desc[k] for k in ("image", "torch", "torch_cuda", "deepspeed", "python")},

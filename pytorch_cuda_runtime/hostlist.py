@@ -24,11 +24,13 @@ import re
 import shutil
 import subprocess
 
+from .errors import PytorchCudaError
+
 _ITEM = re.compile(r"([^\[\],\s]*)(?:\[([^\[\]]*)\])?")
 _RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 
 
-class HostlistError(ValueError):
+class HostlistError(PytorchCudaError, ValueError):
     """The host list does not parse; the message names the list and the part that failed."""
 
 

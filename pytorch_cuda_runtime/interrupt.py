@@ -7,6 +7,8 @@ main thread; the caller records it, writes its report and exits 128 + the signal
 """
 import contextlib
 import signal
+from types import FrameType
+from typing import Iterator, NoReturn
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -14,21 +16,21 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 class Interrupted(BaseException):
     """BaseException, as KeyboardInterrupt: no `except Exception` in a step swallows it."""
 
-    def __init__(self, signum):
+    def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
     @property
-    def exit_code(self):
+    def exit_code(self) -> int:
         return 128 + self.signum
 
 
-def _raise(signum, _frame):
+def _raise(signum: int, _frame: FrameType | None) -> NoReturn:
     raise Interrupted(signum)
 
 
 @contextlib.contextmanager
-def catching():
+def catching() -> Iterator[None]:
     old = {s: signal.signal(s, _raise) for s in SIGNALS}
     try:
         yield

@@ -7,15 +7,16 @@ requires it; so does the host tool's pytest).
 import json
 import os
 import re
+from typing import Any, Iterable
 
 DEFAULT_PATH = "/opt/pytorch-cuda/manifest.json"
 
 
-def manifest_path():
+def manifest_path() -> str:
     return os.environ.get("PYTORCH_CUDA_MANIFEST") or DEFAULT_PATH
 
 
-def load(path=None):
+def load(path: str | None = None) -> dict[str, Any]:
     """Return the manifest dict; raises OSError/ValueError with the path in it."""
     path = path or manifest_path()
     with open(path, encoding="utf-8") as f:
@@ -33,7 +34,7 @@ def load(path=None):
     return data
 
 
-def release(v):
+def release(v: object) -> tuple[int, ...]:
     """'2.7.1+cu126' -> (2, 7, 1): the release numbers (the local part names the build, not
     the release); () for what is no version at all ('N/A' from a driver query, say)."""
     # Imported here, not at the top: the banner runs at every container start and needs
@@ -46,7 +47,7 @@ def release(v):
         return ()
 
 
-def versions_match(expected, actual):
+def versions_match(expected: object, actual: object) -> bool:
     """True when the two versions agree on every component both of them state.
 
     The manifest may be more precise than a library can report (cuDNN
@@ -62,7 +63,7 @@ def versions_match(expected, actual):
     return e[:n] == a[:n]
 
 
-def cudnn_version_string(v):
+def cudnn_version_string(v: int | str | None) -> str | None:
     """torch.backends.cudnn.version() int -> 'X.Y.Z' (cuDNN 9 changed the encoding)."""
     if v is None:
         return None
@@ -72,16 +73,13 @@ def cudnn_version_string(v):
     return f"{v // 1000}.{(v % 1000) // 100}.{v % 100}"
 
 
-def cap_to_sm(cap):
+def cap_to_sm(cap: str | tuple[int, int]) -> str:
     """'8.9' or (8, 9) -> 'sm_89'."""
-    if isinstance(cap, str):
-        major, minor = cap.strip().split(".")[:2]
-    else:
-        major, minor = cap
+    major, minor = cap.strip().split(".")[:2] if isinstance(cap, str) else cap
     return f"sm_{int(major)}{int(minor)}"
 
 
-def arch_supported(cap, arch_list):
+def arch_supported(cap: str | tuple[int, int], arch_list: Iterable[str] | None) -> tuple[bool, str]:
     """(ok, how) for a device capability against torch's arch list.
 
     A cubin for sm_XY runs on any device of the same major and minor >= Y, so

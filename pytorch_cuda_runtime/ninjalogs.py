@@ -97,7 +97,8 @@ def normalize_deps_log(data: bytes) -> bytes:
     in which parallel jobs finished. Rewritten with one deps record per output (the last, as
     ninja reads it), outputs sorted, ids renumbered in the order ninja itself would assign."""
     deps = _deps_by_output(data)
-    ids, out = {}, bytearray(DEPS_HEADER + struct.pack("<i", DEPS_VERSION))
+    ids: dict[str, int] = {}
+    out = bytearray(DEPS_HEADER + struct.pack("<i", DEPS_VERSION))
 
     def node(path: str) -> int:
         if path not in ids:

@@ -24,6 +24,7 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
+from typing import Any, NoReturn
 
 # Patches to DeepSpeed's sources, each (file, old, new, sign the fix is upstream already).
 # 1. CPU ops are compiled for the build host's CPU (-march=native, AVX-512 where present);
@@ -40,7 +41,7 @@ RACE_FIXED = "for handle in launch_handles:"
 KEY_FILE = "ops-cache-key"
 
 
-def fail(msg):
+def fail(msg: str) -> NoReturn:
     sys.exit(f"opsbuild: error: {msg}")
 
 
@@ -147,7 +148,7 @@ def check_wheel(wheel, ops, cpu_arch):
     with tempfile.TemporaryDirectory() as d, zipfile.ZipFile(wheel) as z:
         z.extractall(d)
         info = Path(d) / "deepspeed" / "git_version_info_installed.py"
-        ns = {}
+        ns: dict[str, Any] = {}
         exec(info.read_text(), ns)  # DeepSpeed writes plain assignments there
         missing = [op for op in ops if not ns.get("installed_ops", {}).get(op)]
         if missing or ns.get("accelerator_name") != "cuda":

@@ -11,12 +11,13 @@ import subprocess
 import sys
 import uuid
 from importlib import metadata
+from typing import Any
 
 
-def python_components():
-    seen = {}
+def python_components() -> list[dict[str, Any]]:
+    seen: dict[str, dict[str, Any]] = {}
     for dist in metadata.distributions():
-        name = dist.metadata.get("Name")
+        name = dist.metadata["Name"]
         if not name:
             continue
         key = name.lower().replace("_", "-")
@@ -28,7 +29,7 @@ def python_components():
     return [seen[k] for k in sorted(seen)]
 
 
-def debian_components():
+def debian_components() -> list[dict[str, str]]:
     try:
         out = subprocess.run(["dpkg-query", "-W", "-f", "${Package}\t${Version}\t${Architecture}\n"],
                              capture_output=True, text=True, check=True).stdout
@@ -42,7 +43,7 @@ def debian_components():
     return comps
 
 
-def sbom(subject):
+def sbom(subject: str) -> dict[str, Any]:
     components = python_components() + debian_components()
     digest = hashlib.sha256(json.dumps([subject, components], sort_keys=True).encode()).hexdigest()
     return {
@@ -54,7 +55,7 @@ def sbom(subject):
     }
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--subject", default="container", help="what the SBOM describes (image name)")
     p.add_argument("--output", help="file to write (default: stdout)")

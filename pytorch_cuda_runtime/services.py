@@ -16,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 
+from .errors import PytorchCudaError
+
 SSHD = "/usr/sbin/sshd"
 # sshd's StrictModes refuses a key file below any directory that group or others may write,
 # the home directory included. /tmp is world-writable and /home/trainer group-writable (group 0
@@ -32,7 +34,7 @@ JUPYTER_SERVERS = ("lab", "notebook", "server")
 TOKEN_OPTION = re.compile(r"^--(?:IdentityProvider|ServerApp|NotebookApp)\.token(?:=(.*))?$")
 
 
-class ServiceError(Exception):
+class ServiceError(PytorchCudaError):
     """One line for the user; code 2 for bad input, 1 for the container's environment."""
 
     def __init__(self, message, code=2):

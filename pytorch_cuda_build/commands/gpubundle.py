@@ -38,14 +38,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from pytorch_cuda_runtime import lockfile
-
 from .. import paths
 from ..errors import BadFile, BadValue, BundleTooLarge, CommandFailed, EnvironmentProblem, ImageUnfit, ResolveError
 from ..matrix import Image
 from ..paths import RUNTIME_PACKAGE
 from ..stages import lock
 from . import opswheel
+from .lockpins import Pin, closure, normalize, parse_lock
 
 LIMIT_MIB = 64
 # What the bundle must not carry: the machine's own torch, Triton and CUDA libraries are
@@ -83,53 +82,6 @@ fi
 command -v "$py" >/dev/null 2>&1 || {{ echo "run.sh: error: no Python interpreter $py (name one with --python PATH)" >&2; exit 2; }}
 PYTHONPATH="$here${{PYTHONPATH:+:$PYTHONPATH}}" exec "$py" -m pytorch_cuda_runtime.gpucheck --bundle "$here" "$@"
 """
-
-
-@dataclass(frozen=True)
-class Pin:
-    """One `name==version` block of a requirements lock: its hashes and who needs it."""
-
-    name: str
-    version: str
-    text: str  # the block as written, hashes included: pip reads it with --require-hashes
-    parents: frozenset[str]
-
-
-normalize = lockfile.canonical
-
-
-def parse_lock(text: str) -> dict[str, Pin]:
-    """name -> Pin for every block of a uv-compiled lock, parents read from its `# via` lines."""
-    pins = {}
-    for block in re.split(r"\n(?=\S)", text.strip()):
-        m = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", block)
-        if not m:
-            continue  # the header's comments
-        comments = [ln.strip().lstrip("#").strip() for ln in block.splitlines() if ln.lstrip().startswith("#")]
-        # `# via a` on one line, or `# via` and one `#   a` line per parent; `-r file` is a root.
-        via = [w for c in comments for w in [c.removeprefix("via").strip()] if w and not w.startswith("-")]
-        code = "\n".join(ln for ln in block.splitlines() if not ln.lstrip().startswith("#"))
-        pins[normalize(m.group(1))] = Pin(normalize(m.group(1)), m.group(2), code.rstrip() + "\n",
-                                          frozenset(normalize(v) for v in via))
-    return pins
-
-
-def closure(pins: dict[str, Pin], roots: tuple[str, ...] = ROOTS, excluded: re.Pattern[str] | None = EXCLUDED) -> list[Pin]:
-    """The pins reachable from roots through the lock's `# via` edges, never entering an
-    excluded package: what torch alone needs, the machine has with its torch."""
-    children: dict[str, set[str]] = {}
-    for pin in pins.values():
-        for parent in pin.parents:
-            children.setdefault(parent, set()).add(pin.name)
-    seen: set[str] = set()
-    todo = [normalize(r) for r in roots]
-    while todo:
-        name = todo.pop()
-        if name in seen or (excluded and excluded.fullmatch(name)):
-            continue
-        seen.add(name)
-        todo += sorted(children.get(name, ()))
-    return [pins[n] for n in sorted(seen) if n in pins]
 
 
 def sdist_pin(deepspeed_lock: str) -> tuple[str, str, str]:
@@ -285,10 +237,10 @@ def write(root: Path, image: Image, dest: Path, python: str, ca: str | None, sou
     beside = tracked_bytes(root)
     facts = lock.read(root, image)
     folder = lock.image_dir(root, image)
-    pins = closure(parse_lock((folder / "requirements.lock").read_text()))
+    pins = closure(parse_lock((folder / "requirements.lock").read_text()), ROOTS, EXCLUDED)
     carried = [n for n, _ in image.extras if n in CARRIED_EXTRAS]
     if carried:  # the train flavor: its small extras travel, with what they add beyond the machine's torch
-        pins += closure(parse_lock((lock.build_dir(root, image) / "extras.lock").read_text()), tuple(carried))
+        pins += closure(parse_lock((lock.build_dir(root, image) / "extras.lock").read_text()), tuple(carried), EXCLUDED)
     name, version, digest = sdist_pin((folder / "deepspeed.lock").read_text())
     cache = paths.STATE_DIR / "gpu-bundle"
     try:

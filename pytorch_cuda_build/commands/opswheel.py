@@ -39,6 +39,7 @@ from ..errors import BadFile, BadValue, CommandFailed, EnvironmentProblem, Image
 from ..matrix import REPRODUCIBLE_EPOCH, Image
 from ..resolve import debian
 from ..stages import lock
+from .lockpins import closure, parse_lock
 
 # The archs a lent machine has: H100 and H200 are sm_90. Each more arch adds its cubins to the
 # wheel and its compile time here; `--ops-arch` names others (docs/ops.md: what fits 64 MiB).
@@ -167,11 +168,9 @@ def run(cmd: list[str], what: str, log: Path, env: dict[str, str] | None = None,
 def build_requirements(root: Path, image: Image) -> str:
     """What the build venv installs: torch with everything it needs, DeepSpeed's build and run
     requirements (its setup.py imports torch and them), and the row's CUDA toolkit; all hashed."""
-    from . import gpubundle  # here: gpubundle imports this module, and its lock parser is the one to use
-
     folder = lock.build_dir(root, image)
-    pins = gpubundle.parse_lock((folder / "requirements.lock").read_text())
-    keep = gpubundle.closure(pins, ("torch", "deepspeed", "setuptools", "ninja", "packaging"), excluded=None)
+    pins = parse_lock((folder / "requirements.lock").read_text())
+    keep = closure(pins, ("torch", "deepspeed", "setuptools", "ninja", "packaging"), excluded=None)
     toolkit = (folder / "toolkit.lock").read_text() if (folder / "toolkit.lock").exists() else ""
     if not toolkit.strip():
         raise ImageUnfit(f"{image.name}: the row's toolkit is not from PyPI wheels (no toolkit.lock); build its wheel in "

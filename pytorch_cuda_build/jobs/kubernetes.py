@@ -58,16 +58,15 @@ from typing import Any
 
 import yaml
 
-from . import Job, quantity
+from . import quantity
+from .options import Job
 
-KINDS = ("trainjob", "pytorchjob", "jobset", "indexed-job")
 TRAINER = "trainer.kubeflow.org/v1alpha1"
 UID = GID = 1000  # the image's user (templates/finish.j2: USER 1000:1000)
 SHM = "dshm"
 WORKDIR = "PYTORCH_CUDA_WORKDIR"  # the launch contract changes to it (pytorch_cuda_runtime/launch)
 RJOB = "node"  # Trainer's replicated job and container name, reused for JobSet
 PORT = 29500  # torchrun's default, and Trainer's PET_MASTER_PORT
-QOS = ("burstable", "guaranteed")
 # 24h, 90m, 1h30m, 2d, 45s, or a number of seconds
 
 
@@ -127,7 +126,7 @@ def notes(job: Job) -> list[str]:
                     f"ClusterTrainingRuntime {job.cluster_runtime} decides them (its JobSet's failurePolicy, its Job's "
                     "backoffLimit, podFailurePolicy and activeDeadlineSeconds), and the pods' securityContext. "
                     "trainer.resourcesPerNode replaces the runtime container's resources"
-                    + ("; podTemplateOverrides' imagePullSecrets are merged into the runtime's, by name" if job.pull_secrets else "")
+                    + ("; podTemplateOverrides' imagePullSecrets are merged into the runtime's, by name" if job.image_pull_secret else "")
                     + (". QoS Guaranteed holds only where the runtime's other containers, if any, have limits equal to "
                        "their requests." if job.qos == "guaranteed" else "."))
     else:
@@ -172,7 +171,7 @@ def _meta(job: Job, name: str | None = None) -> dict:
     meta: dict = {"name": name or job.name}
     if job.namespace:
         meta["namespace"] = job.namespace
-    meta["labels"] = {"app.kubernetes.io/name": "pytorch-cuda", "pytorch-cuda/image": job.row}
+    meta["labels"] = {"app.kubernetes.io/name": "pytorch-cuda", "pytorch-cuda/image": job.row_name}
     return meta
 
 
@@ -185,7 +184,7 @@ def limits(job: Job) -> dict:
     out: dict = {}
     if job.gpus_per_node:
         out["nvidia.com/gpu"] = job.gpus_per_node
-    out.update({resource: count for resource, count in job.rdma})
+    out.update({resource: count for resource, count in job.rdma_counts})
     return out
 
 
@@ -193,7 +192,7 @@ def resources(job: Job) -> dict:
     """The container's requests and limits. Memory is always requested, at least /dev/shm's size:
     a memory-backed emptyDir counts against the container's memory, and a pod with no request
     would be BestEffort, the first evicted. Guaranteed limits cpu and memory to the requests."""
-    requests: dict = {**({"cpu": job.cpus} if job.cpus else {}), "memory": quantity(job.memory_mib or job.shm_mib)}
+    requests: dict = {**({"cpu": job.cpus_per_node} if job.cpus_per_node else {}), "memory": quantity(job.memory_mib or job.shm_mib)}
     out: dict = {"requests": requests}
     lim = {**(requests if job.qos == "guaranteed" else {}), **limits(job)}
     if lim:
@@ -202,7 +201,7 @@ def resources(job: Job) -> dict:
 
 
 def pull_secrets(job: Job) -> dict:
-    return {"imagePullSecrets": [{"name": name} for name in job.pull_secrets]} if job.pull_secrets else {}
+    return {"imagePullSecrets": [{"name": name} for name in job.image_pull_secret]} if job.image_pull_secret else {}
 
 
 def shm_volume(job: Job) -> dict:
@@ -233,7 +232,7 @@ def volume_mounts(job: Job) -> list[dict]:
 def container(job: Job, name: str, env: dict[str, str], image: bool = True, ports: list | None = None) -> dict:
     c: dict = {"name": name}
     if image:
-        c["image"] = str(job.image)
+        c["image"] = str(job.ref)
         c["command"] = job.entry()
     if image and workdir(job):
         c["workingDir"] = workdir(job)
@@ -277,7 +276,7 @@ def _nproc(job: Job) -> int:
 
 
 def trainjob(job: Job) -> list[dict]:
-    trainer = {"image": str(job.image), "command": job.entry(), "numNodes": job.nodes,
+    trainer = {"image": str(job.ref), "command": job.entry(), "numNodes": job.nodes,
                "numProcPerNode": _nproc(job)}
     env = {**job.nccl_env(), **({WORKDIR: wd} if job.cluster_runtime and (wd := workdir(job)) else {})}
     if env:

@@ -34,9 +34,9 @@ import shlex
 import textwrap
 from pathlib import Path
 
-from . import LAUNCH_PATH, PREFLIGHT_PATH, Job, ocibundle
+from . import LAUNCH_PATH, PREFLIGHT_PATH, ocibundle
+from .options import Job
 
-RUNTIMES = ("oci", "pyxis", "apptainer")
 # One task per node. --kill-on-bad-exit: a task that exits non-zero (torchrun does when one of its
 # ranks fails) ends every other task of the step at once, rather than leaving them waiting in a
 # collective until its timeout; the job ends FAILED. --label: each output line names its task
@@ -85,7 +85,7 @@ def _make_bundle(job: Job) -> list[str]:
                                          for m in job.mounts)])
     return [f'BUNDLE="{bundle_dir(job)}"',
             'if [ "${1:-}" = --make-bundle ]; then',
-            f'  SOURCE="${{PYTORCH_CUDA_IMAGE_SOURCE:-docker://{job.image}}}"',
+            f'  SOURCE="${{PYTORCH_CUDA_IMAGE_SOURCE:-docker://{job.ref}}}"',
             '  NEEDS="umoci python3"',
             '  case "$SOURCE" in oci:*) ;; *) NEEDS="$NEEDS skopeo" ;; esac',
             "  for tool in $NEEDS; do",
@@ -148,7 +148,7 @@ def bundle_dir(job: Job) -> str:
     """The OCI bundle: --bundle, or one per user and image digest under the submit directory (a
     rootless bundle maps its maker's uid: another user's cannot be run). The script also makes it
     on a login node, where SLURM_SUBMIT_DIR is not set."""
-    return job.bundle or f"${{SLURM_SUBMIT_DIR:-$PWD}}/bundles/$(id -un)/{job.row}-{job.image.digest[7:19]}"
+    return job.bundle or f"${{SLURM_SUBMIT_DIR:-$PWD}}/bundles/$(id -un)/{job.row_name}-{job.ref.digest[7:19]}"
 
 
 def workdir(job: Job) -> str:
@@ -222,7 +222,7 @@ def _prepare_pyxis(job: Job) -> list[str]:
             "enroot accepts from 4.0.0 on (enroot 3.x takes tags only). pyxis writes a registry as",
             "REGISTRY#IMAGE; on the srun line below the value is quoted, and bash passes the # as it is.",
             "In an #SBATCH line sbatch cuts at an unescaped #, so there the same image is written:",
-            f"  #SBATCH --container-image={sbatch_escape(job.image.pyxis())}",
+            f"  #SBATCH --container-image={sbatch_escape(job.ref.pyxis())}",
             "  (that line runs the whole batch script in the container; this script does not use it).",
             "A plain-HTTP registry needs ENROOT_ALLOW_HTTP=yes in the environment srun passes on.",
             "/dev/shm: enroot bind-mounts the node's own /dev/shm (conf/mounts/10-system.fstab), so its",
@@ -231,7 +231,7 @@ def _prepare_pyxis(job: Job) -> list[str]:
 
 
 def _prepare_apptainer(job: Job) -> list[str]:
-    source = ("a SIF file (--sif); make one with: apptainer pull IMAGE.sif docker://" + str(job.image)) if job.sif else \
+    source = ("a SIF file (--sif); make one with: apptainer pull IMAGE.sif docker://" + str(job.ref)) if job.sif else \
         ("docker:// by digest: each node converts it to SIF in its own cache on first use; "
          "for many nodes pull a .sif once (apptainer pull) and render with --sif")
     return ["Runtime: Apptainer (srun apptainer exec), as the calling user.",
@@ -280,7 +280,7 @@ def _environment(job: Job) -> list[str]:
 
 def _command(job: Job) -> str:
     """The launch contract and SCRIPT [ARGS], shell-quoted, as the user wrote them."""
-    return " ".join([LAUNCH_PATH, *map(shlex.quote, job.command)])
+    return " ".join([LAUNCH_PATH, *map(shlex.quote, job.script)])
 
 
 def _preflight_command(job: Job) -> str:
@@ -304,7 +304,7 @@ def _srun(job: Job) -> list[str]:
     if job.preflight:
         lines += [*PREFLIGHT_NOTE, f"if ! {launcher[0]}", *launcher[1:], f"  {_preflight_command(job)}; then",
                   '  echo "error: the preflight failed (its lines above): training not started" >&2', "  exit 1", "fi"]
-    if any(c in a for a in job.command for c in "$`"):  # a directive applies to the command right after it
+    if any(c in a for a in job.script for c in "$`"):  # a directive applies to the command right after it
         lines.append("# shellcheck disable=SC2016  # the ARGS reach the script as written, $ and all")
     return lines + [*launcher, f"  {_command(job)}"]
 
@@ -318,10 +318,10 @@ def _run(job: Job) -> tuple[list[str], list[str]]:
             "  exit 1",
             "fi"], [f"srun {SRUN_FLAGS} --container=\"$BUNDLE\" \\"])
     if job.runtime == "pyxis":
-        return ([f"IMAGE={shlex.quote(job.image.pyxis())}"],
+        return ([f"IMAGE={shlex.quote(job.ref.pyxis())}"],
                 [f"srun {SRUN_FLAGS} --container-image=\"$IMAGE\" --no-container-entrypoint \\",
                  f'  --container-mounts="{_binds(job, f"{SUBMIT}:{SUBMIT}")}" --container-workdir="${WORKDIR}" \\'])
-    image = job.sif or f"docker://{job.image}"
+    image = job.sif or f"docker://{job.ref}"
     nv = "--nv " if job.gpus_per_node else ""
     return ([f'IMAGE="{image}"'],  # validated: no quote, backslash or backquote; a $VAR in --sif expands
             [f"srun {SRUN_FLAGS} apptainer exec {nv}--bind \"{_binds(job, SUBMIT)}\" --pwd \"${WORKDIR}\" \"$IMAGE\" \\"])

@@ -25,6 +25,7 @@ import requests
 
 from ..errors import BadValue, EnvironmentProblem, PublishError, RegistryRefused
 from ..matrix import Image
+from .retry import Transient
 
 _LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
 _PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"  # the distribution spec's path component
@@ -32,10 +33,6 @@ _ADDRESS = re.compile(rf"^(?P<host>{_LABEL}(?:\.{_LABEL})*|\[[0-9a-fA-F:]+\])(?:
 USER_ENV, PASSWORD_ENV = "PYTORCH_CUDA_REGISTRY_USER", "PYTORCH_CUDA_REGISTRY_PASSWORD"
 # skopeo's limit on a push of an image's blobs (a read's is 30 s): 6 GB at 1 MB/s, with room
 PUSH_TIMEOUT = 4 * 3600
-
-
-class Transient(Exception):
-    """Worth another attempt: connection refused/reset, 5xx, a push stream error."""
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,8 @@ import requests
 
 from ..engine import docker_env
 from ..errors import EnvironmentProblem, PublishError
-from .client import ZSTD_LAYER, Transient
+from .client import ZSTD_LAYER
+from .retry import Transient
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"

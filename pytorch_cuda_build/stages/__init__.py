@@ -4,7 +4,7 @@
                 --4 base, 5 build (no network)--> candidate --6 gate (smoke + structure tests),
                 7 sbom, 8 security--> 9 tag --> 10 publish
 
-matrix.yaml itself is read by the model below this folder (pytorch_cuda_build/matrix.py), which
+matrix.yaml itself is read by the model below this folder (pytorch_cuda_build/matrix/), which
 every stage imports. pipeline.py runs the stages for one row. The helpers they use live beside
 this folder: resolve/ (the package index and Debian's mirrors, for lock), buildkit/ (the layer
 layout, the ops seed and provenance, for render and build) and registry/ (the registry client,

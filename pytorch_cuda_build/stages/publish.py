@@ -27,24 +27,23 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable
 
 import docker
 import docker.auth
 import docker.errors
-import tenacity
 
 from ..engine import docker_env
 from ..errors import BadValue, EnvironmentProblem, ImageUnfit, ImmutableTagTaken, NotReady, PublishError, RegistryRefused, TagTaken
 from ..files import write_atomic
 from ..matrix import Image
 from ..registry import zstd
-from ..registry.client import Registry, RegistryAPI, Remote, Transient, credentials
+from ..registry.client import Registry, RegistryAPI, Remote, credentials
+from ..registry.retry import Retry, Transient, retrying
 from . import lock, render, sbom, security
 from . import tag as tags
 from .render import LOCK_LABEL
@@ -195,7 +194,7 @@ def base_move(c: docker.DockerClient, image: Image, image_id: str, by_manifest: 
     return Move(image, base_id, f"{tag}-{base_id.removeprefix('sha256:')[:12]}", True, by_manifest=by_manifest, base=repository)
 
 
-def plan(c: docker.DockerClient, api: RegistryAPI, images: list[Image], retry: Callable,
+def plan(c: docker.DockerClient, api: RegistryAPI, images: list[Image], retry: Retry,
          compression: str = "gzip") -> list[Move]:
     """The bases first, then immutable tags of every row, then the moving ones; each with where it is now.
 
@@ -223,7 +222,7 @@ def plan(c: docker.DockerClient, api: RegistryAPI, images: list[Image], retry: C
     return moves
 
 
-def learn_configs(c: docker.DockerClient, moves: list[Move], retry: Callable) -> None:
+def learn_configs(c: docker.DockerClient, moves: list[Move], retry: Retry) -> None:
     """The config digest of each image whose immutable tag holds a manifest other than the
     engine's: that image in the other compression, or another image. Read from the engine only
     then (zstd.config_digest streams part of the image's export)."""
@@ -304,7 +303,7 @@ def push_one(c: docker.DockerClient, mv: Move, reg: Registry, creds: dict | None
 
 
 def execute(c: docker.DockerClient, api: RegistryAPI, moves: list[Move], creds: dict | None,
-            retry: Callable, log: Callable[[str], None]) -> None:
+            retry: Retry, log: Callable[[str], None]) -> None:
     reg = api.reg
     followed = False
     for mv in moves:
@@ -334,14 +333,15 @@ def execute(c: docker.DockerClient, api: RegistryAPI, moves: list[Move], creds: 
                                f"registry has {mv.after}")
 
 
-def _push(c: docker.DockerClient, api: RegistryAPI, mv: Move, creds: dict | None, retry: Callable,
+def _push(c: docker.DockerClient, api: RegistryAPI, mv: Move, creds: dict | None, retry: Retry,
           log: Callable[[str], None]) -> str:
     """The move's manifest to its tag: copied from the dated tag, the image's zstd form from a
     scratch layout, or the engine's push; the digest the registry must now serve there."""
     target = mv.target(api.reg)
-    if mv.follows is not None:
-        retry(lambda: api.retag(mv.name, mv.follows.digest, mv.tag), f"copying {mv.follows.digest} to {target}")
-        return mv.follows.digest
+    follows = mv.follows
+    if follows is not None:
+        retry(lambda: api.retag(mv.name, follows.digest, mv.tag), f"copying {follows.digest} to {target}")
+        return follows.digest
     if mv.compression == "zstd":
         # About the image's compressed size, in $TMPDIR, for as long as the push takes.
         with tempfile.TemporaryDirectory(prefix="pytorch-cuda-zstd-") as tmp:
@@ -351,37 +351,6 @@ def _push(c: docker.DockerClient, api: RegistryAPI, mv: Move, creds: dict | None
             retry(lambda: api.push_layout(layout.path, zstd.REF_NAME, mv.name, mv.tag), f"pushing {target}")
         return layout.digest
     return retry(lambda: push_one(c, mv, api.reg, creds), f"pushing {target}")
-
-
-BACKOFF_ENV = "PYTORCH_CUDA_RETRY_BACKOFF"  # seconds before the first retry of a registry call (the tests shorten it)
-
-
-def retry_backoff() -> float:
-    """The first retry's wait: $PYTORCH_CUDA_RETRY_BACKOFF seconds (default 2), doubling after."""
-    text = os.environ.get(BACKOFF_ENV, "2")
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not (0 <= value <= 600):
-        raise BadValue(f"${BACKOFF_ENV} takes seconds from 0 to 600 (the first retry's wait), not {text!r}", name=BACKOFF_ENV)
-    return value
-
-
-T = TypeVar("T")
-
-
-def retrying(attempts: int, backoff: float, log: Callable[[str], None]) -> Callable:
-    """retry(fn, what): fn again on a Transient failure, with exponential backoff, each retry logged."""
-    def retry(fn: Callable[[], T], what: str) -> T:
-        def before_sleep(state: tenacity.RetryCallState) -> None:
-            assert state.outcome is not None and state.next_action is not None  # both set before a sleep
-            log(f"{what} failed: {state.outcome.exception()}; attempt {state.attempt_number + 1}/{attempts} in {state.next_action.sleep:.0f}s")
-        r = tenacity.Retrying(stop=tenacity.stop_after_attempt(attempts), reraise=True,
-                              wait=tenacity.wait_exponential(multiplier=backoff, max=60),
-                              retry=tenacity.retry_if_exception_type(Transient), before_sleep=before_sleep)
-        return r(fn)
-    return retry
 
 
 def publish(c: docker.DockerClient, images: list[Image], reg: Registry, *, push: bool, ca_bundle: str | None,

@@ -18,10 +18,11 @@ from ..engine import docker_env
 from ..errors import EnvironmentProblem, ImageUnfit, ImmutableTagTaken, NotReady, PublishError, TagTaken
 from ..matrix import Image
 from ..registry import index
-from ..registry.client import Registry, RegistryAPI, Transient, credentials
+from ..registry.client import Registry, RegistryAPI, credentials
+from ..registry.retry import Transient, retrying
 from . import tag as tags
 from .build import source
-from .publish import CREATED_LABEL, Move, action, dated_tag, execute, learn_configs, lock_files_sha256, retrying, tested_id
+from .publish import CREATED_LABEL, Move, action, dated_tag, execute, learn_configs, lock_files_sha256, tested_id
 from .render import LOCK_LABEL
 
 
@@ -137,11 +138,12 @@ def merge_index(root: Path, row: Image, reg: Registry, *, push: bool, ca_bundle:
         found = {t: retry(lambda: api.raw(row.repository, t), f"reading {reg}/{row.repository}:{t}") for _, t in parts}
     except Transient as e:
         raise EnvironmentProblem(f"{e}; nothing pushed") from None
-    missing = [f"{reg}/{row.repository}:{t}" for t, raw in found.items() if raw is None]
+    present = {t: raw for t, raw in found.items() if raw is not None}
+    missing = [f"{reg}/{row.repository}:{t}" for t in found if t not in present]
     if missing:
         raise PublishError(f"{row.name}: no part {', '.join(missing)} in the registry (its platform's build failed or did not "
                            "publish); nothing pushed, no tag moved")
-    rows = [(f"{reg}/{row.repository}:{t}", "sha256:" + hashlib.sha256(found[t]).hexdigest(), "part, in place") for _, t in parts]
+    rows = [(f"{reg}/{row.repository}:{t}", "sha256:" + hashlib.sha256(present[t]).hexdigest(), "part, in place") for _, t in parts]
     if not push:
         return _index_table(rows + [(f"{reg}/{row.repository}:{t}", "", "would push") for t in [dated, *row.tags]], push)
     return _push_index(api, row, dated, parts, rows, retry, log)

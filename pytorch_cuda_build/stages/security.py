@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Callable, Iterable, Protocol
 
 import requests
-import tenacity
 from debian.debian_support import Version
 
 from .. import paths
 from ..errors import AdvisoryLookupError, BadFile, BadValue, NotReady, ResolveError, VulnerableImage
 from ..files import write_atomic
 from ..matrix import AptSource, Image
+from ..registry.retry import Transient, retrying
 from ..resolve import debian as resolve_debian
 from ..resolve import pypi as resolve_pypi
 from . import lock
@@ -82,10 +82,6 @@ class Sources(Protocol):
         """What data was read, for the report's generated_from."""
 
 
-class _Transient(Exception):
-    """Worth another attempt: connection refused or reset, a timeout, HTTP 429 or 5xx."""
-
-
 class Online:
     """PyPI's JSON API and Debian's signed security index; each answer asked once."""
 
@@ -99,12 +95,10 @@ class Online:
     def answer(self, name: str, version: str) -> list[dict] | None:
         key = f"{name}=={version}"
         if key not in self._answers:
-            retrying = tenacity.Retrying(stop=tenacity.stop_after_attempt(self.attempts), reraise=True,
-                                         wait=tenacity.wait_exponential(multiplier=self.backoff, max=30),
-                                         retry=tenacity.retry_if_exception_type(_Transient))
+            url = f"{PYPI}/{name}/{version}/json"
             try:
-                self._answers[key] = retrying(self._get, f"{PYPI}/{name}/{version}/json")
-            except _Transient as e:
+                self._answers[key] = retrying(self.attempts, self.backoff)(lambda: self._get(url), url)
+            except Transient as e:
                 raise AdvisoryLookupError(f"{e} ({self.attempts} attempts)") from None
         return self._answers[key]
 
@@ -112,11 +106,11 @@ class Online:
         try:
             r = self.session.get(url, timeout=30)
         except (requests.ConnectionError, requests.Timeout) as e:
-            raise _Transient(f"{url} unreachable ({type(e).__name__})") from None
+            raise Transient(f"{url} unreachable ({type(e).__name__})") from None
         if r.status_code == 404:  # not on PyPI, or not this version: unchecked, not clean
             return None
         if r.status_code == 429 or r.status_code >= 500:
-            raise _Transient(f"{url} answered HTTP {r.status_code}")
+            raise Transient(f"{url} answered HTTP {r.status_code}")
         if r.status_code != 200:
             raise AdvisoryLookupError(f"{url} answered HTTP {r.status_code}")
         try:

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -193,104 +194,189 @@ def busy_fraction(before: tuple[int, int], after: tuple[int, int]) -> float:
     return (after[0] - before[0]) / total if total else 0.0
 
 
+def row_args(image: Image) -> list[str]:
+    """The build.py arguments that pick image's row: its torch, CUDA and flavor (a row without its
+    flavor is the runtime row)."""
+    return ["--torch", image.torch, "--cuda", image.cuda, "--flavor", image.flavor]
+
+
+@dataclass
+class Run:
+    """One `bench --full` run for one row: what every measure reads, and the report they add to."""
+
+    c: docker.DockerClient
+    m: Matrix
+    image: Image
+    root: Path
+    bc: docker_env.BuildClient
+    ca: str | None
+    runs: int
+    cold_runs: int
+    only: set[str]
+    out_dir: Path
+    log: Callable[[str], None]
+    pull_rows: int | None = None
+    r: dict = field(default_factory=dict)
+
+    @property
+    def buildpy(self) -> list[str]:
+        return [sys.executable, str(self.root / "build.py")]
+
+    @property
+    def chosen(self) -> dict[str, str]:
+        return {DOCKER_ENV: self.bc.argv[0]}  # the build.py runs measured here use the same Docker CLI
+
+    @property
+    def ref(self) -> str:
+        return self.image.refs()[0]
+
+    def build(self, image: Image, *extra: str) -> float:
+        """`build.py` for image's row (its flavor included) through the user's Docker CLI: its seconds."""
+        return timed(self.buildpy + row_args(image) + list(extra), env=self.chosen)
+
+
+def _measure_cold(b: Run) -> None:
+    b.r["cold"], b.r["size"] = _cold(b.c, b.image, b.root, b.bc, b.ca, b.cold_runs, b.buildpy, row_args(b.image), b.log, b.chosen)
+
+
+def _measure_rebuild(b: Run) -> None:
+    b.log(f"bench: unchanged rebuild through build.py, {b.runs} runs")
+    b.r["rebuild_nochange_s"] = report.stats([b.build(b.image, "--quiet") for _ in range(b.runs)])
+    with tempfile.TemporaryDirectory(prefix="pytorch-cuda-bench-") as tmp:
+        copy = files.copy_project(b.root, Path(tmp))
+        smoke = copy / "pytorch_cuda_runtime" / "smoke" / "versions.py"
+        smoke.write_text(smoke.read_text() + f"\n# a change to the smoke suite only ({time.time_ns()})\n")
+        t = timed([sys.executable, str(copy / "build.py"), *row_args(b.image), "--quiet", "--no-test"], env=b.chosen, cwd=copy)
+        rebuilt = [s for s in steps((copy / "build-results" / b.image.name / "build.log").read_text())
+                   if not s["cached"] and not s["cmd"].startswith("FROM ")]  # FROM resolves, it builds nothing
+        b.c.images.remove(build.candidate_ref(b.image), noprune=False)
+    b.r["smoke_change"] = {"seconds": t, "rebuilt_steps": [f"[{s['stage']}] {s['cmd']}" for s in rebuilt]}
+
+
+def _measure_size(b: Run) -> None:
+    image, ref = b.image, b.ref
+    b.log("bench: size against the floor")
+    with tempfile.TemporaryDirectory(prefix="pytorch-cuda-bench-") as tmp:
+        ctx = Path(tmp)
+        build.stage_context(b.root, image, ctx)
+        _run([*b.bc.argv, "--progress=plain", "--file", str(b.root / "images" / image.name / "Dockerfile"),
+              "--target", "base", "--tag", "pytorch-cuda-bench:base", str(ctx)], env={**os.environ, **b.bc.env})
+    base, venv, ours = image_size(b.c, "pytorch-cuda-bench:base"), du_venv(b.bc.argv[0], ref), image_size(b.c, ref)
+    b.c.images.remove("pytorch-cuda-bench:base", noprune=True)
+    b.r["size"] = {**b.r.get("size", {}), "image": ours, "base_os_python": base, "locked_env": venv, "floor": base + venv,
+                   "ratio_to_floor": ours / (base + venv)}
+    if image.flavor == "train":
+        b.r["train"] = train_figures(b.c, b.m, image, ref, b.bc.argv[0])
+
+
+def _measure_opscache(b: Run) -> None:
+    # After the cold build. --no-cache empties every cache mount, so the host's ops seed
+    # (opsseed: the wheel the cold build exported) must spare the compile.
+    b.log("bench: --no-cache rebuild (the host's ops seed must serve the compiled ops)")
+    t = b.build(b.image, "--quiet", "--no-test", "--no-cache")
+    text = progress.readable((b.root / "build-results" / b.image.name / "build.log").read_text())
+    st = steps(text)
+    b.r["opscache"] = {"seconds": t, "ops_step_s": sum(s["seconds"] for s in st if s["stage"] == "ops-builder"),
+                       "cpu_ops_s": sum(s["seconds"] for s in st if cpu_ops_step(s)),
+                       "served_from_cache": "nothing compiled" in text}
+    if b.r.get("cold"):
+        b.r["opscache"]["cold_ops_step_s"] = statistics.median(b.r["cold"]["ours_ops_s"])
+
+
+def twin(m: Matrix, image: Image) -> Image | None:
+    """Another row of image's flavor that shares its lock, if the matrix has one."""
+    return next((i for i in m.images if i.lock_key == image.lock_key and i.name != image.name and i.flavor == image.flavor), None)
+
+
+def _measure_rows(b: Run) -> None:
+    second = twin(b.m, b.image)
+    if second is None:
+        return
+    c = b.c
+    # Both rows from the same cache state: BuildKit keeps several results per step once
+    # a --no-cache build has run, and a build takes the newest, which the tested image may predate.
+    b.log(f"bench: second row with the same lock ({second.name}) after the first")
+    b.build(b.image, "--quiet", "--no-test")
+    first = f"pytorch-cuda-bench:{b.image.name}"
+    c.images.get(build.candidate_ref(b.image)).tag(*first.split(":"))
+    t = b.build(second, "--quiet", "--no-test")
+    cand = build.candidate_ref(second)
+    unique, size = unique_bytes(c, cand, first), image_size(c, cand)
+    r: dict[str, Any] = {"image": second.name, "seconds": t, "unique_bytes": unique, "size": size, "unique_fraction": unique / size}
+    c.images.remove(first, noprune=True)
+    if b.r.get("cold"):
+        r["fraction_of_cold_build"] = t / statistics.median(b.r["cold"]["ours_s"])
+    c.images.remove(cand, noprune=False)
+    b.r["second_row"] = r
+
+
+def _measure_matrix(b: Run) -> None:
+    b.r["matrix"] = _matrix(b.c, b.m, b.image, b.root, b.bc, b.buildpy, b.r, b.log)
+
+
+def _measure_banner(b: Run) -> None:
+    b.log(f"bench: banner start-up, {b.runs} interleaved runs")
+    b.r["banner"] = banner(b.image, b.ref, b.runs, b.out_dir, docker_cli=b.bc.argv[0])
+
+
+def _measure_arm64(b: Run) -> None:
+    if "linux/arm64" in b.image.platforms:
+        platforms(b.c, b.image, b.root, b.bc, b.out_dir, b.log)  # its own report: bench/arm64.md
+
+
+def _measure_pull(b: Run) -> None:
+    b.log("bench: pull cost, one layer of wheels against the layered layout (the CUDA 13 rows, both layouts built)")
+    b.r["pull"] = pullcost.measure(b.c, b.m, b.root, b.bc, b.ca, b.log, first=b.pull_rows)
+    pullcost.write(b.r["pull"], b.out_dir)  # also its own report: bench/pull.md
+
+
+@dataclass(frozen=True)
+class Measure:
+    name: str  # as --only names it (MEASURES)
+    run: Callable[[Run], None]
+    tested: bool = True  # reads the row's built and tested image (False: the cold builds, and those with builds of their own)
+
+
+# The measures in the order a full run takes them: the cold builds first, from an empty build cache;
+# they leave the layer cache warm for the build that the next measures read.
+FULL = (Measure("cold", _measure_cold, tested=False), Measure("rebuild", _measure_rebuild), Measure("size", _measure_size),
+        Measure("opscache", _measure_opscache), Measure("rows", _measure_rows), Measure("matrix", _measure_matrix),
+        Measure("banner", _measure_banner), Measure("arm64", _measure_arm64, tested=False), Measure("pull", _measure_pull, tested=False))
+
+
 def full(c: docker.DockerClient, m: Matrix, image: Image, root: Path, bc: docker_env.BuildClient, ca: str | None, runs: int, cold_runs: int, only: set[str],
          out_dir: Path, log: Callable[[str], None], yes: bool = False, pull_rows: int | None = None) -> dict:
-    """Every figure of the benchmark issue for one row, measured in one run on this machine.
+    """Every figure of the benchmark issue for one row, measured in one run on this machine: each
+    measure of `only`, in FULL's order.
 
     yes: the user allowed emptying the daemon's whole build cache (cold, matrix). pull_rows: --pull-rows."""
     check_consent(only, yes)
-    buildpy = [sys.executable, str(root / "build.py")]
-    chosen = {DOCKER_ENV: bc.argv[0]}  # the build.py runs measured here use the same Docker CLI
-    row = ["--torch", image.torch, "--cuda", image.cuda, "--flavor", image.flavor]
-    ref = image.refs()[0]
-    r: dict = {"image": image.name, "runs": runs, "cold_runs": cold_runs, "cpus": os.cpu_count(),
-               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": build.source(root).revision}
+    b = Run(c, m, image, root, bc, ca, runs, cold_runs, only, out_dir, log, pull_rows)
+    b.r.update({"image": image.name, "runs": runs, "cold_runs": cold_runs, "cpus": os.cpu_count(),
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": build.source(root).revision})
     partial = out_dir / "report.partial.json"
-    save = lambda: report.save_partial(partial, r)  # noqa: E731 - a long run keeps what it measured if a later step fails
-    if "cold" in only:
-        r["cold"], r["size"] = _cold(c, image, root, bc, ca, cold_runs, buildpy, row, log, chosen)
-        save()
-    else:
-        r["cold"] = report.previous(out_dir / "report.json", image, "cold")  # ratios to the last measured cold build
-    if only - set(OWN_BUILDS) - {"cold"}:
-        # After the cold builds, which leave the layer cache warm: only the tests run here then.
-        # The measures below read the tested image; the cold builds alone need no tests.
-        log("bench: making sure the row is built and tested")
-        timed(buildpy + row + ["--quiet"], env=chosen)
-    if "rebuild" in only:
-        log(f"bench: unchanged rebuild through build.py, {runs} runs")
-        r["rebuild_nochange_s"] = report.stats([timed(buildpy + row + ["--quiet"], env=chosen) for _ in range(runs)])
-        with tempfile.TemporaryDirectory(prefix="pytorch-cuda-bench-") as tmp:
-            copy = files.copy_project(root, Path(tmp))
-            smoke = copy / "pytorch_cuda_runtime" / "smoke" / "versions.py"
-            smoke.write_text(smoke.read_text() + f"\n# a change to the smoke suite only ({time.time_ns()})\n")
-            t = timed([sys.executable, str(copy / "build.py"), *row, "--quiet", "--no-test"], env=chosen, cwd=copy)
-            rebuilt = [s for s in steps((copy / "build-results" / image.name / "build.log").read_text())
-                       if not s["cached"] and not s["cmd"].startswith("FROM ")]  # FROM resolves, it builds nothing
-            c.images.remove(build.candidate_ref(image), noprune=False)
-        r["smoke_change"] = {"seconds": t, "rebuilt_steps": [f"[{s['stage']}] {s['cmd']}" for s in rebuilt]}
-    save()
-    if "size" in only:
-        log("bench: size against the floor")
-        with tempfile.TemporaryDirectory(prefix="pytorch-cuda-bench-") as tmp:
-            ctx = Path(tmp)
-            build.stage_context(root, image, ctx)
-            _run([*bc.argv, "--progress=plain", "--file", str(root / "images" / image.name / "Dockerfile"),
-                  "--target", "base", "--tag", "pytorch-cuda-bench:base", str(ctx)], env={**os.environ, **bc.env})
-        base, venv, ours = image_size(c, "pytorch-cuda-bench:base"), du_venv(bc.argv[0], ref), image_size(c, ref)
-        c.images.remove("pytorch-cuda-bench:base", noprune=True)
-        r["size"] = {**r.get("size", {}), "image": ours, "base_os_python": base, "locked_env": venv, "floor": base + venv,
-                     "ratio_to_floor": ours / (base + venv)}
-        if image.flavor == "train":
-            r["train"] = train_figures(c, m, image, ref, bc.argv[0])
-    save()
-    if "opscache" in only:
-        # After the cold build. --no-cache empties every cache mount, so the host's ops seed
-        # (opsseed: the wheel the cold build exported) must spare the compile.
-        log("bench: --no-cache rebuild (the host's ops seed must serve the compiled ops)")
-        t = timed(buildpy + row + ["--quiet", "--no-test", "--no-cache"], env=chosen)
-        text = progress.readable((root / "build-results" / image.name / "build.log").read_text())
-        st = steps(text)
-        r["opscache"] = {"seconds": t, "ops_step_s": sum(s["seconds"] for s in st if s["stage"] == "ops-builder"),
-                         "cpu_ops_s": sum(s["seconds"] for s in st if cpu_ops_step(s)),
-                         "served_from_cache": "nothing compiled" in text}
-        if r.get("cold"):
-            r["opscache"]["cold_ops_step_s"] = statistics.median(r["cold"]["ours_ops_s"])
-    save()
-    if "rows" in only:
-        twin = next((i for i in m.images if i.lock_key == image.lock_key and i.name != image.name and i.flavor == image.flavor), None)
-        if twin:
-            # Both rows from the same cache state: BuildKit keeps several results per step once
-            # a --no-cache build has run, and a build takes the newest, which the tested image may predate.
-            log(f"bench: second row with the same lock ({twin.name}) after the first")
-            timed(buildpy + row + ["--quiet", "--no-test"], env=chosen)
-            first = f"pytorch-cuda-bench:{image.name}"
-            c.images.get(build.candidate_ref(image)).tag(*first.split(":"))
-            t = timed(buildpy + ["--torch", twin.torch, "--cuda", twin.cuda, "--quiet", "--no-test"], env=chosen)
-            cand = build.candidate_ref(twin)
-            r["second_row"] = {"image": twin.name, "seconds": t, "unique_bytes": unique_bytes(c, cand, first),
-                               "size": image_size(c, cand)}
-            c.images.remove(first, noprune=True)
-            r["second_row"]["unique_fraction"] = r["second_row"]["unique_bytes"] / r["second_row"]["size"]
-            if r.get("cold"):
-                r["second_row"]["fraction_of_cold_build"] = t / statistics.median(r["cold"]["ours_s"])
-            c.images.remove(cand, noprune=False)
-    save()
-    if "matrix" in only:
-        r["matrix"] = _matrix(c, m, image, root, bc, buildpy, r, log)
-    save()
-    if "banner" in only:
-        log(f"bench: banner start-up, {runs} interleaved runs")
-        r["banner"] = banner(image, ref, runs, out_dir, docker_cli=bc.argv[0])
-    if "arm64" in only and "linux/arm64" in image.platforms:
-        platforms(c, image, root, bc, out_dir, log)  # its own report: bench/arm64.md
-    if "pull" in only:
-        log("bench: pull cost, one layer of wheels against the layered layout (the CUDA 13 rows, both layouts built)")
-        r["pull"] = pullcost.measure(c, m, root, bc, ca, log, first=pull_rows)
-        pullcost.write(r["pull"], out_dir)  # also its own report: bench/pull.md
-    if r.get("cold") is None or "cold" not in only:
+    if "cold" not in only:
+        b.r["cold"] = report.previous(out_dir / "report.json", image, "cold")  # ratios to the last measured cold build
+    tested = False
+    for measure in FULL:
+        if measure.name not in only:
+            continue
+        if measure.tested and not tested:
+            # After the cold builds, which leave the layer cache warm: only the tests run here then.
+            log("bench: making sure the row is built and tested")
+            b.build(image, "--quiet")
+            tested = True
+        measure.run(b)
+        report.save_partial(partial, b.r)  # a long run keeps what it measured if a later step fails
+    return _write(b, partial)
+
+
+def _write(b: Run, partial: Path) -> dict:
+    """The report of a full run, merged with the previous one's other measures: report.json, report.md, the charts."""
+    r, image, out_dir = b.r, b.image, b.out_dir
+    if r.get("cold") is None or "cold" not in b.only:
         r.pop("cold", None)  # only borrowed for the ratios: merge_previous carries the measured one
-    r = report.merge_previous(out_dir / "report.json", r, only, complete=set(MEASURES) <= only)
+    r = report.merge_previous(out_dir / "report.json", r, b.only, complete=set(MEASURES) <= b.only)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "report.json").write_text(json.dumps(r, indent=2) + "\n")
     (out_dir / "report.md").write_text(report.report_markdown(r))

@@ -36,7 +36,8 @@ WORLD_SIZE counts processes).
 A missing or inconsistent variable is one line on stderr, `pytorch-cuda: error: ...`, and
 exit 2, before any rank starts. Standard library only: it runs before torch is imported.
 """
+from ..errors import PytorchCudaError
 
 
-class LaunchError(Exception):
+class LaunchError(PytorchCudaError):
     """The environment or the arguments cannot give a launch; the message is one line."""

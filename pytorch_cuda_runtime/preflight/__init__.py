@@ -30,5 +30,8 @@ Only the stand-in GPUs of the tests (standin.py) replace what nvidia-smi says, a
 """
 
 
-class PreflightError(Exception):
+from ..errors import PytorchCudaError
+
+
+class PreflightError(PytorchCudaError):
     """A usage or environment problem before any check runs: one line, exit 2."""

@@ -57,7 +57,7 @@ class Ranks:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.device = torch.device("cuda") if self.cuda else torch.device("cpu")
         me = (int(os.environ.get("GROUP_RANK", "0")), socket.gethostname().split(".")[0])
-        seen = [None] * self.world
+        seen: list[Any] = [None] * self.world
         dist.all_gather_object(seen, me)
         order = sorted({g for g, _ in seen})
         self.nodes = report.node_names([next(h for g2, h in seen if g2 == g) for g in order])
@@ -121,7 +121,7 @@ def neighbours(rk, size, iters):
             seconds = rk.timed(lambda: rk.dist.all_reduce(x, group=group), iters, 1, group)
             links[(a, b)] = report.bandwidths("all_reduce", size, seconds, len(members))[1]
         rk.dist.barrier()
-    merged = [None] * rk.world
+    merged: list[Any] = [None] * rk.world
     rk.dist.all_gather_object(merged, links)
     return dict(sorted((pair, bw) for part in merged for pair, bw in part.items()))
 

@@ -83,7 +83,8 @@ def label(index: int | str, serial: str | None) -> str:
 
 def split(findings: Iterable[Finding], warn: frozenset[str]) -> tuple[list[str], list[str]]:
     """(failure lines, warning lines): a check named in warn (--warn) only warns."""
-    fails, warns = [], []
+    fails: list[str] = []
+    warns: list[str] = []
     for f in findings:
         (warns if f.check in warn else fails).append(f"{f.line()} [{f.check}]")
     return fails, warns
@@ -273,12 +274,13 @@ def read_smi(run: Callable[..., Any] = subprocess.run) -> tuple[list[dict[str, A
                      "unread": {"nvlink": "not in nvidia-smi's query mode", "slowdown": "not in nvidia-smi's query mode",
                                 "xid": "not in nvidia-smi's query mode", "remapped_rows": "not in nvidia-smi's --query-gpu"}})
     for key, fields in SMI_FIELDS.items():
-        values = None
+        values: list[str] | None = None
         for field in (fields,) if isinstance(fields, str) else fields:
             values = smi_field(smi, field, run)
             if values is not None:
                 break
-        for g, v in zip(gpus, values or [None] * len(gpus)):
+        read: list[str | None] = list(values) if values is not None else [None] * len(gpus)
+        for g, v in zip(gpus, read):
             if v is None or v.startswith(("[N/A]", "N/A", "[Not Supported]")):
                 g["unread"][key] = v or "this nvidia-smi does not know the field"
             elif key == "retired_pages_pending":

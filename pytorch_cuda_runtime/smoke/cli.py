@@ -12,6 +12,7 @@ import platform
 import shutil
 import socket
 import sys
+from typing import Any
 import tempfile
 import time
 
@@ -238,7 +239,8 @@ def main(argv=None):
     args = parse_args(argv)
     t0 = time.monotonic()
     suite = Suite(args)
-    facts, stopped = {}, None
+    facts: dict[str, Any] = {}
+    stopped = None
     with catching():
         try:
             gpus = run_suite(suite, facts)

@@ -1,9 +1,11 @@
 """Check 1: library versions as reported at run time equal the baked manifest."""
+from typing import Any, Callable
+
 from .. import manifest as mf
-from .results import FAIL, PASS, record
+from .results import FAIL, PASS, Record, record
 
 # (check name, manifest key, probe key, how to turn the probe value into a version)
-FIELDS = [
+FIELDS: list[tuple[str, str, str, Callable[[Any], str | None]]] = [
     ("versions.torch", "torch", "torch", str),
     ("versions.torch_cuda", "torch_cuda", "torch_cuda", str),
     ("versions.cudnn", "cudnn", "cudnn", mf.cudnn_version_string),
@@ -13,7 +15,7 @@ FIELDS = [
 ]
 
 
-def check(manifest, facts):
+def check(manifest: dict[str, Any], facts: dict[str, Any]) -> list[Record]:
     out = []
     for name, mkey, pkey, conv in FIELDS:
         expected = manifest.get(mkey)

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from typing import Any
 
 from . import model as M
 
@@ -35,12 +36,12 @@ VARIANTS = {
 
 def ds_config(world, stage, offload, adam="default"):
     """Raw DeepSpeed accepts no "auto": every size is an integer."""
-    zero = {"stage": stage}
+    zero: dict[str, Any] = {"stage": stage}
     if stage == 3:
         zero["stage3_param_persistence_threshold"] = 0  # shard even the tiny biases
     if offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
-    opt = {"type": "Adam", "params": {"lr": 1e-2}}
+    opt: dict[str, Any] = {"type": "Adam", "params": {"lr": 1e-2}}
     if adam == "torch":
         opt["params"]["torch_adam"] = True
     return {"train_batch_size": M.BATCH * world, "train_micro_batch_size_per_gpu": M.BATCH,

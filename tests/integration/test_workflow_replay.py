@@ -60,6 +60,7 @@ import pytest
 import yaml
 
 from pytorch_cuda_build import matrix
+from pytorch_cuda_build.commands import fanout
 from pytorch_cuda_build.stages import build, publish
 from pytorch_cuda_build.tooling.selftest import LEAVE_OUT_ENV
 
@@ -305,7 +306,7 @@ def checked(runner, tmp_path_factory) -> dict[str, dict[str, str]]:
 
 def test_the_checks_and_matrix_jobs_run_as_a_runner_user(checked):
     # what fromJSON(needs.matrix.outputs.rows) fans out: every row of the checkout's matrix.yaml
-    assert json.loads(checked["matrix"]["rows"]) == matrix.as_json(matrix.load(ROOT / "matrix.yaml"))
+    assert json.loads(checked["matrix"]["rows"]) == fanout.as_json(matrix.load(ROOT / "matrix.yaml"))
 
 
 def _action(step: dict, workspace: Path, runner_env: dict[str, str], log: Path) -> None:

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from pytorch_cuda_runtime import gpucheck, gpureport
+from pytorch_cuda_runtime import gpucheck, gpureport, gpurunner, gpusteps
 from pytorch_cuda_runtime.interrupt import Interrupted
 from pytorch_cuda_runtime.smoke import cli as smoke
 from pytorch_cuda_runtime.smoke import measure
 from pytorch_cuda_runtime.smoke.results import FAIL, INFO, PASS, SKIP
 
 ROOT = Path(__file__).resolve().parents[2]
-ESTIMATES = json.loads(Path(gpucheck.ESTIMATES).read_text())
+ESTIMATES = json.loads(Path(gpurunner.ESTIMATES).read_text())
 OPS_WHEEL = {"file": "ops/deepspeed-0.17.6-cp311-cp311-linux_x86_64.whl", "ops": ["cpu_adam", "fused_adam"],
              "arch_list": "9.0", "torch": "2.7.1", "source": "built here"}
 
@@ -35,29 +35,29 @@ def bundle(tmp_path: Path, python: str | None = None) -> Path:
     return root
 
 
-def check(tmp_path: Path, root: Path, budget: float = 540, rehearse: bool = False) -> gpucheck.Check:
+def check(tmp_path: Path, root: Path, budget: float = 540, rehearse: bool = False) -> gpurunner.Check:
     desc = json.loads((root / "bundle.json").read_text())
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
-    return gpucheck.Check(str(root), desc, str(tmp_path / "report"), str(work), budget, rehearse)
+    return gpurunner.Check(str(root), desc, str(tmp_path / "report"), str(work), budget, rehearse)
 
 
 # ---- the plan
 
 def test_the_plan_for_one_gpu_holds_every_gpu_step_in_order_and_no_cpu_rank():
-    names = [s.name for s in gpucheck.plan(1)]
+    names = [s.name for s in gpusteps.plan(1)]
     assert names[:8] == ["bundle.files", "machine.python", "machine.torch", "install.dependencies", "install.deepspeed",
                          "smoke.versions", "smoke.gpu", "smoke.ops"]
     for family in ("collectives", "ddp", "zero1", "zero1_offload", "zero2", "zero2_offload", "zero3", "zero3_offload",
                    "zero3_launcher", "fsdp2", "bf16", "compile", "extras", "measure"):
         assert f"smoke.{family}" in names, family
     assert names[-1] == "smoke.nocompile" and len(names) == len(set(names))
-    assert not [s for s in gpucheck.plan(1) if s.family and "cpu" in s.family]
+    assert not [s for s in gpusteps.plan(1) if s.family and "cpu" in s.family]
 
 
 def test_every_step_has_its_own_estimate_and_one_h100_totals_at_most_6_minutes():
-    steps = gpucheck.plan(1)
-    total, est = gpucheck.estimate(steps)
+    steps = gpusteps.plan(1)
+    total, est = gpurunner.estimate(steps)
     assert {s.name for s in steps} == set(est["steps"])  # no step falls back to a default, no stale entry
     assert total <= 360, total
     assert all(s.bound == max(3 * s.estimate, est["min_bound_s"]) for s in steps)
@@ -76,9 +76,9 @@ def test_the_measured_estimates_are_the_last_records_step_times():
 
 def test_the_plan_is_printed_first_with_its_total(tmp_path, capsys):
     c = check(tmp_path, bundle(tmp_path))
-    c.steps = gpucheck.plan(1)
-    total, est = gpucheck.estimate(c.steps)
-    gpucheck.print_plan(c, total, est)
+    c.steps = gpusteps.plan(1)
+    total, est = gpurunner.estimate(c.steps)
+    gpurunner.print_plan(c, total, est)
     err = capsys.readouterr().err
     assert f"about {total:g} s" in err and "smoke.zero3_launcher" in err and "budget 540 s" in err
 
@@ -89,16 +89,16 @@ def test_a_changed_file_fails_the_bundle_and_stops(tmp_path):
     root = bundle(tmp_path)
     (root / "manifest.json").write_text('{"torch": "9"}')
     c = check(tmp_path, root)
-    with pytest.raises(gpucheck.Stop):
-        gpucheck.verify_files(c, None)
+    with pytest.raises(gpurunner.Stop):
+        gpusteps.verify_files(c, None)
     assert c.records[-1]["status"] == FAIL and "manifest.json" in c.records[-1]["actual"]
 
 
 def test_another_python_stops_with_what_to_do(tmp_path):
     c = check(tmp_path, bundle(tmp_path, python="3.99"))
-    gpucheck.verify_files(c, None)
-    with pytest.raises(gpucheck.Stop):
-        gpucheck.check_python(c, None)
+    gpusteps.verify_files(c, None)
+    with pytest.raises(gpurunner.Stop):
+        gpusteps.check_python(c, None)
     r = c.records[-1]
     assert r["status"] == FAIL and r["expected"] == "3.99" and "--python" in r["detail"]
 
@@ -120,12 +120,12 @@ def fake_torch(monkeypatch, c, facts):
 def test_the_machines_torch_must_be_the_wheels(tmp_path, monkeypatch, facts, rehearse, status, text):
     c = check(tmp_path, bundle(tmp_path), rehearse=rehearse)
     fake_torch(monkeypatch, c, facts)
-    step = gpucheck.Step("machine.torch", gpucheck.probe_torch)
+    step = gpurunner.Step("machine.torch", gpusteps.probe_torch)
     if status == FAIL:
-        with pytest.raises(gpucheck.Stop):
-            gpucheck.probe_torch(c, step)
+        with pytest.raises(gpurunner.Stop):
+            gpusteps.probe_torch(c, step)
     else:
-        gpucheck.probe_torch(c, step)
+        gpusteps.probe_torch(c, step)
     r = c.records[0]
     assert r["status"] == status and text in str(r["expected"]) + str(r["actual"]) + r["detail"], r
 
@@ -140,8 +140,8 @@ def test_a_wheel_given_records_major_minor_and_matches_its_patch_releases(tmp_pa
     c = check(tmp_path, root)
     fake_torch(monkeypatch, c, {"torch": have, "torch_cuda": "12.6", "gpus": 1, "devices": []})
     try:
-        gpucheck.probe_torch(c, gpucheck.Step("machine.torch", gpucheck.probe_torch))
-    except gpucheck.Stop:
+        gpusteps.probe_torch(c, gpurunner.Step("machine.torch", gpusteps.probe_torch))
+    except gpurunner.Stop:
         pass
     assert (c.records[0]["status"] == PASS) == ok
 
@@ -149,14 +149,14 @@ def test_a_wheel_given_records_major_minor_and_matches_its_patch_releases(tmp_pa
 def test_a_gpu_run_without_a_gpu_fails_and_points_at_the_rehearsal(tmp_path, monkeypatch):
     c = check(tmp_path, bundle(tmp_path))
     fake_torch(monkeypatch, c, {"torch": "2.7.1+cu126", "torch_cuda": "12.6", "gpus": 0, "devices": []})
-    gpucheck.probe_torch(c, gpucheck.Step("machine.torch", gpucheck.probe_torch))
+    gpusteps.probe_torch(c, gpurunner.Step("machine.torch", gpusteps.probe_torch))
     assert c.records[-1]["check"] == "machine.gpu" and c.records[-1]["status"] == FAIL and "--rehearse" in c.records[-1]["detail"]
-    assert gpucheck.skip_reason(c, gpucheck.Step("smoke.ddp", None, needs_gpu=True)) == "no CUDA device visible to torch"
+    assert gpurunner.skip_reason(c, gpurunner.Step("smoke.ddp", None, needs_gpu=True)) == "no CUDA device visible to torch"
 
 
 def test_a_rehearsal_skips_what_needs_a_gpu_and_nothing_else(tmp_path):
     c = check(tmp_path, bundle(tmp_path), rehearse=True)
-    skipped = [s.name for s in gpucheck.plan(0) if gpucheck.skip_reason(c, s)]
+    skipped = [s.name for s in gpusteps.plan(0) if gpurunner.skip_reason(c, s)]
     assert "smoke.ops" not in skipped and "install.deepspeed" not in skipped and "smoke.extras" not in skipped
     assert {"smoke.gpu", "smoke.zero3", "smoke.measure", "smoke.compile"} <= set(skipped)
 
@@ -166,9 +166,9 @@ def test_one_gpu_is_reported_as_a_world_of_one_and_a_rehearsal_claims_none(tmp_p
         folder = tmp_path / str(gpus)
         folder.mkdir()
         c = check(folder, bundle(folder), rehearse=rehearse)
-        c.steps, c.gpus, c.manifest = gpucheck.plan(gpus), gpus, {}
+        c.steps, c.gpus, c.manifest = gpusteps.plan(gpus), gpus, {}
         c.suite = type("Suite", (), {"probe": lambda self, device: {}})()
-        recs = gpucheck.smoke_versions(c, None)
+        recs = gpusteps.smoke_versions(c, None)
         assert any(r["check"] == "world.one_gpu" for r in recs) == said, (rehearse, gpus)
 
 
@@ -178,7 +178,7 @@ def test_the_manifest_read_there_has_the_wheels_ops_and_the_machines_arch_list(t
     (root / "ops" / "ops-facts.json").write_text(json.dumps({"ops_arch_list": "9.0", "prebuilt_ops": ["stale"]}))
     c = check(tmp_path, root)
     c.facts["arch_flags"] = ["sm_90", "sm_100"]
-    manifest, path = gpucheck.effective_manifest(c)
+    manifest, path = gpusteps.effective_manifest(c)
     assert manifest["prebuilt_ops"] == OPS_WHEEL["ops"] and manifest["ops_accelerator"] == "cuda"
     assert manifest["cuda_arch_list"] == ["sm_90", "sm_100"] and manifest["ops_arch_list"] == "9.0"
     assert manifest["python"] == c.desc["python"] and Path(path).parent != root
@@ -187,7 +187,7 @@ def test_the_manifest_read_there_has_the_wheels_ops_and_the_machines_arch_list(t
 def test_ops_need_a_cuda_torch_even_in_a_rehearsal(tmp_path):
     c = check(tmp_path, bundle(tmp_path), rehearse=True)
     c.facts["torch_cuda"] = None
-    [r] = gpucheck.smoke_ops(c, None)
+    [r] = gpusteps.smoke_ops(c, None)
     assert r["status"] == SKIP and "CPU build" in r["detail"]
 
 
@@ -196,7 +196,7 @@ def test_ops_need_a_cuda_torch_even_in_a_rehearsal(tmp_path):
 def scripted(tmp_path, monkeypatch, steps, budget=540.0):
     """A Check whose plan is these (name, function) steps; main's loop runs them."""
     c = check(tmp_path, bundle(tmp_path), budget=budget)
-    c.steps = [gpucheck.Step(n, f) for n, f in steps]
+    c.steps = [gpurunner.Step(n, f) for n, f in steps]
     for s in c.steps:
         s.estimate, s.bound = 1.0, 10.0
     return c
@@ -212,7 +212,7 @@ def test_the_report_names_the_running_step_before_it_ends(tmp_path, monkeypatch)
         seen.update(json.loads((Path(c.report_dir) / "report.json").read_text()))
 
     c = scripted(tmp_path, monkeypatch, [("first", first), ("second", second)])
-    gpucheck.steps(c)
+    gpurunner.run_steps(c)
     assert seen["running"] == "second" and [r["check"] for r in seen["checks"]] == ["first"]
     assert [s["state"] for s in seen["steps"]] == ["done", "running"]
     final = json.loads((tmp_path / "report" / "report.json").read_text())
@@ -225,7 +225,7 @@ def test_a_step_that_does_not_fit_the_budget_is_not_started(tmp_path, monkeypatc
     ran = []
     c = scripted(tmp_path, monkeypatch, [("a", lambda c, s: ran.append("a")), ("b", lambda c, s: ran.append("b"))], budget=5)
     c.steps[1].estimate = 100
-    gpucheck.steps(c)
+    gpurunner.run_steps(c)
     assert ran == ["a"] and c.steps[1].state == "not run"
     assert c.records[-1]["check"] == "b" and c.records[-1]["status"] == SKIP and "budget" in c.records[-1]["detail"]
     assert c.steps[0].bound <= 5  # a step's bound never reaches past the budget
@@ -233,10 +233,10 @@ def test_a_step_that_does_not_fit_the_budget_is_not_started(tmp_path, monkeypatc
 
 def test_a_stop_marks_the_rest_not_run(tmp_path, monkeypatch):
     def bad(c, step):
-        raise gpucheck.Stop("no torch")
+        raise gpurunner.Stop("no torch")
 
     c = scripted(tmp_path, monkeypatch, [("a", bad), ("b", lambda c, s: None)])
-    gpucheck.steps(c)
+    gpurunner.run_steps(c)
     assert [s.state for s in c.steps] == ["done", "not run"] and "after a did not run: no torch" in c.records[-1]["detail"]
 
 
@@ -245,7 +245,7 @@ def test_an_error_in_a_step_is_recorded_and_stops_the_rest(tmp_path, monkeypatch
         raise OSError(28, "No space left on device")
 
     c = scripted(tmp_path, monkeypatch, [("a", broken), ("b", lambda c, s: None)])
-    gpucheck.steps(c)
+    gpurunner.run_steps(c)
     assert c.records[0]["check"] == "a.error" and c.records[0]["status"] == FAIL and "No space left" in c.records[0]["actual"]
     assert [s.state for s in c.steps] == ["done", "not run"] and "a ended in an error" in c.records[-1]["detail"]
 
@@ -269,7 +269,7 @@ def test_an_interrupted_run_names_the_cut_step_and_exits_128_plus_the_signal(tmp
     def cut(c, step):
         raise Interrupted(15)
 
-    monkeypatch.setattr(gpucheck, "probe_torch", cut)
+    monkeypatch.setattr(gpusteps, "probe_torch", cut)
     assert gpucheck.main(["--bundle", str(root), "--report", str(tmp_path / "r")]) == 143
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     assert report["running"] == "machine.torch"

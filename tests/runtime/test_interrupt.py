@@ -81,7 +81,7 @@ def test_gpucheck_stopped_by_sigterm_stops_its_child_gently_and_reports(tmp_path
              f"sys.exit(0))); {SLEEPER}")
     proc = start(tmp_path, f"""
         import sys
-        from pytorch_cuda_runtime import gpucheck
+        from pytorch_cuda_runtime import gpucheck, gpurunner
         from pytorch_cuda_runtime.smoke.results import PASS
 
         def finished(c, step):
@@ -90,7 +90,7 @@ def test_gpucheck_stopped_by_sigterm_stops_its_child_gently_and_reports(tmp_path
         def sleeper(c, step):
             c.run("sleeper", [sys.executable, "-c", {child!r}], step.bound)
 
-        gpucheck.plan = lambda gpus: [gpucheck.Step("finished", finished), gpucheck.Step("sleeper", sleeper)]
+        gpucheck.plan = lambda gpus: [gpurunner.Step("finished", finished), gpurunner.Step("sleeper", sleeper)]
         gpucheck.banner.query_gpus = lambda: None
         sys.exit(gpucheck.main(["--bundle", {str(bundle)!r}, "--report", {str(tmp_path / "r")!r}]))
     """)

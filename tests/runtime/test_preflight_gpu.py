@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pytorch_cuda_runtime import gpucheck, gpupeaks
+from pytorch_cuda_runtime import gpupeaks, gpurunner, gpusteps
 from pytorch_cuda_runtime.preflight import cli, compute, fakenvml, gpupart, health, node, standin
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -294,9 +294,9 @@ def test_the_bundle_plans_the_preflight_checks_and_a_rehearsal_skips_them_with_t
     from test_gpucheck import bundle, check
 
     c = check(tmp_path, bundle(tmp_path), rehearse=True)
-    steps = {s.name: s for s in gpucheck.plan(1)}
+    steps = {s.name: s for s in gpusteps.plan(1)}
     for name in ("preflight.health", "preflight.compute"):
-        assert gpucheck.skip_reason(c, steps[name]) == "rehearsal: this step needs a GPU"
+        assert gpurunner.skip_reason(c, steps[name]) == "rehearsal: this step needs a GPU"
 
 
 def test_the_bundle_s_compute_step_records_each_gpu_and_fails_a_wrong_one(tmp_path, monkeypatch):
@@ -312,7 +312,7 @@ def test_the_bundle_s_compute_step_records_each_gpu_and_fails_a_wrong_one(tmp_pa
         return 0, str(tmp_path / "log")
 
     monkeypatch.setattr(c, "run", run)
-    gpucheck.preflight_compute(c, gpucheck.Step("preflight.compute", gpucheck.preflight_compute, needs_gpu=True))
+    gpusteps.preflight_compute(c, gpurunner.Step("preflight.compute", gpusteps.preflight_compute, needs_gpu=True))
     recs = {r["check"]: r for r in c.records}
     assert recs["preflight.compute.gpu0"]["actual"] == "700.0 TFLOP/s" and "0.71 x the dense bf16 peak 989.4" in \
         recs["preflight.compute.gpu0"]["detail"]

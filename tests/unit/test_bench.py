@@ -2,14 +2,17 @@
 its refusal to empty the build cache without --yes, and a failing command as one typed line."""
 from __future__ import annotations
 
+import dataclasses
 import subprocess
+import types
+from unittest import mock
 
 import pytest
 
-from pytorch_cuda_build import cli
+from pytorch_cuda_build import cli, matrix
 from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import BadValue, CommandFailed
-from pytorch_cuda_build.stages import tag
+from pytorch_cuda_build.stages import build, tag
 from pytorch_cuda_build.tooling import bench, bench_report
 
 from helpers import ROOT
@@ -266,3 +269,23 @@ def test_the_cpu_ops_step_is_found_in_every_flavors_dockerfile():
         assert len(ops) == 1, name
         log = f"#43 [x  2/15] RUN {ops[0]}\n#43 DONE 230.7s\n"
         assert [s["seconds"] for s in bench.steps(log) if bench.cpu_ops_step(s)] == [230.7], name
+
+
+@pytest.mark.parametrize("flavor", ["devel", "train"])
+def test_the_second_row_measure_builds_and_measures_the_twin_of_the_same_flavor(tmp_path, monkeypatch, flavor):
+    """The rows measure builds a second row sharing the lock and measures its candidate: the twin's
+    build must name its flavor, or build.py builds the runtime row and the measure reads a candidate
+    never built. No Docker: the builds are recorded, the engine stood in for."""
+    m = matrix.load(ROOT / "matrix.yaml")
+    row = m.select("2.7", "12.1", flavor)
+    other = dataclasses.replace(row, cuda="12.6")  # a row of the same flavor sharing its lock
+    built: list[list[str]] = []
+    monkeypatch.setattr(bench, "timed", lambda cmd, env=None, cwd=None: built.append(cmd) or 1.0)
+    c = mock.MagicMock()
+    run = bench.Run(c, types.SimpleNamespace(images=[row, other]), row, tmp_path, mock.Mock(argv=["docker"]), None, 1, 1,
+                    {"rows"}, tmp_path, print)
+    bench._measure_rows(run)
+    assert [cmd[2:] for cmd in built] == [bench.row_args(row) + ["--quiet", "--no-test"], bench.row_args(other) + ["--quiet", "--no-test"]]
+    assert all(cmd[cmd.index("--flavor") + 1] == flavor for cmd in built)
+    assert run.r["second_row"]["image"] == other.name == f"2.7.1-cuda12.6-{flavor}"
+    assert mock.call(build.candidate_ref(other), noprune=False) in c.images.remove.call_args_list  # the twin's own candidate

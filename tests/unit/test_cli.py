@@ -232,7 +232,7 @@ def test_cache_specs_name_each_row_and_reach_the_build_and_child_runs(tmp_path, 
     args = opts.cache_args(image)
     assert args == ["--cache-from", "type=registry,ref=r/ns/cache:2.7.1-cuda12.1-runtime",
                     "--cache-to", "type=registry,ref=r/ns/cache:2.7.1-cuda12.1-runtime,mode=max"]
-    child = arguments.BuildOptions(all=True, cache_from=opts.cache_from, cache_to=opts.cache_to).child_argv(image, tmp_path / "r.json", None)
+    child = arguments.BuildOptions(all=True, cache_from=opts.cache_from, cache_to=opts.cache_to).child_argv(image, tmp_path / "r.json")
     assert "type=registry,ref=r/ns/cache:{image}" in child  # a child run fills in its own row
     container_builder = docker_env.build_client(fake_docker(tmp_path, "28.2.2", buildx=True, driver="docker-container"))
     assert container_builder.driver == "docker-container" and container_builder.export == "load"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pytorch_cuda_build import arguments, files, matrix, validate
+from pytorch_cuda_build import cli, files, matrix, spec, validate
 from pytorch_cuda_build.errors import RenderError, UsageError
 from pytorch_cuda_build.registry import sign
 from pytorch_cuda_build.stages import render
@@ -109,7 +109,7 @@ def with_command(argv: list[str]) -> list[str]:
     """argv as cli.main reads it: a first word that is no command means `build`."""
     skip = 2 if argv[:1] == ["--matrix"] else 1 if argv[:1] and argv[0].startswith("--matrix=") else 0
     first = next((a for a in argv[skip:] if not a.startswith("-")), None)
-    if first not in arguments.COMMANDS and not {"-h", "--help"} & set(argv):
+    if first not in cli.NAMES and not {"-h", "--help"} & set(argv):
         return argv[:skip] + ["build"] + argv[skip:]
     return argv
 
@@ -139,11 +139,11 @@ def test_every_documented_command_parses(where, argv, tmp_path, monkeypatch):
             (tmp_path / value.lstrip("/")).mkdir(parents=True, exist_ok=True)
     if {"-h", "--help"} & set(argv):
         with pytest.raises(SystemExit, match="^0$"):
-            arguments.parser().parse_args(with_command(argv))
+            cli.parser().parse_args(with_command(argv))
         return
-    parsed = arguments.parser().parse_args(with_command(argv))
+    parsed = cli.parser().parse_args(with_command(argv))
     if where.startswith("docs/measurements/"):
-        assert not getattr(parsed, arguments.BAD), getattr(parsed, arguments.BAD)
+        assert not getattr(parsed, spec.BAD), getattr(parsed, spec.BAD)
         return
     monkeypatch.chdir(ROOT)  # the docs' relative paths are the checkout's
     monkeypatch.setenv(sign.PASSPHRASE_ENV, "the user's")
@@ -172,7 +172,7 @@ def dry_runs() -> list[tuple[str, str | None, str]]:
         if not argv or {"-h", "--help"} & set(argv):
             continue  # `python3 build.py` named in prose, not a command; or a --help, which plans nothing
         try:
-            args = arguments.parser().parse_args(with_command(argv))
+            args = cli.parser().parse_args(with_command(argv))
         except UsageError:
             continue  # test_every_documented_command_parses names it
         if args.command == "build" and not args.all:
@@ -218,7 +218,7 @@ def named(word: str, text: str) -> bool:
 
 
 def test_every_command_and_option_of_help_is_in_the_command_reference():
-    p, sections = arguments.parser(), reference_sections()
+    p, sections = cli.parser(), reference_sections()
     intro = (DOCS / "cli.md").read_text().split("\n## ", 1)[0]
     missing = [f"{opt} (build.py)" for opt in options(p) if not named(opt, intro)]
     for name, sub in subparsers(p).items():

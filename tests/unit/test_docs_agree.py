@@ -18,7 +18,7 @@ import tomllib
 import pytest
 
 import pytorch_cuda_build
-from pytorch_cuda_build import arguments, matrix
+from pytorch_cuda_build import cli, matrix
 from pytorch_cuda_build.errors import PipelineError
 from pytorch_cuda_build.stages import render
 
@@ -110,7 +110,7 @@ def option_rows() -> list[tuple[str, str, str]]:
 
 
 def parser_defaults() -> dict[tuple[str, str], object]:
-    p = arguments.parser()
+    p = cli.parser()
     sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction)).choices
     out = {}
     for command, parser in sub.items():

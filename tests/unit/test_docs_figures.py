@@ -391,9 +391,9 @@ def help_texts() -> list[tuple[str, str]]:
     """(where, text) for build.py's description, each command's help and each option's help."""
     import argparse
 
-    from pytorch_cuda_build import arguments
+    from pytorch_cuda_build import cli
 
-    top = arguments.parser()
+    top = cli.parser()
     found = [("build.py", top.description or "")]
     commands = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
     found += [(f"build.py {c.dest}", c.help or "") for c in commands._choices_actions]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pytorch_cuda_build import matrix
-from pytorch_cuda_build.commands import gpubundle, opswheel
+from pytorch_cuda_build.commands import gpubundle, lockpins, opswheel
 from pytorch_cuda_build.errors import BadFile, BadValue, BundleTooLarge, CommandFailed, EnvironmentProblem, ImageUnfit, ResolveError
 from pytorch_cuda_build.resolve import debian
 from pytorch_cuda_build.stages import lock
@@ -60,10 +60,10 @@ tqdm==4.70.1 \\
 
 
 def test_the_closure_follows_deepspeed_and_the_smoke_suite_and_never_enters_torch():
-    pins = gpubundle.parse_lock(LOCK)
+    pins = lockpins.parse_lock(LOCK)
     assert pins["numpy"].parents == {"deepspeed", "torch"} and pins["huggingface-hub"].parents == set()
     assert pins["hjson"].text == "hjson==3.1.0 \\\n    --hash=sha256:aa\n"  # hashes kept, comments dropped
-    names = [p.name for p in gpubundle.closure(pins)]
+    names = [p.name for p in lockpins.closure(pins, gpubundle.ROOTS, gpubundle.EXCLUDED)]
     # sympy is torch's alone, torch and the CUDA libraries are the machine's: none travels.
     assert names == ["hjson", "huggingface-hub", "numpy", "nvidia-ml-py", "tqdm"]
 
@@ -71,7 +71,7 @@ def test_the_closure_follows_deepspeed_and_the_smoke_suite_and_never_enters_torc
 @pytest.mark.parametrize("image", [DEFAULT, CUDA13], ids=lambda i: i.name)
 def test_the_rows_wheels_are_deepspeeds_needs_at_the_locked_versions(image):
     text = (lock.image_dir(ROOT, image) / "requirements.lock").read_text()
-    pins = {p.name: p for p in gpubundle.closure(gpubundle.parse_lock(text))}
+    pins = {p.name: p for p in lockpins.closure(lockpins.parse_lock(text), gpubundle.ROOTS, gpubundle.EXCLUDED)}
     assert {"hjson", "pydantic", "ninja", "numpy", "msgpack", "nvidia-ml-py", "huggingface-hub"} <= set(pins)
     assert not [n for n in pins if n in ("torch", "triton") or n.startswith(("nvidia-cu", "nvidia-nccl", "cuda-"))]
     assert not {"jupyterlab", "tensorboard", "ipykernel"} & set(pins)  # the image's other ways in stay home

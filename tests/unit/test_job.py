@@ -29,6 +29,7 @@ import yaml
 from pytorch_cuda_build import jobs, pipeline
 from pytorch_cuda_build.errors import BadValue, NotReady
 from pytorch_cuda_build.jobs import kubernetes, mounts, ocibundle, ocigpus, slurm
+from pytorch_cuda_build.jobs.options import Job
 
 from helpers import ROOT, one_error_line, require, run_cli
 
@@ -44,12 +45,13 @@ NO_DOCKER = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}
 SCRIPT = ("train.py", "--lr", "1e-4", "--note", "it's a \"test\" $HOME", "--tag", "a#b")
 
 
-def make(scheduler: str = "slurm", **kw) -> jobs.Job:
-    fields = dict(scheduler=scheduler, name="train", row=ROW, image=jobs.parse_image(IMAGE), nodes=2, gpus_per_node=8,
-                  command=SCRIPT)
+def make(scheduler: str = "slurm", **kw) -> Job:
+    """A Job as `build.py job` makes it, its options given as the command line gives them."""
+    fields = dict(scheduler=scheduler, name="train", row_name=ROW, ref=jobs.parse_image(IMAGE), nodes=2, gpus_per_node=8,
+                  script=SCRIPT, runtime="oci" if scheduler == "slurm" else "")
     if scheduler == "kubernetes":
         fields["kind"] = "jobset"
-    return jobs.Job(**{**fields, **kw})
+    return Job(**{**fields, **kw})
 
 
 # --- the image reference ---------------------------------------------------------------------
@@ -247,7 +249,7 @@ def test_the_sbatch_script_runs_the_launch_contract_under_each_runtime(tmp_path,
     assert env.get("MELLANOX_VISIBLE_DEVICES") == ("all" if runtime == "pyxis" else None)
 
 
-MOUNTS = mounts.parse_all(["/shared/datasets:/data:ro", "/shared/out:/out"])
+MOUNTS = ("/shared/datasets:/data:ro", "/shared/out:/out")
 BINDS = "/shared/datasets:/data:ro,/shared/out:/out"
 
 
@@ -260,7 +262,7 @@ BINDS = "/shared/datasets:/data:ro,/shared/out:/out"
                    f"docker://{IMAGE}", *LAUNCHED]),
 ])
 def test_mounts_reach_each_slurm_runtime_and_the_tasks_start_in_the_workdir(tmp_path, runtime, srun_argv, workdir, cwd):
-    text = slurm.render(make(runtime=runtime, mounts=MOUNTS, workdir=workdir))
+    text = slurm.render(make(runtime=runtime, mount=MOUNTS, workdir=workdir))
     argv, env = run_script(tmp_path, text)
     assert argv == [a.format(cwd=cwd) for a in srun_argv]
     assert env["PYTORCH_CUDA_WORKDIR"] == cwd
@@ -270,10 +272,10 @@ def test_mounts_reach_each_slurm_runtime_and_the_tasks_start_in_the_workdir(tmp_
         assert step.endswith('16384 "$PWD:$PWD:rw" /shared/datasets:/data:ro /shared/out:/out:rw <<\'PY\'')
 
 
-@pytest.mark.parametrize("runtime", slurm.RUNTIMES)
+@pytest.mark.parametrize("runtime", jobs.RUNTIMES)
 def test_the_sbatch_script_passes_bash_n_and_shellcheck(tmp_path, runtime):
     path = tmp_path / "job.sbatch"
-    path.write_text(slurm.render(make(runtime=runtime, socket_ifname="^docker,lo", network="socket", mounts=MOUNTS,
+    path.write_text(slurm.render(make(runtime=runtime, socket_ifname="^docker,lo", network="socket", mount=MOUNTS,
                                       workdir="${SLURM_SUBMIT_DIR}/src")))
     r = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
@@ -334,7 +336,7 @@ def _stand_ins(bindir: Path, log: Path) -> None:
 
 def test_make_bundle_copies_unpacks_rootless_and_edits_config_json_without_the_checkout(tmp_path):
     script = tmp_path / "train.sbatch"
-    script.write_text(slurm.render(make(runtime="oci", mounts=MOUNTS)))
+    script.write_text(slurm.render(make(runtime="oci", mount=MOUNTS)))
     log = tmp_path / "calls"
     _stand_ins(tmp_path / "bin", log)
     env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path)}  # no PYTHONPATH: ocibundle is inlined
@@ -641,13 +643,13 @@ def pod_specs(doc: dict) -> list[dict]:
     return []
 
 
-VARIANTS = [dict(gpus_per_node=8, rdma=(("rdma/ib", 1),), namespace="ml", network="socket", socket_ifname="eth0"),
+VARIANTS = [dict(gpus_per_node=8, rdma=("rdma/ib=1",), namespace="ml", network="socket", socket_ifname="eth0"),
             dict(gpus_per_node=0, nodes=1),
-            dict(cpus=32, memory_mib=256 * 1024, qos="guaranteed", pull_secrets=("regcred", "mirror.pull"), deadline_s=86400)]
+            dict(cpus_per_node=32, memory_per_node="256Gi", qos="guaranteed", image_pull_secret=("regcred", "mirror.pull"), deadline="86400")]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=["gpu-rdma", "cpu-one-node", "guaranteed-secrets-deadline"])
-@pytest.mark.parametrize("kind", kubernetes.KINDS)
+@pytest.mark.parametrize("kind", jobs.KINDS)
 def test_every_manifest_validates_against_its_schema(kind, variant):
     job = make("kubernetes", kind=kind, **variant)
     docs = list(yaml.safe_load_all(kubernetes.render(job)))
@@ -668,8 +670,7 @@ def test_every_manifest_validates_against_its_schema(kind, variant):
         assert ("IPC_LOCK" in c["securityContext"]["capabilities"].get("add", [])) == bool(job.rdma)
 
 
-K8S_MOUNTS = {"pvc": mounts.parse_all(["pvc:code:/code:ro", "pvc:datasets:/data"]),
-              "hostpath": mounts.parse_all(["/shared/code:/code:ro", "/shared/datasets:/data"])}
+K8S_MOUNTS = {"pvc": ("pvc:code:/code:ro", "pvc:datasets:/data"), "hostpath": ("/shared/code:/code:ro", "/shared/datasets:/data")}
 K8S_VOLUMES = {"pvc": [{"name": "mount-0", "persistentVolumeClaim": {"claimName": "code"}},
                        {"name": "mount-1", "persistentVolumeClaim": {"claimName": "datasets"}}],
                "hostpath": [{"name": "mount-0", "hostPath": {"path": "/shared/code", "type": "Directory"}},
@@ -680,9 +681,9 @@ K8S_MOUNT_POINTS = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "mount-0
 
 @pytest.mark.parametrize("workdir", [None, "/data"])
 @pytest.mark.parametrize("source", ["pvc", "hostpath"])
-@pytest.mark.parametrize("kind", kubernetes.KINDS)
+@pytest.mark.parametrize("kind", jobs.KINDS)
 def test_manifests_with_a_pvc_or_a_hostpath_mount_validate_and_start_in_the_code(kind, source, workdir):
-    job = make("kubernetes", kind=kind, mounts=K8S_MOUNTS[source], workdir=workdir, command=("train.py", "--deepspeed", "ds.json"))
+    job = make("kubernetes", kind=kind, mount=K8S_MOUNTS[source], workdir=workdir, script=("train.py", "--deepspeed", "ds.json"))
     text = kubernetes.render(job)
     docs = list(yaml.safe_load_all(text))
     for doc in docs:
@@ -709,7 +710,7 @@ def test_manifests_with_a_pvc_or_a_hostpath_mount_validate_and_start_in_the_code
 @pytest.mark.parametrize("source", ["pvc", "hostpath"])
 def test_a_trainjob_over_a_cluster_runtime_gets_the_mounts_as_overrides_and_the_workdir_as_the_contracts_variable(source):
     (doc,) = yaml.safe_load_all(kubernetes.render(make("kubernetes", kind="trainjob", cluster_runtime="torch-distributed",
-                                                      mounts=K8S_MOUNTS[source])))
+                                                      mount=K8S_MOUNTS[source])))
     validate(doc)
     (override,) = doc["spec"]["podTemplateOverrides"]
     assert override["spec"]["volumes"][1:] == K8S_VOLUMES[source]
@@ -718,7 +719,7 @@ def test_a_trainjob_over_a_cluster_runtime_gets_the_mounts_as_overrides_and_the_
 
 
 def test_without_a_mount_the_pods_keep_the_images_working_directory():
-    for kind in kubernetes.KINDS:
+    for kind in jobs.KINDS:
         text = kubernetes.render(make("kubernetes", kind=kind))
         assert "workingDir" not in text and "PYTORCH_CUDA_WORKDIR" not in text and "fsGroup:" in text
     (_, job) = yaml.safe_load_all(kubernetes.render(make("kubernetes", kind="indexed-job", workdir="/app")))
@@ -825,16 +826,16 @@ def containers_of(docs: list[dict]) -> list[dict]:
 
 QOS_CASES = {
     "default": (dict(), {"requests": {"memory": "16Gi"}, "limits": {"nvidia.com/gpu": 8}}),
-    "default-no-gpu": (dict(gpus_per_node=0, shm_mib=512), {"requests": {"memory": "512Mi"}}),
-    "burstable": (dict(cpus=16, memory_mib=64 * 1024), {"requests": {"cpu": 16, "memory": "64Gi"}, "limits": {"nvidia.com/gpu": 8}}),
-    "guaranteed": (dict(cpus=16, memory_mib=64 * 1024 + 512, qos="guaranteed", rdma=(("rdma/ib", 1),)),
+    "default-no-gpu": (dict(gpus_per_node=0, shm_size="512Mi"), {"requests": {"memory": "512Mi"}}),
+    "burstable": (dict(cpus_per_node=16, memory_per_node="64Gi"), {"requests": {"cpu": 16, "memory": "64Gi"}, "limits": {"nvidia.com/gpu": 8}}),
+    "guaranteed": (dict(cpus_per_node=16, memory_per_node="66048Mi", qos="guaranteed", rdma=("rdma/ib=1",)),
                    {"requests": {"cpu": 16, "memory": "66048Mi"},
                     "limits": {"cpu": 16, "memory": "66048Mi", "nvidia.com/gpu": 8, "rdma/ib": 1}}),
 }
 
 
 @pytest.mark.parametrize("case", QOS_CASES)
-@pytest.mark.parametrize("kind", kubernetes.KINDS)
+@pytest.mark.parametrize("kind", jobs.KINDS)
 def test_every_pod_requests_memory_and_guaranteed_limits_equal_the_requests(kind, case):
     fields, resources = QOS_CASES[case]
     docs = list(yaml.safe_load_all(kubernetes.render(make("kubernetes", kind=kind, **fields))))
@@ -846,7 +847,7 @@ def test_every_pod_requests_memory_and_guaranteed_limits_equal_the_requests(kind
     header = " ".join(line[2:] for line in kubernetes.render(make("kubernetes", kind=kind, **fields)).splitlines()
                       if line.startswith("# "))
     assert f"QoS class {'Guaranteed' if fields.get('qos') == 'guaranteed' else 'Burstable'}" in header
-    if "memory_mib" in fields:
+    if "memory_per_node" in fields:
         assert "of working memory" in header
     else:
         assert "The memory request is /dev/shm's" in header and "--memory-per-node sets /dev/shm plus" in header
@@ -866,17 +867,17 @@ def qos_class(pod: dict) -> str:
     return "Burstable"
 
 
-@pytest.mark.parametrize("kind", kubernetes.KINDS)
+@pytest.mark.parametrize("kind", jobs.KINDS)
 def test_the_qos_option_gives_its_class_and_no_pod_is_besteffort(kind):
-    for fields, expected in [(dict(), "Burstable"), (dict(gpus_per_node=0), "Burstable"), (dict(cpus=8), "Burstable"),
-                             (dict(cpus=8, memory_mib=40 * 1024, qos="guaranteed"), "Guaranteed")]:
+    for fields, expected in [(dict(), "Burstable"), (dict(gpus_per_node=0), "Burstable"), (dict(cpus_per_node=8), "Burstable"),
+                             (dict(cpus_per_node=8, memory_per_node="40Gi", qos="guaranteed"), "Guaranteed")]:
         pods = [p for d in yaml.safe_load_all(kubernetes.render(make("kubernetes", kind=kind, **fields))) for p in pod_specs(d)]
         assert pods and {qos_class(p) for p in pods} == {expected}, fields
 
 
-@pytest.mark.parametrize("kind", kubernetes.KINDS)
+@pytest.mark.parametrize("kind", jobs.KINDS)
 def test_image_pull_secrets_reach_every_pod(kind):
-    docs = list(yaml.safe_load_all(kubernetes.render(make("kubernetes", kind=kind, pull_secrets=("regcred", "mirror.pull")))))
+    docs = list(yaml.safe_load_all(kubernetes.render(make("kubernetes", kind=kind, image_pull_secret=("regcred", "mirror.pull")))))
     for doc in docs:
         validate(doc)
     pods = [p for d in docs for p in pod_specs(d)]
@@ -917,7 +918,7 @@ def failure_fields(doc: dict) -> dict:
     ("pytorchjob", ["PyTorchJob"], [{"runPolicy": {"cleanPodPolicy": "Running"}}]),
 ])
 def test_each_kind_fails_the_gang_on_one_pod_and_takes_the_deadline_in_its_own_fields(kind, kinds, expected, deadline):
-    docs = list(yaml.safe_load_all(kubernetes.render(make("kubernetes", kind=kind, deadline_s=deadline))))
+    docs = list(yaml.safe_load_all(kubernetes.render(make("kubernetes", kind=kind, deadline=deadline and str(deadline)))))
     for doc in docs:
         validate(doc)
     assert [d["kind"] for d in docs] == kinds
@@ -925,15 +926,15 @@ def test_each_kind_fails_the_gang_on_one_pod_and_takes_the_deadline_in_its_own_f
         expected = [{**e, **({"activeDeadlineSeconds": deadline} if "podFailurePolicy" in e else {})} for e in expected]
         expected = [{"runPolicy": {**e["runPolicy"], "activeDeadlineSeconds": deadline}} if "runPolicy" in e else e for e in expected]
     assert [failure_fields(d) for d in docs] == expected
-    said = " ".join(line[2:] for line in kubernetes.render(make("kubernetes", kind=kind, deadline_s=deadline)).splitlines()
+    said = " ".join(line[2:] for line in kubernetes.render(make("kubernetes", kind=kind, deadline=deadline and str(deadline))).splitlines()
                     if line.startswith("# "))
     assert "One failed or disrupted pod fails the whole job, with no retry" in said
     assert (f"Deadline: activeDeadlineSeconds {deadline}." if deadline else "No deadline (--deadline sets activeDeadlineSeconds).") in said
 
 
 def test_a_trainjob_over_a_cluster_runtime_sets_requests_and_pull_secrets_and_says_what_it_cannot_set():
-    text = kubernetes.render(make("kubernetes", kind="trainjob", cluster_runtime="torch-distributed", cpus=16, memory_mib=64 * 1024,
-                                  qos="guaranteed", pull_secrets=("regcred",)))
+    text = kubernetes.render(make("kubernetes", kind="trainjob", cluster_runtime="torch-distributed", cpus_per_node=16, memory_per_node="64Gi",
+                                  qos="guaranteed", image_pull_secret=("regcred",)))
     (doc,) = yaml.safe_load_all(text)
     validate(doc)
     assert doc["spec"]["trainer"]["resourcesPerNode"] == {"requests": {"cpu": 16, "memory": "64Gi"},
@@ -1034,7 +1035,7 @@ def test_the_cli_writes_the_resources_secrets_and_deadline_and_its_header_says_t
 
 
 def test_yaml_1_2_numbers_in_the_command_stay_strings():
-    text = kubernetes.render(make("kubernetes", kind="jobset", command=("train.py", "1e-4", "0x1F", "yes", "on", ".5")))
+    text = kubernetes.render(make("kubernetes", kind="jobset", script=("train.py", "1e-4", "0x1F", "yes", "on", ".5")))
     for word in ("1e-4", "0x1F", "yes", "on", ".5"):
         assert f"- '{word}'" in text
 
@@ -1081,7 +1082,7 @@ def run_steps(tmp_path: Path, text: str, preflight_rc: int) -> tuple[int, list[l
     return r.returncode, steps, r.stderr
 
 
-@pytest.mark.parametrize("runtime", slurm.RUNTIMES)
+@pytest.mark.parametrize("runtime", jobs.RUNTIMES)
 def test_preflight_is_a_step_before_training_with_the_same_runtime_and_training_starts_only_if_it_passed(tmp_path, runtime):
     text = slurm.render(make(runtime=runtime, preflight=True))
     rc, steps, _ = run_steps(tmp_path, text, 0)
@@ -1103,10 +1104,10 @@ def test_without_preflight_the_script_has_no_preflight_step(tmp_path):
     assert len(run_steps(tmp_path, text, 1)[1]) == 1
 
 
-@pytest.mark.parametrize("runtime", slurm.RUNTIMES)
+@pytest.mark.parametrize("runtime", jobs.RUNTIMES)
 def test_the_preflight_script_passes_bash_n_and_shellcheck(tmp_path, runtime):
     path = tmp_path / "job.sbatch"
-    path.write_text(slurm.render(make(runtime=runtime, preflight=True, command=("train.py", "$HOME"))))
+    path.write_text(slurm.render(make(runtime=runtime, preflight=True, script=("train.py", "$HOME"))))
     r = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     require(shutil.which("shellcheck"), "shellcheck is not installed (Debian: apt-get install shellcheck)")
@@ -1115,7 +1116,7 @@ def test_the_preflight_script_passes_bash_n_and_shellcheck(tmp_path, runtime):
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=["gpu-rdma", "cpu-one-node", "guaranteed-secrets-deadline"])
-@pytest.mark.parametrize("kind", kubernetes.KINDS)
+@pytest.mark.parametrize("kind", jobs.KINDS)
 def test_with_preflight_every_pod_runs_it_before_the_launch_contract_and_validates(kind, variant):
     job = make("kubernetes", kind=kind, preflight=True, **variant)
     docs = list(yaml.safe_load_all(kubernetes.render(job)))

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from pytorch_cuda_build import matrix
+from pytorch_cuda_build.commands import fanout
 from pytorch_cuda_build.errors import BadFile, MatrixError, NoSuchRow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -190,7 +191,7 @@ def test_versions_are_final_releases_written_as_pep_440_writes_them(tmp_path):
 def test_os_platforms_default_to_amd64_and_a_row_may_add_arm64(tmp_path):
     m = load(tmp_path, VALID.replace("    default: true\n", "    default: true\n    platforms: [linux/arm64, linux/amd64]\n"))
     assert [i.platforms for i in m.images] == [("linux/amd64", "linux/arm64"), ("linux/amd64",)]  # amd64 first
-    assert matrix.as_json(m)["include"][0]["platforms"] == ["linux/amd64", "linux/arm64"]
+    assert fanout.as_json(m)["include"][0]["platforms"] == ["linux/amd64", "linux/arm64"]
 
 
 def test_bad_os_platforms_are_named(tmp_path):

@@ -1,5 +1,6 @@
 """The host package's layout (docs/architecture.md): no import cycle, no import hidden in a
-function without its reason beside it, and each layer imports only the layers below it."""
+function without its reason beside it, and each layer imports only the layers below it. An import
+inside a function counts as any other: it ties the two modules all the same."""
 from __future__ import annotations
 
 import ast
@@ -14,7 +15,7 @@ PACKAGE = "pytorch_cuda_build"
 LAYERS = [
     ("shared", {"errors", "files", "paths", "progress", "console", "ca"}),
     ("model", {"matrix"}),  # matrix.yaml's rows, which every layer above reads
-    ("spec", {"spec"}),  # how a command's options are declared once (arguments.py, jobs/options.py declare them)
+    ("spec", {"spec", "rules"}),  # how a command's options and rules are declared once (arguments.py, jobs/options.py declare them)
     ("engine", {"engine"}),
     ("helpers", {"resolve", "buildkit", "registry"}),  # the stages' helpers
     ("stages", {"stages"}),
@@ -49,23 +50,24 @@ def _target(node: ast.ImportFrom, name: str, path: Path, known: dict[str, Path])
 
 
 def imports(name: str, path: Path, known: dict[str, Path]) -> tuple[set[str], list[str]]:
-    """(the package's modules imported at module level, 'file:line' of unexplained imports in functions)."""
+    """(the package's modules imported anywhere in the file, a function's body included: such an import
+    still ties the two modules; 'file:line' of the imports in functions without their reason beside them)."""
     text = path.read_text()
     lines = text.splitlines()
     tree = ast.parse(text)
-    top: set[str] = set()
-    for node in tree.body:
+    found: set[str] = set()
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            top.update(_target(node, name, path, known))
+            found.update(_target(node, name, path, known))
         elif isinstance(node, ast.Import):
-            top.update(a.name for a in node.names if a.name.startswith(PACKAGE))
+            found.update(a.name for a in node.names if a.name.startswith(PACKAGE))
     hidden = []
     for fn in ast.walk(tree):
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for node in ast.walk(fn):
                 if isinstance(node, (ast.Import, ast.ImportFrom)) and "#" not in lines[node.lineno - 1]:
                     hidden.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    return top, hidden
+    return found, hidden
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +157,7 @@ def test_the_pipelines_diagram_numbers_the_stages_as_the_package_does():
 
 # Bad input to a command is found by validation, before anything is touched; what later steps
 # find has a class of its own in errors.py (BadValue, BadFile, NotReady, ImageUnfit, ...).
-VALIDATION = {"validate", "arguments"}
+VALIDATION = {"validate", "arguments", "spec", "rules"}  # the engine, the rules, the parser's refusals
 
 
 def test_only_validation_makes_usage_errors():
@@ -164,3 +166,14 @@ def test_only_validation_makes_usage_errors():
             for node in ast.walk(ast.parse(path.read_text()))
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("UsageError", "UsageErrors")]
     assert not made, f"UsageError made outside validation (raise the finding's own class from errors.py): {made}"
+
+
+def test_an_import_inside_a_function_is_read(tmp_path):
+    """A cycle closed by an import inside a function is a cycle: the graph reads it."""
+    package = tmp_path / PACKAGE
+    package.mkdir()
+    (package / "a.py").write_text("from . import b\n")
+    (package / "b.py").write_text("def f():\n    from . import a  # here, to hide the cycle\n    return a\n")
+    known = {f"{PACKAGE}.a": package / "a.py", f"{PACKAGE}.b": package / "b.py"}
+    found, hidden = imports(f"{PACKAGE}.b", package / "b.py", known)
+    assert found == {f"{PACKAGE}.a"} and hidden == []  # explained, but still an edge

@@ -78,7 +78,7 @@ def test_matrix_json_is_the_fan_out():
     rows = json.loads(proc.stdout)["include"]
     assert [(r["image"], r["platform"]) for r in rows] == [(i.name, p) for i in MATRIX.images for p in i.platforms]
     arm = [r for r in rows if r["platform"] == "linux/arm64"]
-    assert arm and all(r["runner"] == "ubuntu-24.04-arm" and "arm64" in r["gpu_runner"] for r in arm)  # built natively
+    assert arm and all(r["arch"] == "arm64" for r in arm)  # built natively: the workflow picks each platform's runner
     indexes = json.loads(run_build_py(ROOT, "matrix", "--indexes").stdout)["include"]
     assert [r["image"] for r in indexes] == [i.name for i in MATRIX.images if len(i.platforms) > 1] == sorted({r["image"] for r in arm}, key=[i.name for i in MATRIX.images].index)
     default = next(r for r in rows if r["image"] == "2.7.1-cuda12.1-runtime")

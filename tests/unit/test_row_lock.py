@@ -14,6 +14,8 @@ from pytorch_cuda_build import matrix, paths, pipeline
 from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import EnvironmentProblem
 
+from helpers import wait_until
+
 ROOT = Path(__file__).resolve().parents[2]
 ROW = matrix.load(ROOT / "matrix.yaml").images[0]
 
@@ -121,8 +123,9 @@ def test_a_build_on_another_daemon_from_another_checkout_does_not_wait(monkeypat
         worker = threading.Thread(target=lambda: (pipeline.build_row(tmp_path / "elsewhere", ROW, pipeline.Options(), console),
                                                   done.set()), daemon=True)
         worker.start()
-        time.sleep(1.5)
-        assert not done.is_set() and console.lines[-1].startswith(f"another build of {ROW.name} on the daemon at ")
+        waiting = f"another build of {ROW.name} on the daemon at "
+        wait_until("the second run saying it waits", lambda: any(line.startswith(waiting) for line in console.lines), timeout=30)
+        assert not done.is_set() and console.lines[-1].startswith(waiting)
         mine.release()
         worker.join(timeout=10)
         assert done.is_set()

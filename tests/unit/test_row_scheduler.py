@@ -48,33 +48,39 @@ def test_typed_results_come_back_in_row_order_and_failures_are_named():
 
 
 def test_no_more_than_jobs_rows_run_at_once():
+    """Six rows, two at a time: each row waits at a barrier for a second one, so two must run
+    together (a scheduler running one at a time breaks the barrier) and never three."""
     lock, now, most = threading.Lock(), [0], [0]
+    pair = threading.Barrier(2, timeout=30)
 
     def worker(image):
         with lock:
             now[0] += 1
             most[0] = max(most[0], now[0])
-        time.sleep(0.05)
+        pair.wait()
         with lock:
             now[0] -= 1
         return pipeline.RowResult(image.name, True)
-    assert all(r.ok for r in scheduler.schedule(ROWS * 2, worker, 2, quiet(), log_path)[:1])
+    results = scheduler.schedule(ROWS * 2, worker, 2, quiet(), log_path)
+    assert [(r.image, r.ok) for r in results] == [(i.name, True) for i in ROWS * 2]
     assert most[0] == 2
 
 
 @pytest.mark.parametrize("raised", [KeyboardInterrupt, RuntimeError])
 def test_an_interrupt_or_a_bug_stops_the_running_rows_and_goes_up(raised):
-    stopped, ran = [], []
+    """One row at a time: the first raises, the second (already handed to the pool) may start, the
+    third never does. A started row waits until stop() is called, as a child process does."""
+    stopped, ran = threading.Event(), []
 
     def worker(image):
         ran.append(image.name)
         if image is ROWS[0]:
             raise raised("stop")
-        time.sleep(0.2)
+        assert stopped.wait(timeout=30), "stop() was never called"
         return pipeline.RowResult(image.name, True)
     with pytest.raises(raised):
-        scheduler.schedule(ROWS, worker, 1, quiet(), log_path, stop=lambda: stopped.append(True))
-    assert stopped == [True]
+        scheduler.schedule(ROWS, worker, 1, quiet(), log_path, stop=stopped.set)
+    assert stopped.is_set()
     assert ROWS[2].name not in ran  # a row not started never starts
 
 
@@ -99,7 +105,7 @@ else:
 def test_row_processes_read_each_childs_json_result(tmp_path):
     (tmp_path / "build.py").write_text(FAKE_CHILD)
     options = arguments.BuildOptions(matrix=tmp_path / "matrix.yaml", all=True, no_test=True, no_cache=True)
-    worker = scheduler.RowProcesses(tmp_path, lambda image, out: options.child_argv(image, out, None))
+    worker = scheduler.RowProcesses(tmp_path, lambda image, out: options.child_argv(image, out))
     results = scheduler.schedule(ROWS, worker, 3, quiet(), worker.log_path)
     assert (results[0].ok, results[0].seconds, results[0].tags, results[0].size_bytes) == (True, {"build": 2.5}, ["t:1"], 5)
     assert (results[1].ok, results[1].exit_code, results[1].error) == (False, 2, ["no disk space for a build"])
@@ -124,11 +130,11 @@ def test_a_child_records_its_typed_error_then_raises_it(tmp_path):
 
 def test_options_become_the_childs_flags():
     options = arguments.BuildOptions(matrix=Path("m.yaml"), all=True, jobs=2, docker="/usr/bin/docker", ca_bundle="ca.pem", retest=True,
-                                     require_gpu=True, push=True, registry="127.0.0.1:5000/ml")
-    argv = options.child_argv(ROWS[1], Path("r.json"), "/ca.pem")  # the CA bundle as the parent found it
-    assert argv == ["--matrix", "m.yaml", "build", "--torch", "2.7.1", "--cuda", "12.6", "--docker", "/usr/bin/docker",
-                    "--ca-bundle", "/ca.pem", "--retest", "--require-gpu", "--result-json", "r.json", "--registry", "127.0.0.1:5000/ml",
-                    "--push"]  # --retries 4 is the child's default
+                                     require_gpu=True, push=True, registry="127.0.0.1:5000/ml", ca_path="/ca.pem")
+    argv = options.child_argv(ROWS[1], Path("r.json"))  # the CA bundle as the parent found it
+    assert argv == ["--matrix", "m.yaml", "build", "--torch", "2.7.1", "--cuda", "12.6", "--registry", "127.0.0.1:5000/ml", "--push",
+                    "--ca-bundle", "/ca.pem", "--docker", "/usr/bin/docker", "--retest", "--require-gpu",
+                    "--result-json", "r.json"]  # --retries 4 is the child's default
     assert sys.executable  # children run with this interpreter
 
 

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 import requests
+import tenacity
 import yaml
 
 from pytorch_cuda_build import matrix, pipeline
 from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.errors import AdvisoryLookupError, VulnerableImage
+from pytorch_cuda_build.registry import retry
 from pytorch_cuda_build.stages import publish, sbom, security
 
 from helpers import ROOT, run_cli
@@ -304,3 +306,25 @@ def test_a_build_without_pypi_or_debian_still_writes_a_report_that_says_so(tmp_p
     assert report["generated_from"]["error"].endswith("(4 attempts)") and report["counts"]["python"] == 0
     assert len(report["python_unchecked"]) == len(security.python_packages(root, ROW))
     assert len(said) == 1 and said[0].startswith("warning: vulnerabilities not looked up")
+
+
+def test_the_advisory_lookup_retries_under_the_registrys_one_policy(monkeypatch):
+    """PyPI's advisory API and a registry call share one retry policy (registry/retry.py): a
+    Transient answer is asked again, waits doubling from the backoff up to the one cap, each
+    retry logged; what still fails after the last attempt goes up."""
+    waits: list[float] = []
+    monkeypatch.setattr(tenacity.nap.time, "sleep", waits.append)
+    said: list[str] = []
+    calls = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 4:
+            raise retry.Transient("HTTP 503")
+        return "answer"
+    assert retry.retrying(4, 40, said.append)(flaky, "asking") == "answer"
+    assert waits == [40, 60, 60] and retry.WAIT_CAP == 60
+    assert said[0] == "asking failed: HTTP 503; attempt 2/4 in 40s"
+    with pytest.raises(retry.Transient):
+        retry.retrying(2, 0)(lambda: (_ for _ in ()).throw(retry.Transient("down")), "asking")
+    assert not hasattr(security, "_Transient") and security.Transient is retry.Transient

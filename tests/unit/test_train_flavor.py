@@ -296,14 +296,14 @@ def test_tebuild_refuses_an_extension_that_needs_the_driver(tmp_path):
 
 
 def test_a_train_bundle_carries_liger_and_torchao_and_says_why_not_te_and_fa4(tmp_path):
-    from pytorch_cuda_build.commands import gpubundle
+    from pytorch_cuda_build.commands import gpubundle, lockpins
 
     manifest = gpubundle.bundle_manifest(lock.image_dir(ROOT, TRAIN) / "manifest.json", ["liger-kernel", "torchao"])
     assert manifest["extras"] == {"liger-kernel": "0.8.5", "torchao": "0.18.0"}
     assert set(manifest["extras_not_carried"]) == {"transformer-engine", "flash-attn-4"}
     assert "64 MiB" in manifest["extras_not_carried"]["transformer-engine"]
-    pins = gpubundle.closure(gpubundle.parse_lock((lock.image_dir(ROOT, TRAIN) / "extras.lock").read_text()),
-                             gpubundle.CARRIED_EXTRAS)
+    pins = lockpins.closure(lockpins.parse_lock((lock.image_dir(ROOT, TRAIN) / "extras.lock").read_text()),
+                            gpubundle.CARRIED_EXTRAS, gpubundle.EXCLUDED)
     assert {p.name for p in pins} == {"liger-kernel", "torchao"}  # triton and torch: the machine's own
     runtime = gpubundle.bundle_manifest(lock.image_dir(ROOT, lock.runtime_of(TRAIN)) / "manifest.json", [])
     assert "extras" not in runtime and "extras_not_carried" not in runtime

@@ -16,7 +16,7 @@ import filelock
 import pytest
 import requests
 
-from pytorch_cuda_build import arguments, files, matrix
+from pytorch_cuda_build import arguments, cli, files, matrix, rules, spec
 from pytorch_cuda_build import validate as stage
 from pytorch_cuda_build.engine import docker_env
 from pytorch_cuda_build.registry import client as registry
@@ -278,6 +278,10 @@ COMBINATION_CASES = [
       for cmd, extra in [("engine", []), ("sbom", ["img"]), ("selftest", [])]],
 ]
 
+# The rules over two options, declared with each command's options: (command, *rule).
+NEEDS = [(h.options.NAME, *rule) for h in cli.COMMANDS for rule in h.options.NEEDS]
+CLASHES = [(h.options.NAME, *rule) for h in cli.COMMANDS for rule in h.options.CLASHES]
+ONLY_WITH = [(h.options.NAME, *rule) for h in cli.COMMANDS for rule in h.options.ONLY_WITH]
 BASE = {"build": ["--torch", "2.7"], "bench": ["--torch", "2.7"], "publish": ["--torch", "2.7", "--registry", "127.0.0.1:5000/ml"],
         "lock": [], "matrix": [], "engine": [], "job": [*K8S[1:], "t.py"], "fetch": ["--torch", "2.7"]}
 GIVE = {"jobs": ["--jobs", "2"], "retries": ["--retries", "2"], "allow_vulnerable": ["--allow-vulnerable", "GHSA-x"],
@@ -292,17 +296,17 @@ GIVE = {"jobs": ["--jobs", "2"], "retries": ["--retries", "2"], "allow_vulnerabl
 
 def _give(command: str, dest: str, but: str | None = None) -> list[str]:
     """argv that gives dest, with what dest needs (so that the rule under test is the one that fires)."""
-    needed = [n for cmd, d, n, _ in stage.NEEDS if cmd == command and d == dest and n != but]
-    return GIVE.get(dest, [stage.flag(dest)]) + [a for n in needed for a in _give(command, n)]
+    needed = [n for cmd, d, n, _ in NEEDS if cmd == command and d == dest and n != but]
+    return GIVE.get(dest, [spec.flag_of(dest)]) + [a for n in needed for a in _give(command, n)]
 
 
 def _rule_cases():
-    for cmd, dest, needed, _ in stage.NEEDS:
-        yield pytest.param([cmd, *BASE[cmd], *_give(cmd, dest, but=needed)], f"{stage.flag(dest)} needs {stage.flag(needed)}",
+    for cmd, dest, needed, _ in NEEDS:
+        yield pytest.param([cmd, *BASE[cmd], *_give(cmd, dest, but=needed)], f"{spec.flag_of(dest)} needs {spec.flag_of(needed)}",
                            id=f"{cmd}-{dest}-needs-{needed}")
-    for cmd, one, other, _ in stage.CLASHES:
+    for cmd, one, other, _ in CLASHES:
         yield pytest.param([cmd, *BASE[cmd], *_give(cmd, one), *_give(cmd, other)],
-                           f"{stage.flag(one)} and {stage.flag(other)} do not go together", id=f"{cmd}-{one}-{other}")
+                           f"{spec.flag_of(one)} and {spec.flag_of(other)} do not go together", id=f"{cmd}-{one}-{other}")
 
 
 def _filled(items: list[str], paths: dict) -> list[str]:
@@ -372,14 +376,14 @@ def _value_options() -> set[tuple[str, str]]:
                     yield from taking(sub, name)
             elif a.nargs != 0 and not isinstance(a, argparse._HelpAction):
                 yield command, a.option_strings[0] if a.option_strings else (a.metavar or a.dest)
-    return set(taking(arguments.parser(), ""))
+    return set(taking(cli.parser(), ""))
 
 
 def test_every_only_with_rule_has_a_case():
     """Each ONLY_WITH row of validate.py fires in COMBINATION_CASES (its message, as written)."""
     said = {says for _, says in COMBINATION_CASES}
-    missing = [(dest, other) for _, dest, other, values, _ in stage.ONLY_WITH
-               if f"{stage.flag(dest)} needs {stage.flag(other)} {' or '.join(values)}" not in said]
+    missing = [(dest, other) for _, dest, other, values, _ in ONLY_WITH
+               if f"{spec.flag_of(dest)} needs {spec.flag_of(other)} {' or '.join(values)}" not in said]
     assert not missing
 
 
@@ -389,10 +393,10 @@ def test_every_option_that_takes_a_value_has_a_bad_value_case():
 
 def test_every_rule_names_flags_its_command_has():
     """A renamed flag must not leave a rule that can never fire (its cases above would still pass)."""
-    commands = arguments.parser()._subparsers._group_actions[0].choices
-    for cmd, one, other, *_ in [*stage.NEEDS, *stage.CLASHES, *stage.ONLY_WITH]:
+    commands = cli.parser()._subparsers._group_actions[0].choices
+    for cmd, one, other, *_ in [*NEEDS, *CLASHES, *ONLY_WITH]:
         flags = {o for a in commands[cmd]._actions for o in a.option_strings}
-        assert {stage.flag(one), stage.flag(other)} <= flags, (cmd, one, other)
+        assert {spec.flag_of(one), spec.flag_of(other)} <= flags, (cmd, one, other)
 
 
 @pytest.mark.parametrize("argv, completed", [
@@ -422,7 +426,7 @@ def test_every_rule_names_flags_its_command_has():
 ])
 def test_good_arguments_pass_and_are_completed(monkeypatch, argv, completed):
     monkeypatch.delenv("PYTORCH_CUDA_REGISTRY", raising=False)
-    args = stage.validate(arguments.parser().parse_args(argv))
+    args = stage.validate(cli.parser().parse_args(argv))
     assert {k: getattr(args, k) for k in completed} == completed
 
 
@@ -433,10 +437,10 @@ def test_a_child_of_all_gets_arguments_that_validate(tmp_path, monkeypatch, regi
     opts = arguments.BuildOptions(matrix=ROOT / "matrix.yaml", all=True, jobs=2, no_test=registry is None, no_cache=True,
                                   push=registry is not None, registry=str(registry) if registry else None, retries=2 if registry else 4,
                                   allow_vulnerable=("GHSA-x",) if registry else (), cache_from=("type=registry,ref=r/c",),
-                                  compression="zstd" if registry else "gzip", quiet=True)
+                                  compression="zstd" if registry else "gzip", quiet=True, ca_path=certifi.where())
     row = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
-    argv = opts.child_argv(row, tmp_path / "result.json", certifi.where())
-    stage.validate(arguments.parser().parse_args(argv))
+    argv = opts.child_argv(row, tmp_path / "result.json")
+    stage.validate(cli.parser().parse_args(argv))
 
 
 def test_dry_run_still_needs_no_docker(untouched):
@@ -449,10 +453,10 @@ def test_a_ca_bundle_with_a_pem_certificate_among_other_text_is_taken(tmp_path):
     first = pem[pem.index("-----BEGIN CERTIFICATE-----"):pem.index("-----END CERTIFICATE-----") + 25]
     bundle = tmp_path / "ca.pem"
     bundle.write_text("# the company's root\n" + first + "\n")
-    stage.check_ca_bundle(str(bundle))
+    rules.ca_bundle("--ca-bundle", str(bundle))
     bundle.write_text(first.replace("-----BEGIN CERTIFICATE-----", "-----BEGIN PRIVATE KEY-----"))
     with pytest.raises(Exception, match="holds no PEM certificate"):
-        stage.check_ca_bundle(str(bundle))
+        rules.ca_bundle("--ca-bundle", str(bundle))
 
 
 def test_publish_sign_key_on_a_row_of_several_platforms_is_refused_before_anything_is_touched(untouched, paths, monkeypatch):

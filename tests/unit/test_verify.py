@@ -287,9 +287,9 @@ def test_the_verdict_says_where_both_builds_took_the_compiled_ops_from(monkeypat
 
 
 def test_verify_takes_compile_ops_on_its_command_line():
-    from pytorch_cuda_build import arguments
-    assert arguments.parser().parse_args(["verify", "--torch", "2.7", "--cuda", "12.1", "--compile-ops"]).compile_ops
-    assert not arguments.parser().parse_args(["verify", "--torch", "2.7", "--cuda", "12.1"]).compile_ops
+    from pytorch_cuda_build import cli
+    assert cli.parser().parse_args(["verify", "--torch", "2.7", "--cuda", "12.1", "--compile-ops"]).compile_ops
+    assert not cli.parser().parse_args(["verify", "--torch", "2.7", "--cuda", "12.1"]).compile_ops
 
 
 @pytest.mark.parametrize("free_gib,keeps", [(16.9, False), (17.1, True), (35, True)])

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from pytorch_cuda_build import arguments, matrix
+from pytorch_cuda_build import cli, matrix
+from pytorch_cuda_build.commands import fanout
 
 from helpers import ROOT, venv_tool
 
@@ -74,14 +75,14 @@ def _jobs() -> dict:
 def test_every_build_py_call_is_a_real_command():
     runs = " ".join(s.get("run", "") for j in _jobs().values() for s in j["steps"])
     called = set(re.findall(r"build\.py (\w+)", runs))
-    assert called and called <= set(arguments.COMMANDS), called - set(arguments.COMMANDS)
+    assert called and called <= set(cli.NAMES), called - set(cli.NAMES)
 
 
 def test_fan_out_uses_matrix_json_keys_that_exist():
     """The jobs that fan out over `matrix --json` (build) and `matrix --indexes` (merge) read only its keys."""
     text = json.dumps([_jobs()["build"], _jobs()["merge"]])
     used = set(re.findall(r"\$\{\{\s*matrix\.(\w+)", text))
-    row = matrix.as_json(matrix.load(ROOT / "matrix.yaml"))["include"][0]
+    row = fanout.as_json(matrix.load(ROOT / "matrix.yaml"))["include"][0]
     assert used and used <= set(row), used - set(row)
     assert "build.py matrix --json" in _jobs()["matrix"]["steps"][-1]["run"]
 
@@ -120,3 +121,15 @@ def test_the_schedule_runs_every_on_request_tier_that_is_no_replay():
     run = next(s["run"] for s in job["steps"] if s.get("name") == "The tier's tests, as root")
     assert '"$TIER_VARIABLE=1"' in run and '"$TIER_TESTS"' in run and "CI=true" in run
     assert job["env"] == {"TIER_VARIABLE": "${{ matrix.variable }}", "TIER_TESTS": "${{ matrix.tests }}"}
+
+
+def test_each_platform_a_row_can_have_has_its_runners_in_the_workflow():
+    """The build job picks each platform's runner itself (the runner names live in the workflow, beside
+    what uses them): a hosted one, and self-hosted GPU runners whose labels name the architecture."""
+    runs_on = _jobs()["build"]["runs-on"]
+    gpu, hosted = (json.loads(text) for text in re.findall(r"'(\{.*?\})'", runs_on))
+    assert "matrix.platform" in runs_on and "vars.GPU_RUNNER == 'true'" in runs_on
+    assert set(hosted) == set(gpu) == set(matrix.OS_PLATFORMS)
+    assert hosted["linux/arm64"] == "ubuntu-24.04-arm" and all(isinstance(name, str) for name in hosted.values())
+    assert all(labels[:2] == ["self-hosted", "linux"] and "gpu" in labels for labels in gpu.values())
+    assert {"x64", "arm64"} == {labels[2] for labels in gpu.values()}

@@ -20,7 +20,7 @@ import requests
 from pytorch_cuda_build import arguments, matrix
 from pytorch_cuda_build.errors import EnvironmentProblem, ImmutableTagTaken, PublishError
 from pytorch_cuda_build.registry import client as registry
-from pytorch_cuda_build.registry import zstd
+from pytorch_cuda_build.registry import retry, zstd
 from pytorch_cuda_build.stages import publish
 
 from helpers import ROOT, ExportingEngine, layer_tar, oci_export, require
@@ -172,8 +172,8 @@ def test_the_classic_store_is_refused_in_one_line_naming_what_to_do(monkeypatch)
 def test_a_build_with_all_hands_the_compression_to_each_row():
     row = matrix.load(ROOT / "matrix.yaml").select("2.7", "12.1")
     pushed = arguments.BuildOptions(all=True, push=True, registry="127.0.0.1:5000/ml")
-    assert "--compression" not in pushed.child_argv(row, Path("r.json"), None)
-    argv = dataclasses.replace(pushed, compression="zstd").child_argv(row, Path("r.json"), None)
+    assert "--compression" not in pushed.child_argv(row, Path("r.json"))
+    argv = dataclasses.replace(pushed, compression="zstd").child_argv(row, Path("r.json"))
     assert argv[argv.index("--compression") + 1] == "zstd"
 
 
@@ -279,10 +279,10 @@ def tested(monkeypatch):
 
 
 def run(c, api: MemoryRegistry, compression: str, push: bool = True) -> list[publish.Move]:
-    retry = publish.retrying(1, 0, lambda _: None)
-    moves = publish.plan(c, api, [ROW], retry, compression)
+    once = retry.retrying(1, 0, lambda _: None)
+    moves = publish.plan(c, api, [ROW], once, compression)
     if push:
-        publish.execute(c, api, moves, None, retry, lambda _: None)
+        publish.execute(c, api, moves, None, once, lambda _: None)
     return moves
 
 
@@ -330,7 +330,7 @@ def test_a_dated_tag_holding_this_image_in_gzip_stays_and_the_moving_tags_get_it
     assert moves[0].in_place and all(mv.follows and mv.follows.digest == image.image_id for mv in moves[1:])
     assert publish.table(moves, api.reg, push=False)[1].endswith("already there (gzip)")
     assert c.engine.sent == 0  # the manifest digest said it: nothing read from the engine
-    publish.execute(c, api, moves, None, publish.retrying(1, 0, lambda _: None), lambda _: None)
+    publish.execute(c, api, moves, None, retry.retrying(1, 0, lambda _: None), lambda _: None)
     assert [call for call in api.calls if call[0] != "read"] == [("copy", t) for t in ROW.tags]
     assert {api.tags[f"ml/pytorch-cuda:{t}"] for t in ROW.tags} == {image.blobs[image.image_id]}
 
