@@ -8,6 +8,7 @@ That is how the tests make a registry fail mid-push, refuse writes or ask for cr
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import http.server
 import json
@@ -266,3 +267,21 @@ def push_small(local: str, target: str) -> str:
         subprocess.run(["/usr/bin/docker", "image", "rm", target], capture_output=True)
     assert proc.returncode == 0, proc.stderr
     return next(w for line in proc.stdout.splitlines() for w in line.split() if w.startswith("sha256:"))
+
+
+@contextlib.contextmanager
+def small_published(tmp: Path, tag: str):
+    """A registry on 127.0.0.1 with a small image pushed to ml/pytorch-cuda:tag: (the registry, a
+    reader of it, the image's digest, the image's local tag); the registry stopped and the local
+    image removed after. For the tests of what a push attaches beside an image."""
+    from pytorch_cuda_build.registry.client import Registry, RegistryAPI
+
+    require_binary()
+    reg = LocalRegistry(tmp / "registry").start()
+    local = small_image(tmp, {"/f": uuid.uuid4().hex})
+    digest = push_small(local, f"{reg.address('ml')}/pytorch-cuda:{tag}")
+    try:
+        yield reg, RegistryAPI(Registry(reg.host, "ml"), None, None), digest, local
+    finally:
+        reg.stop()
+        subprocess.run(["/usr/bin/docker", "image", "rm", "--force", local], capture_output=True)

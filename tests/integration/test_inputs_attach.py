@@ -5,37 +5,26 @@ from the registry alone (`fetch --from-image`), and an image with none attached 
 from __future__ import annotations
 
 import hashlib
-import subprocess
-import uuid
 
 import pytest
 
 from pytorch_cuda_build.commands import verify_image
 from pytorch_cuda_build.jobs import parse_image
 from pytorch_cuda_build.registry import attach
-from pytorch_cuda_build.registry.client import Registry, RegistryAPI
 from pytorch_cuda_build.stages import fetch
 from pytorch_cuda_runtime.lockfile import Input
 
-from registry import LocalRegistry, push_small, require_binary, small_image
+from registry import push_small, small_published
 
 pytestmark = [pytest.mark.docker]
 
-DOCKER = "/usr/bin/docker"
 
 
 @pytest.fixture(scope="module")
 def published(tmp_path_factory, docker_client):
-    require_binary()
     tmp = tmp_path_factory.mktemp("inputs")
-    reg = LocalRegistry(tmp / "registry").start()
-    local = small_image(tmp, {"/f": uuid.uuid4().hex})
-    digest = push_small(local, f"{reg.address('ml')}/pytorch-cuda:inputs")
-    try:
-        yield {"reg": reg, "api": RegistryAPI(Registry(reg.host, "ml"), None, None), "digest": digest, "tmp": tmp, "local": local}
-    finally:
-        reg.stop()
-        subprocess.run([DOCKER, "image", "rm", "--force", local], capture_output=True)
+    with small_published(tmp, "inputs") as (reg, api, digest, local):
+        yield {"reg": reg, "api": api, "digest": digest, "tmp": tmp, "local": local}
 
 
 def stored(store: fetch.Store, name: str, data: bytes, url: str) -> Input:

@@ -6,17 +6,14 @@ publish attaches its own: test_publish.py."""
 from __future__ import annotations
 
 import json
-import subprocess
 import urllib.error
 import urllib.request
-import uuid
 
 import pytest
 
 from pytorch_cuda_build.registry import attach
-from pytorch_cuda_build.registry.client import Registry, RegistryAPI
 
-from registry import LocalRegistry, push_small, require_binary, small_image
+from registry import LocalRegistry, small_published
 
 pytestmark = [pytest.mark.docker]
 
@@ -25,18 +22,11 @@ DOCKER = "/usr/bin/docker"
 
 @pytest.fixture(scope="module")
 def pushed(tmp_path_factory, docker_client):
-    require_binary()
     tmp = tmp_path_factory.mktemp("sbom")
-    reg = LocalRegistry(tmp / "registry").start()
-    local = small_image(tmp, {"/f": uuid.uuid4().hex})
-    digest = push_small(local, f"{reg.address('ml')}/pytorch-cuda:attach")
     sbom = tmp / "sbom.cdx.json"
     sbom.write_text(json.dumps({"bomFormat": "CycloneDX", "specVersion": "1.5", "components": [{"name": "torch"}]}))
-    try:
-        yield {"reg": reg, "api": RegistryAPI(Registry(reg.host, "ml"), None, None), "digest": digest, "sbom": sbom, "tmp": tmp}
-    finally:
-        reg.stop()
-        subprocess.run([DOCKER, "image", "rm", "--force", local], capture_output=True)
+    with small_published(tmp, "attach") as (reg, api, digest, _):
+        yield {"reg": reg, "api": api, "digest": digest, "sbom": sbom, "tmp": tmp}
 
 
 def blob(reg: LocalRegistry, digest: str) -> bytes:
