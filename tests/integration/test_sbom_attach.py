@@ -17,7 +17,6 @@ from registry import LocalRegistry, small_published
 
 pytestmark = [pytest.mark.docker]
 
-DOCKER = "/usr/bin/docker"
 
 
 @pytest.fixture(scope="module")
