@@ -1,4 +1,4 @@
-"""Every command block a user would copy from the README and docs/*.md has a status, and this file
+"""Every command block a user would copy from the README, CONTRIBUTING.md, SECURITY.md and docs/*.md has a status, and this file
 knows which (docs/measurements/ records commands as they ran on their day, and is not read):
 
 - **run**: a test, or this project's CI entry point, runs the block's commands. RUN below names it
@@ -32,7 +32,7 @@ import pytest
 
 from helpers import ROOT, code_blocks, run_cli
 
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "SECURITY.md", *sorted((ROOT / "docs").glob("*.md"))]
 COMMAND_LANGS = {"", "bash", "sh", "shell", "console"}
 OTHER_LANGS = {"text", "yaml", "json", "python", "dockerfile", "ini"}
 SKETCH = re.compile(r"<!-- sketch: (\S(?:(?!-->).)*\S) -->$")
@@ -124,6 +124,7 @@ RUN: dict[tuple[str, str], tuple[Run, ...]] = {
 # Blocks whose build.py lines run here, offline, as written: each line but those starting with the
 # prefixes given, which need what a unit test has not (the package index, a cluster).
 OFFLINE: dict[tuple[str, str], tuple[str, ...]] = {
+    ("CONTRIBUTING.md", "python3 build.py lock --check"): (),
     ("docs/cli.md", "python3 build.py list"): (),
     ("docs/installing.md", "python3 build.py list"): (),
     ("docs/cli.md", "python3 build.py matrix --json"): ("python3 build.py matrix --propose",),
@@ -463,7 +464,7 @@ def test_the_offline_blocks_run_as_written(published_checkout, tmp_path, monkeyp
             proc = run_cli(published_checkout, *argv[2:], env=OFFLINE_ENV)
             assert proc.returncode == 0, f"{block}: {line}\n{proc.stderr}"
             ran += 1
-    assert ran >= 8
+    assert ran >= 10
 
 
 def test_the_preflight_step_shown_is_the_one_job_writes():
