@@ -5,7 +5,12 @@
 - the marker table (docs/testing.md) and CONTRIBUTING.md name the markers pyproject.toml registers;
 - every flavor a page names (`--flavor X`, `flavors: [...]`) is one of matrix.FLAVORS;
 - the image reference's labels section names every label render and build put on an image;
-- a default the command reference states for an option is the parser's default.
+- a default the command reference states for an option is the parser's default, and `job --bundle`'s
+  the path the script it writes uses;
+- cleanup.md names every place the tool keeps things (paths.py's state and store, the second
+  engine's folders), and no page gives the build cache a mount the templates lack;
+- faults.md's fault-injection list names every stage the tier kills, and testing.md's line that
+  runs every on-request tier at once selects each tier's tests.
 """
 from __future__ import annotations
 
@@ -158,3 +163,122 @@ def test_the_image_reference_names_every_variable_and_port_the_images_set():
     table = text.split("## Ports", 1)[1].split("\n## ", 1)[0]
     assert not [n for n in sorted(names) if f"`{n}`" not in env], "image-reference.md's environment section lacks some"
     assert set(re.findall(r"^\| (\d+) \|", table, re.M)) == ports
+
+
+# --- where the tool keeps things, and what the build cache holds ----------------------------------
+# Found stale once: cleanup.md, the command reference's prune and ops.md named a wheelhouse and the
+# toolkit's .debs among the build cache's mounts, which the templates no longer have (every file a
+# build reads comes from the host's store), and cleanup.md did not name the store at all.
+
+def test_cleanup_names_every_place_the_tool_keeps_things():
+    """Each variable the tool reads for where it keeps state, the store or the second engine is on cleanup.md."""
+    code = "".join((ROOT / "pytorch_cuda_build" / p).read_text() for p in ("paths.py", "tooling/engine_current.py"))
+    variables = set(re.findall(r'os\.environ\.get\("(PYTORCH_CUDA_\w+)"', code))
+    assert {"PYTORCH_CUDA_STATE", "PYTORCH_CUDA_STORE", "PYTORCH_CUDA_ENGINE_HOME"} <= variables
+    page = (DOCS / "cleanup.md").read_text()
+    assert not [v for v in sorted(variables) if f"`{v}`" not in page and f"`${v}`" not in page], "cleanup.md lacks some"
+
+
+def cache_mounts() -> list[str]:
+    """The ids and targets of the templates' BuildKit cache mounts."""
+    found = []
+    for template in sorted((ROOT / "templates").glob("*.j2")):
+        found += [" ".join(m) for m in re.findall(r"--mount=type=cache,id=([^,]+),target=([^,\s]+)", template.read_text())]
+    return found
+
+
+# What a page may say the build cache's mounts hold, and what a template's cache mount must then hold.
+CACHED = {"a wheelhouse": ("wheelhouse", "wheel"), "the toolkit's .debs": (r"toolkit(?:'s)? \.debs", "debs")}
+
+
+def cached_names(text: str, mounts: list[str]) -> list[str]:
+    text = " ".join(text.split())
+    return [what for what, (name, key) in CACHED.items()
+            if re.search(rf"(?:cache mounts?|build cache's mounts)\b[^.]*?\b{name}\b|\b{name} cache\b", text, re.I)
+            and not any(key in m for m in mounts)]
+
+
+def test_no_page_names_a_cache_mount_the_templates_lack():
+    mounts = cache_mounts()
+    assert any("opscache" in m for m in mounts)
+    bad = [f"{p.relative_to(ROOT)}: {n}" for p in PAGES if "measurements" not in p.parts for n in cached_names(p.read_text(), mounts)]
+    assert not bad, f"pages name a build cache the templates have no cache mount for: {bad}"
+
+
+def test_the_cache_check_finds_a_wheelhouse():
+    assert cached_names("The cache mounts (the wheelhouse, the toolkit .debs) are kept.", ["x /opscache"]) == list(CACHED)
+
+
+# --- a default computed by the code --------------------------------------------------------------
+
+def test_the_bundle_default_the_reference_states_is_the_scripts():
+    """--bundle's default is the generated script's BUNDLE= path, with its shell read as the page writes it."""
+    from helpers import run_cli
+    row = (DOCS / "cli.md").read_text().split("| `--bundle DIR` |", 1)[1].split("\n", 1)[0]
+    stated = re.search(r"\(default `([^`]+)`", row).group(1)
+    digest = "sha256:" + "0123456789abcdef" * 4
+    proc = run_cli(ROOT, "job", "--torch", "2.7", "--cuda", "12.1", "--scheduler", "slurm", "--nodes", "2", "--runtime", "oci",
+                   "--image", f"127.0.0.1:5000/ml/pytorch-cuda@{digest}", "--", "train.py")
+    assert proc.returncode == 0, proc.stderr
+    bundle = re.search(r'^BUNDLE="([^"]+)"$', proc.stdout, re.M).group(1)
+    written = (bundle.replace("${SLURM_SUBMIT_DIR:-$PWD}", "$SLURM_SUBMIT_DIR").replace("$(id -un)", "USER")
+               .replace("2.7.1-cuda12.1-runtime", "<image>").replace(digest[7:19], "<12 hex of the digest>"))
+    assert written == stated, f"docs/cli.md says --bundle defaults to {stated}; the script uses {bundle}"
+
+
+# --- the fault tier and the on-request tiers -----------------------------------------------------
+
+def kill_stages() -> list[str]:
+    """The stages tests/integration/test_fault_injection.py kills a run in (its KILLS table's keys)."""
+    import ast
+    tree = ast.parse((ROOT / "tests" / "integration" / "test_fault_injection.py").read_text())
+    (table,) = [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) and any(
+        isinstance(t, ast.Name) and t.id == "KILLS" for t in n.targets)]
+    assert isinstance(table, ast.Dict)
+    return [k.value for k in table.keys if isinstance(k, ast.Constant)]
+
+
+def test_the_fault_page_names_every_stage_the_fault_tier_kills():
+    text = (DOCS / "faults.md").read_text()
+    bullet = " ".join(text.split("- SIGKILL of the run's process group at each stage:", 1)[1].split("\n- ", 1)[0].split())
+    stages = kill_stages()
+    assert "fetch" in stages and "publish" in stages
+    missing = [s for s in stages if not re.search(rf"\b{re.escape(s)}\b", bullet)]
+    assert not missing, f"docs/faults.md's fault-injection list lacks the stages {missing} that the tier kills"
+
+
+def selects(expression: str, names: set[str]) -> bool:
+    """pytest's -k: each word a case-insensitive substring of one of the item's names."""
+    words = re.sub(r"[\w.\[\]-]+", lambda m: m.group(0) if m.group(0) in ("and", "or", "not") else
+                   str(any(m.group(0).lower() in n.lower() for n in names)), expression)
+    return bool(eval(words, {"__builtins__": {}}))  # noqa: S307 (True, False, and, or, not, parentheses only)
+
+
+def test_the_all_at_once_line_runs_every_tier_the_schedule_runs():
+    """testing.md's line that sets every on-request variable but PR_BUILD's selects every test the weekly
+    schedule runs for those variables (.github/workflows/images.yml, its on-request job)."""
+    import ast
+
+    import yaml
+    from helpers import code_blocks
+    from test_workflow import on_request_variables
+    (block,) = [b for _, b, _ in code_blocks((DOCS / "testing.md").read_text()) if b.startswith("for v in ")]
+    loop, line = block.splitlines()[:2]
+    assert {f"PYTORCH_CUDA_TEST_{v}" for v in loop.split(" in ", 1)[1].split(";")[0].split()} == \
+        on_request_variables() - {"PYTORCH_CUDA_TEST_PR_BUILD"}
+    expression = re.search(r'-k "([^"]+)"', line).group(1)
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "images.yml").read_text())
+    missed = []
+    for tier in workflow["jobs"]["on-request"]["strategy"]["matrix"]["include"]:
+        path, _, name = tier["tests"].partition("::")
+        tests = [name] if name else [n.name for n in ast.walk(ast.parse((ROOT / path).read_text()))
+                                     if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
+        if not all(selects(expression, {path.rsplit("/", 1)[1], test}) for test in tests):
+            missed.append(tier["variable"])
+    assert not missed, f"docs/testing.md's all-at-once -k does not select the tests of {missed}"
+
+
+def test_the_k_reading_is_pytests():
+    assert selects("cuda13 or test_hermetic", {"test_hermetic.py", "test_the_day_moved"})
+    assert not selects("cuda13 or test_fault_injection", {"test_hermetic.py", "test_the_day_moved"})
+    assert not selects("build_job and not verify", {"test_workflow_replay.py", "test_build_job_verify"})
