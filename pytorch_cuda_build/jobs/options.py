@@ -108,7 +108,7 @@ class JobOptions(spec.Row):
     output: Path | None = opt(None, "file to write, or a directory for <name>.sbatch / <name>.yaml (default: stdout)", type=Path,
                               metavar="FILE|DIR", check=rules.writable_file_or_folder)
     runtime: str | None = opt(None, "slurm: oci (default; srun --container), pyxis (enroot) or apptainer", choices=RUNTIMES)
-    bundle: str | None = opt(None, "slurm oci: the OCI bundle on a shared filesystem (default: $SLURM_SUBMIT_DIR/bundles/<image>-<digest>)",
+    bundle: str | None = opt(None, "slurm oci: the OCI bundle on a shared filesystem (default: $SLURM_SUBMIT_DIR/bundles/USER/<image>-<12 hex of the digest>)",
                              metavar="DIR", check=rules.form(SHARED_PATH, f"an absolute path {SHARED}"))
     sif: str | None = opt(None, "slurm apptainer: a .sif to run instead of docker://IMAGE", metavar="FILE",
                           check=rules.form(rf"(?=.*\.sif\Z){SHARED_PATH}", f"an absolute path to a .sif file {SHARED}"))

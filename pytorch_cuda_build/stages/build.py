@@ -38,7 +38,7 @@ INPUTS = "inputs"  # the context's folder of locked files, which the Dockerfile'
 # Every row build runs its RUN steps with no network: all they read is in the context.
 NETWORK = "none"
 # A cold build of one row needs the torch layer twice over (layer + extraction) and
-# the wheelhouse; refuse early rather than fail half-way with a full disk.
+# its files in the store and in BuildKit's copy of the context; refuse early rather than fail half-way with a full disk.
 MIN_FREE_BYTES = 25 * 1024**3
 
 
@@ -343,9 +343,8 @@ def prune(bc: BuildClient, c: docker.DockerClient, repository: str, keep_storage
             removed += 1
     c.images.prune(filters={"dangling": True})
     # Layer records and build-context copies only: BuildKit's LRU would otherwise also drop the
-    # cache mounts (wheelhouse, toolkit .debs, compiled ops), and the next build downloads
-    # gigabytes and runs nvcc again. Those stay bounded by the matrix; docs/cli.md (prune) says how to
-    # empty them.
+    # cache mounts (the compiled ops, TE's extension), and the next build runs nvcc again. Those
+    # stay bounded by the matrix; docs/cli.md (prune) says how to empty them.
     for kind in ("regular", "source.local"):
         subprocess.run([bc.argv[0], "builder", "prune", "--force", "--keep-storage", keep_storage,
                         "--filter", f"type={kind}"],

@@ -21,8 +21,6 @@ from . import lock, security
 
 LABEL_PREFIX = "io.pytorch-cuda"
 LOCK_LABEL = f"{LABEL_PREFIX}.lock-sha256"  # the hash of the row's lock files
-WHEELHOUSE_CACHE_ID = "pytorch-cuda-wheelhouse"
-DEB_CACHE_ID = "pytorch-cuda-debs"
 OPS_CACHE_ID = "pytorch-cuda-ops"
 TE_CACHE_ID = "pytorch-cuda-te"  # Transformer Engine's compiled extension (tebuild.py), as the ops cache
 # What DeepSpeed's CPU accelerator compiles for ZeRO (its comm op, CPUAdam for offload, its
@@ -190,8 +188,8 @@ def dockerfile(root: Path, image: Image, meta: dict) -> str:
                                     layers.extras_wheels_of(meta, image.platform))
     try:
         text = _env(root).get_template("Dockerfile.j2").render(
-            image=image, layout=layout, extras_layout=extras_layout, te_cache_id=TE_CACHE_ID, base_stage=base_stage(root, image, meta), labels=labels(image, meta), cache_id=WHEELHOUSE_CACHE_ID,
-            build_packages=apt_list(image.os.build_packages, meta.get("apt", {})), deb_cache_id=DEB_CACHE_ID, ops_cache_id=OPS_CACHE_ID,
+            image=image, layout=layout, extras_layout=extras_layout, te_cache_id=TE_CACHE_ID, base_stage=base_stage(root, image, meta), labels=labels(image, meta),
+            build_packages=apt_list(image.os.build_packages, meta.get("apt", {})), ops_cache_id=OPS_CACHE_ID,
             cpu_builders=list(CPU_OPS), cpu_ops=list(CPU_OPS.values()), torch_ext_folder=torch_ext_folder(image),
             toolkit_version=meta.get("cuda_toolkit") or "unknown", reproducible_epoch=REPRODUCIBLE_EPOCH,
         )

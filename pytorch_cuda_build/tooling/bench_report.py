@@ -192,7 +192,7 @@ def cold_alone_markdown(cd: dict) -> list[str]:
     if cd.get("ours_te_s") and any(cd["ours_te_s"]):
         parts.append(f"Transformer Engine stage {med(cd['ours_te_s']):.0f} s")
     parts.append(f"locked wheels {med(cd['ours_python_env_s']):.0f} s")
-    return [f"| cold build, this tool: empty build cache and wheelhouse, ops compiled ({', '.join(parts)}, "
+    return [f"| cold build, this tool: empty build cache and store, ops compiled ({', '.join(parts)}, "
             f"partly side by side) | {med(cd['ours_s']):.0f} s ({med(cd['ours_s']) / 60:.0f} min) | reported | - |"]
 
 

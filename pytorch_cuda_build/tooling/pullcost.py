@@ -223,8 +223,8 @@ def rebuilt(log_path: Path, dockerfile: Path) -> dict:
 
 
 # Twelve builds of about 6 GB each do not fit a build host's disk together: between builds the
-# build cache keeps its newest layers up to this size, and every cache mount (the wheelhouse,
-# the compiled ops, which the second layout's builds take instead of compiling again).
+# build cache keeps its newest layers up to this size, and every cache mount (the compiled ops,
+# which the second layout's builds take instead of compiling again).
 KEEP_CACHE = "8GB"
 
 

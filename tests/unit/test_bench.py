@@ -250,7 +250,7 @@ def test_a_train_flavors_cold_build_is_reported_alone_with_its_compiles():
          "cold": {"ours_s": [2400.0], "ours_ops_s": [1500.0], "ours_te_s": [1300.0], "ours_python_env_s": [300.0],
                   "ours_cpu_ops_s": [150.0], "naive_s": [], "naive_ops_s": []}}
     md = bench_report.report_markdown(r)
-    assert "| cold build, this tool: empty build cache and wheelhouse, ops compiled (DeepSpeed ops stage 1500 s, " \
+    assert "| cold build, this tool: empty build cache and store, ops compiled (DeepSpeed ops stage 1500 s, " \
            "Transformer Engine stage 1300 s, locked wheels 300 s, partly side by side) | 2400 s (40 min) |" in md
     assert "naive" not in md.split("| series (s)")[0].replace("(naive builds none)", "")
     assert "|   of which Transformer Engine's extension | 1300.00 |" in md
