@@ -10,6 +10,7 @@ that changed since the last one.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import os
 import re
 import shutil
@@ -124,10 +125,14 @@ def stage_inputs(root: Path, image: Image, dest: Path, ca_bundle: str | None = N
             s.stage(item, dest / folder / item.file)
 
 
-def context_dir(image: Image) -> Path:
-    """The row's build context: one folder per row and platform, kept between builds (BuildKit
-    keys its copy of a context by the folder's path, and then sends only what changed)."""
-    return paths.STATE_DIR / "contexts" / image.name / image.platform.replace("/", "-")
+def context_dir(root: Path, image: Image, bc: BuildClient) -> Path:
+    """The row's build context: one folder per checkout, daemon, row and platform, kept between
+    builds (BuildKit keys its copy of a context by the folder's path, and then sends only what
+    changed). Two builds of one row on two daemons, or from two checkouts, each have their own:
+    the row's lock is per daemon, so they may run at once."""
+    daemon = bc.env.get("DOCKER_HOST") or os.environ.get("DOCKER_HOST") or "default"
+    where = hashlib.sha256(f"{root.resolve()}\n{daemon}".encode()).hexdigest()[:12]
+    return paths.STATE_DIR / "contexts" / f"{image.local_name}-{where}"
 
 
 def free_bytes(docker_root: str) -> tuple[int, Path]:
@@ -233,7 +238,7 @@ def run(bc: BuildClient, root: Path, image: Image, log_path: Path, ca_bundle: st
     provenance is kept (or an earlier build's removed, where this engine writes none)."""
     src = src or source(root)
     with tempfile.TemporaryDirectory(prefix="pytorch-cuda-build-") as tmp:
-        context = context_dir(image)
+        context = context_dir(root, image, bc)
         shutil.rmtree(context, ignore_errors=True)  # staged anew: nothing of another commit stays
         context.mkdir(parents=True)
         stage_context(root, image, context, ca_bundle)
