@@ -13,7 +13,7 @@ import pytest
 
 from pytorch_cuda_build.stages import build
 
-from helpers import ROOT, run_build_py, sources_gone
+from helpers import ROOT, default_image, run_build_py, sources_gone
 from registry import LocalRegistry, push_small, require_binary, small_image
 
 pytestmark = [pytest.mark.docker]
@@ -82,6 +82,7 @@ def test_the_default_row_published_then_rebuilt_from_this_checkout_is_the_same_i
     index gone: it fills the store from the registry, rebuilds without cache and with the ops
     compiled, and finds one config digest."""
     require_binary()
+    default_image()  # built and tested in this session (at once where the main lane did)
     reg = LocalRegistry(tmp_path / "registry").start()
     try:
         pushed = run_build_py(ROOT, "publish", "--torch", "2.7", "--cuda", "12.1", "--registry", reg.address("ml"), "--push",

@@ -260,8 +260,9 @@ def test_the_all_at_once_line_runs_every_tier_the_schedule_runs():
     import ast
 
     import yaml
-    from helpers import code_blocks
     from test_workflow import on_request_variables
+
+    from helpers import code_blocks
     (block,) = [b for _, b, _ in code_blocks((DOCS / "testing.md").read_text()) if b.startswith("for v in ")]
     loop, line = block.splitlines()[:2]
     assert {f"PYTORCH_CUDA_TEST_{v}" for v in loop.split(" in ", 1)[1].split(";")[0].split()} == \
