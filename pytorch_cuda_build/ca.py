@@ -5,8 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import TYPE_CHECKING, Any
+
+import requests
 
 from .errors import BadFile
+
+if TYPE_CHECKING:
+    from requests.sessions import _Settings  # typeshed's name for what the merge returns
 
 
 def default_ca_bundle() -> str | None:
@@ -36,3 +42,23 @@ def ca_bundle(given: str | None) -> str | None:
     except OSError as e:
         raise BadFile(f"cannot read CA bundle {path}: {e.strerror}", path=path) from None
     return path
+
+
+class _Session(requests.Session):
+    """A session whose own CA bundle wins. requests lets REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE replace
+    a session's `verify` (psf/requests#3829, open until its 3.0), so a bundle given with --ca-bundle
+    was silently swapped for the environment's wherever one is set, as on our machines."""
+
+    def merge_environment_settings(self, url: Any, proxies: Any, stream: Any, verify: Any, cert: Any) -> _Settings:
+        settings = super().merge_environment_settings(url, proxies, stream, verify, cert)
+        if verify is None and self.verify is not True:  # not given for this request: the session's own
+            settings["verify"] = self.verify
+        return settings
+
+
+def session(bundle: str | None) -> requests.Session:
+    """An HTTP session that verifies with `bundle` where one is given, whatever the environment says."""
+    s = _Session()
+    if bundle:
+        s.verify = bundle
+    return s

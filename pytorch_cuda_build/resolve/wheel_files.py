@@ -21,6 +21,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from pytorch_cuda_runtime import lockfile
 
+from .. import ca
 from ..errors import ResolveError
 from ..matrix import OS_PLATFORMS
 
@@ -109,9 +110,7 @@ class Index:
 
     def __init__(self, url: str, ca_bundle: str | None, session: requests.Session | None = None, timeout: float = 60):
         self.url, self.timeout = url.rstrip("/") + "/", timeout
-        self.session = session or requests.Session()
-        if ca_bundle:
-            self.session.verify = ca_bundle
+        self.session = session or ca.session(ca_bundle)
 
     def files(self, project: str) -> list[tuple[str, str, int | None, str]]:
         """(filename, sha256, size or None, url) of every file of the project."""

@@ -31,7 +31,7 @@ from filelock import FileLock
 
 from pytorch_cuda_runtime.lockfile import Input
 
-from .. import paths
+from .. import ca, paths
 from ..errors import BadFile, InputUnavailable
 
 DOWNLOADS_AT_ONCE = 4
@@ -98,6 +98,11 @@ class Store:
                 try:
                     self._get(item, part, session, progress)
                     break
+                except requests.exceptions.SSLError:  # no try will verify it: the CA bundle lacks its issuer
+                    raise InputUnavailable(f"{item.file} is not in the store, and {urllib.parse.urlsplit(item.url).netloc}'s "
+                                           f"certificate could not be verified with the CA bundle in use: pass the CA that "
+                                           f"signs it with --ca-bundle (a TLS proxy's, where one intercepts), or "
+                                           f"{HOW_TO_GO_ON}", url=item.url) from None
                 except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError, _ServerError) as e:
                     if attempt == ATTEMPTS:
                         raise InputUnavailable(f"{item.file} is not in the store and {item.url} could not be read "
@@ -179,9 +184,7 @@ def fetch(items: list[Input], ca_bundle: str | None, log: Callable[[str], None],
         return 0
     need = sum(i.size for i in missing)
     log(f"fetch: {what}: {len(missing)} of {len(items)} files ({size_text(need)} of {size_text(total)}) into the store {s.root}")
-    session = requests.Session()
-    if ca_bundle:
-        session.verify = ca_bundle
+    session = ca.session(ca_bundle)
     got = [0]
     lock = threading.Lock()
     shown = [time.monotonic()]

@@ -32,7 +32,7 @@ from typing import Callable, Iterable, Protocol
 import requests
 from debian.debian_support import Version
 
-from .. import paths
+from .. import ca, paths
 from ..errors import AdvisoryLookupError, BadFile, BadValue, NotReady, ResolveError, VulnerableImage
 from ..files import write_atomic
 from ..matrix import AptSource, Image
@@ -87,8 +87,7 @@ class Online:
 
     def __init__(self, ca_bundle: str | None, attempts: int = 4, backoff: float = 2.0, session: requests.Session | None = None):
         self.ca_bundle, self.attempts, self.backoff = ca_bundle, attempts, backoff
-        self.session = session or requests.Session()
-        self.session.verify = ca_bundle or True
+        self.session = session or ca.session(ca_bundle)
         self._answers: dict[str, list[dict] | None] = {}
         self._read: set[str] = set()
 

@@ -22,7 +22,7 @@ from conftest import IN_CI
 
 from pytorch_cuda_build import matrix, progress
 from pytorch_cuda_build.engine import docker_env
-from pytorch_cuda_build.stages import render, tag
+from pytorch_cuda_build.stages import fetch, render, tag
 from pytorch_cuda_build.tooling import engine_current
 
 from helpers import ROOT, fill, insert_before_user, missing, needs_root, project_copy, run_build_py, shown, tmpfs, tree_snapshot
@@ -162,27 +162,29 @@ def test_daemon_killed_mid_build_is_named_and_moves_no_tag(built, docker_client,
     assert public_tags(docker_client) == before and fault_tags(docker_client) == []
 
 
-def test_index_refusing_downloads_names_the_step_and_moves_no_tag(built, docker_client, tmp_path):
-    """A real index failure: the build's pip cannot verify the index (a CA bundle without
-    the proxy's CA). A token in the wheel layers' step makes them run anew, and the first fails
-    at its pip download, which asks the index even for a wheel the wheelhouse holds: --no-cache
-    would also redo the base layers and leave a second chain in the cache."""
-    import certifi
-
-    root = fault_copy(tmp_path / "p", docker_client)
-    tpl = root / "templates" / "python_env.j2"
-    token = uuid.uuid4().hex
-    tpl.write_text(tpl.read_text().replace("    python /tmp/wheellayer.py", f"    : {token}; python /tmp/wheellayer.py", 1))
-    assert token in tpl.read_text()
-    m = matrix.load(root / "matrix.yaml")
-    render.write(root, m, list(m.images), log=lambda s: None)
+def test_an_index_the_fetch_cannot_verify_is_one_line_naming_the_host_and_nothing_is_built(built, docker_client, tmp_path):
+    """A real index failure. No build step reaches an index any more (the build reads the store,
+    with no network), so it lands in the fetch: into an empty store of the test's own, with a CA
+    bundle that holds only a certificate made here, so no source's certificate verifies, behind a
+    TLS proxy or not. The first download refused ends the run: one line naming the host and
+    --ca-bundle, nothing built, no tag moved, and only whole files in the store."""
+    bundle = tmp_path / "another-ca.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=another-ca",
+                    "-keyout", str(tmp_path / "another-ca.key"), "-out", str(bundle)], check=True, capture_output=True)
+    store = tmp_path / "store"
     before = public_tags(docker_client)
-    proc = run_build_py(root, "--torch", "2.7", "--cuda", "12.1", "--quiet", "--ca-bundle", certifi.where(), timeout=1800)
+    images = {i.id for i in docker_client.images.list(all=True)}
+    proc = run_build_py(ROOT, "--torch", "2.7", "--cuda", "12.1", "--quiet", "--ca-bundle", str(bundle),
+                        env={"PYTORCH_CUDA_STORE": str(store)}, timeout=600)
     assert proc.returncode == 1, shown(proc)
     lines = error_lines(proc.stderr)
-    assert len(lines) == 1 and "build failed at step [python-env" in lines[0] and "build.log" in lines[0], proc.stderr
-    assert "CERTIFICATE_VERIFY_FAILED" in proc.stderr or "SSLError" in proc.stderr, proc.stderr[-3000:]  # the tail
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert " is not in the store, and " in lines[0] and "certificate could not be verified" in lines[0], lines
+    assert "--ca-bundle" in lines[0], lines
     assert public_tags(docker_client) == before and fault_tags(docker_client) == []
+    assert {i.id for i in docker_client.images.list(all=True)} == images  # nothing built
+    for blob in store.glob("sha256/*"):  # a file enters the store only whole, with the lock's hash
+        assert fetch.file_sha256(blob) == blob.name, blob
 
 
 def test_same_row_twice_at_once_is_serialized_and_the_second_reuses_the_first(built, docker_client, tmp_path):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import http.server
+import ssl
+import subprocess
 import threading
 import urllib.parse
 
@@ -137,6 +139,37 @@ def test_an_unreachable_source_is_one_line(tmp_path, monkeypatch):
     closed = Input("a.whl", "http://127.0.0.1:9/a.whl", "0" * 64, 1)  # the discard port: nothing listens
     with pytest.raises(InputUnavailable, match=r"^a.whl is not in the store and http://127.0.0.1:9/a.whl could not be read"):
         fetch.fetch([closed], None, lambda line: None, "the row", fetch.Store(tmp_path / "store"))
+
+
+def _certificate(tmp_path, name: str):
+    """A self-signed certificate for 127.0.0.1, made here by openssl: (its key, itself)."""
+    key, cert = tmp_path / f"{name}.key", tmp_path / f"{name}.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", f"/CN={name}",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    return key, cert
+
+
+def test_a_source_whose_certificate_the_bundle_cannot_verify_is_one_line_at_once(mirror, tmp_path, monkeypatch):
+    """As behind a TLS proxy with another CA bundle: no retry can verify it, so no wait; the line
+    names the host and --ca-bundle. With the bundle that holds its issuer, the same file comes."""
+    waits: list[float] = []
+    monkeypatch.setattr(fetch.time, "sleep", waits.append)
+    key, cert = _certificate(tmp_path, "the-proxy")
+    _, other = _certificate(tmp_path, "another-ca")
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    mirror.socket = tls.wrap_socket(mirror.socket, server_side=True)
+    a = item(mirror, "/pool/a.deb", b"a" * 100)
+    a = Input(a.file, a.url.replace("http://", "https://"), a.sha256, a.size)
+    store = fetch.Store(tmp_path / "store")
+    with pytest.raises(InputUnavailable) as e:
+        fetch.fetch([a], str(other), lambda line: None, "the row", store)
+    host = a.url.split("/")[2]
+    assert str(e.value).startswith(f"a.deb is not in the store, and {host}'s certificate could not be verified with the CA "
+                                   "bundle in use: pass the CA that signs it with --ca-bundle"), str(e.value)
+    assert waits == [] and not store.has(a)
+    fetch.fetch([a], str(cert), lambda line: None, "the row", store)
+    assert store.has(a)
 
 
 def test_a_folder_carries_the_files_and_refuses_other_bytes(mirror, tmp_path):
