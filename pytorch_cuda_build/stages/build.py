@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import docker
+from filelock import FileLock
 
 from .. import ca, paths, progress
 from ..buildkit import layers, opsseed, provenance
@@ -125,14 +126,22 @@ def stage_inputs(root: Path, image: Image, dest: Path, ca_bundle: str | None = N
             s.stage(item, dest / folder / item.file)
 
 
-def context_dir(root: Path, image: Image, bc: BuildClient) -> Path:
-    """The row's build context: one folder per checkout, daemon, row and platform, kept between
-    builds (BuildKit keys its copy of a context by the folder's path, and then sends only what
-    changed). Two builds of one row on two daemons, or from two checkouts, each have their own:
-    the row's lock is per daemon, so they may run at once."""
+def context_dir(image: Image, bc: BuildClient) -> Path:
+    """The row's build context: one folder per daemon, row and platform, whichever checkout builds
+    it, kept between builds. BuildKit keys its copy of a context by the folder's path and then
+    sends only what changed, and that copy holds every locked file (4.29 GB for the default row):
+    a folder per checkout made one more copy in the build cache for each checkout or project copy
+    that built the row. Builds of one row on one daemon take turns at it (context_lock)."""
     daemon = bc.env.get("DOCKER_HOST") or os.environ.get("DOCKER_HOST") or "default"
-    where = hashlib.sha256(f"{root.resolve()}\n{daemon}".encode()).hexdigest()[:12]
+    where = hashlib.sha256(daemon.encode()).hexdigest()[:12]
     return paths.STATE_DIR / "contexts" / f"{image.local_name}-{where}"
+
+
+def context_lock(context: Path) -> FileLock:
+    """Held from staging the context to the end of the last build that reads it (the ops export):
+    BuildKit reads a context when a step first needs it, not only at the start."""
+    context.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(context) + ".lock")
 
 
 def free_bytes(docker_root: str) -> tuple[int, Path]:
@@ -237,8 +246,8 @@ def run(bc: BuildClient, root: Path, image: Image, log_path: Path, ca_bundle: st
     src: the commit the labels name (default: the checkout's now). results: where the row's
     provenance is kept (or an earlier build's removed, where this engine writes none)."""
     src = src or source(root)
-    with tempfile.TemporaryDirectory(prefix="pytorch-cuda-build-") as tmp:
-        context = context_dir(root, image, bc)
+    context = context_dir(image, bc)
+    with tempfile.TemporaryDirectory(prefix="pytorch-cuda-build-") as tmp, context_lock(context):
         shutil.rmtree(context, ignore_errors=True)  # staged anew: nothing of another commit stays
         context.mkdir(parents=True)
         stage_context(root, image, context, ca_bundle)
