@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from pytorch_cuda_build import paths
+from pytorch_cuda_build import files, paths
 from pytorch_cuda_build.errors import ResolveError
 from pytorch_cuda_build.resolve import pypi as resolve_pypi
 from pytorch_cuda_build.stages import tag
 
-from helpers import ROOT, run_build_py
+from helpers import ROOT, project_copy, run_build_py
 
 USER_STATE = Path.home() / ".cache" / "pytorch-cuda"
 
@@ -25,10 +25,15 @@ def test_the_session_has_its_own_state_directory():
 
 
 def test_build_py_inherits_it_and_never_writes_the_users_state(tmp_path):
-    """`lock --check` takes the images lock in the state directory; with HOME elsewhere it lands in ours."""
-    proc = run_build_py(ROOT, "lock", "--check", env={"HOME": str(tmp_path), "DOCKER_HOST": "unix:///nonexistent"})
+    """`render` takes the images lock of its checkout in the state directory; with HOME elsewhere
+    it lands in ours (a copy of the project, so that ROOT's images/ is not rewritten under the
+    other tests; the lock's name is the copy's own, so no earlier test can have made it)."""
+    root = project_copy(tmp_path / "p")
+    mine = files.writer_lock(root, paths.STATE_DIR).lock_file
+    assert not Path(mine).exists()
+    proc = run_build_py(root, "render", env={"HOME": str(tmp_path), "DOCKER_HOST": "unix:///nonexistent"})
     assert proc.returncode == 0, proc.stderr
-    assert any(p.name.startswith("images-") for p in paths.STATE_DIR.iterdir()), list(paths.STATE_DIR.iterdir())
+    assert Path(mine).exists(), list(paths.STATE_DIR.iterdir())
     assert not (tmp_path / ".cache").exists()
 
 
