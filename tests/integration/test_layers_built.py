@@ -67,17 +67,34 @@ def _wheels(house: Path) -> dict[str, tuple[str, str]]:
 
 
 def _dockerfile(base: str, cache_id: str, own: list[tuple[str, str]], rest: list[tuple[str, str]]) -> str:
-    """Python on the row's base rootfs, the wheelhouse filled from the context, then the python-env
-    stage exactly as the product's template renders it, for these wheels."""
-    layout = layers.Layout(own=tuple(layers.OwnLayer(p.split("==")[0], p.split("==")[1], "x.whl", h, 1) for p, h in own),
+    """Python on the row's base rootfs, then the python-env stage exactly as the product's template
+    renders it, for these wheels (read from the context's inputs/, as a row's are: _inputs)."""
+    layout = layers.Layout(own=tuple(layers.OwnLayer(p.split("==")[0], p.split("==")[1], _file(p), h, 1) for p, h in own),
                            rest=tuple(p.split("==")[0] for p, _ in rest), rest_bytes=1)
     env = render._env(ROOT).get_template("python_env.j2").render(layout=layout, cache_id=cache_id, reproducible_epoch=REPRODUCIBLE_EPOCH)
     return (f"FROM {base} AS base\n"
             "RUN apt-get update && apt-get install -y --no-install-recommends python3-venv && rm -rf /var/lib/apt/lists/* "
             "&& python3 -m venv /opt/venv\n"
-            "ENV PATH=/opt/venv/bin:$PATH PIP_NO_INDEX=1 PIP_FIND_LINKS=/wheelhouse PIP_DISABLE_PIP_VERSION_CHECK=1\n"
-            f"RUN --mount=type=cache,id={cache_id},target=/wheelhouse,sharing=locked --mount=type=bind,source=wheels,target=/src "
-            "cp /src/*.whl /wheelhouse/\n" + env)
+            "ENV PATH=/opt/venv/bin:$PATH PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1\n" + env)
+
+
+def _file(pin: str) -> str:
+    """make_wheel's file name for a pin."""
+    name, version = pin.split("==")
+    return f"{name}-{version}-py3-none-any.whl"
+
+
+def _inputs(ctx: Path, house: Path, own: list[tuple[str, str]], rest: list[tuple[str, str]]) -> None:
+    """The context's inputs/ as build.stage_inputs lays a row's out: each own layer's wheel in
+    inputs/wheels/, the rest's in inputs/rest/ (this build's only)."""
+    for folder, pins in (("wheels", own), ("rest", rest)):
+        d = ctx / "inputs" / folder
+        if d.exists():
+            for old in d.iterdir():
+                old.unlink()
+        d.mkdir(parents=True, exist_ok=True)
+        for p, _ in pins:
+            (d / _file(p)).write_bytes((house / _file(p)).read_bytes())
 
 
 def _build(env: dict, ctx: Path, dockerfile: str, name: str, cache_ok: bool = True) -> tuple[list[str], str]:
@@ -112,25 +129,28 @@ def current():
 @pytest.mark.engine26
 def test_a_wheel_shares_its_layer_blob_across_rows_and_a_refresh_changes_only_the_last_layer(current, docker_client, tmp_path):
     base = base_in_current_engine(current, docker_client, ROW, tmp_path / "base")
-    ctx = tmp_path / "ctx"
-    (ctx / "wheels").mkdir(parents=True)
-    w = _wheels(ctx / "wheels")
-    (ctx / "pytorch_cuda_runtime").mkdir()
-    (ctx / "pytorch_cuda_runtime" / "wheellayer.py").write_bytes((ROOT / "pytorch_cuda_runtime" / "wheellayer.py").read_bytes())
+    ctx, house = tmp_path / "ctx", tmp_path / "house"
+    house.mkdir()
+    w = _wheels(house)
+    (ctx / "pytorch_cuda_runtime").mkdir(parents=True)
+    for name in ("wheellayer.py", "lockfile.py"):  # what its steps bind-mount (wheellayer_mounts.j2)
+        (ctx / "pytorch_cuda_runtime" / name).write_bytes((ROOT / "pytorch_cuda_runtime" / name).read_bytes())
     cache_id = f"pytorch-cuda-test-wheels-{uuid.uuid4().hex[:12]}"
 
-    _lock(ctx, [w["bigalpha"], w["shared"], w["tiny"]])
-    row_a, _ = _build(current, ctx, _dockerfile(base, cache_id, [w["bigalpha"], w["shared"]], [w["tiny"]]), "a")
-    _lock(ctx, [w["bigbeta"], w["shared"], w["tiny"]])
-    row_b, _ = _build(current, ctx, _dockerfile(base, cache_id, [w["bigbeta"], w["shared"]], [w["tiny"]]), "b")
-    # layers: rootfs, apt+venv, wheelhouse fill, own..., COPY lock, rest
-    own_a, own_b = row_a[3:5], row_b[3:5]
+    def build(own: list[tuple[str, str]], rest: list[tuple[str, str]], name: str) -> tuple[list[str], str]:
+        _lock(ctx, own + rest)
+        _inputs(ctx, house, own, rest)
+        return _build(current, ctx, _dockerfile(base, cache_id, own, rest), name)
+
+    row_a, _ = build([w["bigalpha"], w["shared"]], [w["tiny"]], "a")
+    row_b, _ = build([w["bigbeta"], w["shared"]], [w["tiny"]], "b")
+    # layers: rootfs, apt+venv, own..., COPY lock, rest
+    own_a, own_b = row_a[2:4], row_b[2:4]
     assert own_a[0] != own_b[0]  # bigalpha and bigbeta
     assert own_a[1] == own_b[1], "the same wheel file after another first layer: the same blob"
 
-    _lock(ctx, [w["bigalpha"], w["shared"], w["tiny@1.1"]])
-    refresh, log = _build(current, ctx, _dockerfile(base, cache_id, [w["bigalpha"], w["shared"]], [w["tiny@1.1"]]), "a-refresh")
-    assert refresh[3:5] == row_a[3:5], "the large wheels' layers: the same blobs"
+    refresh, log = build([w["bigalpha"], w["shared"]], [w["tiny@1.1"]], "a-refresh")
+    assert refresh[2:4] == row_a[2:4], "the large wheels' layers: the same blobs"
     assert refresh[-1] != row_a[-1]  # the last layer (the rest, with tiny 1.1) is new
     own_steps = re.findall(r"^#(\d+) \[python-env \d+/\d+\] RUN .*wheellayer\.py --epoch \d+ --owner \d+:\d+ +'.*$", log, re.M)
     assert len(own_steps) == 2, log[-3000:]
