@@ -152,7 +152,7 @@ def test_a_wheel_shares_its_layer_blob_across_rows_and_a_refresh_changes_only_th
     refresh, log = build([w["bigalpha"], w["shared"]], [w["tiny@1.1"]], "a-refresh")
     assert refresh[2:4] == row_a[2:4], "the large wheels' layers: the same blobs"
     assert refresh[-1] != row_a[-1]  # the last layer (the rest, with tiny 1.1) is new
-    own_steps = re.findall(r"^#(\d+) \[python-env \d+/\d+\] RUN .*wheellayer\.py --epoch \d+ --owner \d+:\d+ +'.*$", log, re.M)
+    own_steps = re.findall(r"^#(\d+) \[python-env \d+/\d+\] RUN .*wheellayer\.py --epoch \d+ --owner \d+:\d+ --wheels /wheels +'.*$", log, re.M)
     assert len(own_steps) == 2, log[-3000:]
     steps = "\n".join(ln for ln in log.splitlines() if re.match(r"^#\d+ (\[|CACHED|DONE)", ln))
     assert all(re.search(rf"^#{n} CACHED$", log, re.M) for n in own_steps), f"the large wheels' steps ran again:\n{steps}"
