@@ -66,12 +66,7 @@ def read_suite(mirror: str, suite: str, arch: str, ca_bundle: str | None) -> Sui
         raw = _fetch(url, ca_bundle)
         hashes = _release_hashes(check_signed(raw, url, mirror))
         path = f"main/binary-{arch}/Packages.xz"
-        if path not in hashes:
-            raise ResolveError(f"Debian {suite} at {mirror} has no {path} in its signed InRelease")
-        data = _fetch(f"{mirror.rstrip('/')}/dists/{suite}/{path}", ca_bundle)
-        if hashlib.sha256(data).hexdigest() != hashes[path]:
-            raise ResolveError(f"{mirror.rstrip('/')}/dists/{suite}/{path} does not match the sha256 in the signed InRelease")
-        _SUITES[key] = Suite(mirror, suite, arch, raw, data, hashes[path])
+        _SUITES[key] = Suite(mirror, suite, arch, raw, _signed_file(mirror, suite, path, hashes, ca_bundle), hashes[path])
     return _SUITES[key]
 
 
@@ -282,6 +277,18 @@ def fetch_verified(url: str, sha256: str, ca_bundle: str | None) -> bytes:
     return data
 
 
+def _signed_file(mirror: str, suite: str, path: str, hashes: dict[str, str], ca_bundle: str | None) -> bytes:
+    """A file under dists/<suite>/ that the suite's signed Release names (hashes: its sha256 list),
+    checked against that sha256."""
+    if path not in hashes:
+        raise ResolveError(f"Debian {suite} at {mirror} has no {path} in its signed Release")
+    url = f"{mirror.rstrip('/')}/dists/{suite}/{path}"
+    data = _fetch(url, ca_bundle)
+    if hashlib.sha256(data).hexdigest() != hashes[path]:
+        raise ResolveError(f"{url} does not match the sha256 in the signed Release")
+    return data
+
+
 def debian_toolkit(mirror: str, suite: str, components: tuple[str, ...], packages: tuple[str, ...],
                    ca_bundle: str | None) -> list[Deb]:
     """The toolkit's .debs with their sha256, read from indexes whose hashes the signed Release vouches for."""
@@ -289,12 +296,7 @@ def debian_toolkit(mirror: str, suite: str, components: tuple[str, ...], package
     hashes = _release_hashes(release)
     index: dict[str, dict[str, str]] = {}
     for component in components:
-        path = f"{component}/binary-amd64/Packages.xz"
-        if path not in hashes:
-            raise ResolveError(f"Debian {suite} at {mirror} has no {path}")
-        data = _fetch(f"{mirror.rstrip('/')}/dists/{suite}/{path}", ca_bundle)
-        if hashlib.sha256(data).hexdigest() != hashes[path]:
-            raise ResolveError(f"{mirror}/dists/{suite}/{path} does not match the sha256 in the signed Release")
+        data = _signed_file(mirror, suite, f"{component}/binary-amd64/Packages.xz", hashes, ca_bundle)
         for fields in stanzas(lzma.decompress(data).decode()):
             if "Package" in fields:
                 index.setdefault(fields["Package"], fields)
