@@ -66,7 +66,7 @@ def test_every_rendered_dockerfile_installs_exactly_the_rule_s_own_layers_in_ord
     files = layers.wheels_of(meta, image.platform)
     env = (lock.build_dir(ROOT, image) / "Dockerfile").read_text()
     env = env[env.index("AS python-env"):env.index("# ---- ops-builder")]
-    pinned = re.findall(r"python /tmp/wheellayer.py --epoch \d+ --owner 1000:0 --wheels /wheels \\\n\s+'([^=]+)==(\S+) --hash=sha256:([0-9a-f]{64})'", env)
+    pinned = re.findall(r"python -B /tmp/wheellayer.py --epoch \d+ --owner 1000:0 --wheels /wheels \\\n\s+'([^=]+)==(\S+) --hash=sha256:([0-9a-f]{64})'", env)
     assert [p[0] for p in pinned] == layers.plan(image, text, files).names
     # each layer's step reads its one locked file, from the context's inputs/ (the store)
     mounted = re.findall(r"--mount=type=bind,source=inputs/wheels/(\S+),target=/wheels/(\S+) ", env)
@@ -154,3 +154,22 @@ def test_wheel_files_that_do_not_match_the_lock_make_it_stale(tmp_path):
     assert lock.problems(root, image) == [f"{image.name}: lock.json records no linux/amd64 wheel files; run `python build.py lock`"]
     with pytest.raises(LockError, match="no wheel files for linux/amd64"):
         render.render_image(root, image)
+
+
+def test_a_build_step_s_script_that_imports_a_module_beside_it_runs_with_dash_b():
+    """Python caches an imported module's byte-code beside it (a __pycache__ in the layer), stamped
+    with the source file's mtime, which is the checkout's: two clones of one commit would build two
+    images (seen: /tmp/__pycache__/lockfile.cpython-311.pyc). A script run as a build step that
+    imports a sibling runs with -B; the script itself, run as __main__, is never cached."""
+    runtime = ROOT / "pytorch_cuda_runtime"
+    siblings = {p.stem for p in runtime.glob("*.py")}
+    run = re.compile(r"\bpython3?((?: -[A-Za-z]+)*) (/\S+/(\w+)\.py)\b")
+    checked = 0
+    for dockerfile in ROOT.glob("images/**/Dockerfile"):
+        for flags, path, stem in run.findall(dockerfile.read_text()):
+            source = (runtime / f"{stem}.py").read_text()
+            imported = set(re.findall(r"^\s*(?:import|from) (\w+)", source, re.M)) & (siblings - {stem})
+            if imported:
+                checked += 1
+                assert "-B" in flags.split(), f"{dockerfile.relative_to(ROOT)}: python{flags} {path} imports {sorted(imported)}"
+    assert checked, "no build step runs a script that imports a sibling: the test reads nothing"

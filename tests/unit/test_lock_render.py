@@ -100,7 +100,7 @@ def test_rendered_dockerfile_shape():
     # headers pip installs take one fixed time where they are installed (wheellayer.py, in every
     # wheel layer, after its byte-code), before any compile, so two builds' ops are the same bytes
     env = text[text.index("AS python-env"):text.index("AS cuda-toolkit")]
-    layer_steps = env.count(f"python /tmp/wheellayer.py --epoch {matrix.REPRODUCIBLE_EPOCH} ")
+    layer_steps = env.count(f"python -B /tmp/wheellayer.py --epoch {matrix.REPRODUCIBLE_EPOCH} ")
     assert layer_steps == env.count("RUN ") and layer_steps >= 10
     assert "find /opt/venv" not in env and "compileall" not in env  # over the whole venv: copies of earlier layers
     deepspeed = text.index("pip install --quiet --no-index --no-deps --no-compile /dist/deepspeed-")
