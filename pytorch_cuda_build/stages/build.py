@@ -129,9 +129,9 @@ def stage_inputs(root: Path, image: Image, dest: Path, ca_bundle: str | None = N
 def context_dir(image: Image, bc: BuildClient) -> Path:
     """The row's build context: one folder per daemon, row and platform, whichever checkout builds
     it, kept between builds. BuildKit keys its copy of a context by the folder's path and then
-    sends only what changed, and that copy holds every locked file (4.29 GB for the default row):
-    a folder per checkout made one more copy in the build cache for each checkout or project copy
-    that built the row. Builds of one row on one daemon take turns at it (context_lock)."""
+    sends only what changed; that copy holds every locked file (4.29 GB for the default row), so a
+    folder per checkout would keep one such copy per checkout in the build cache. Builds of one
+    row on one daemon take turns at it (context_lock)."""
     daemon = bc.env.get("DOCKER_HOST") or os.environ.get("DOCKER_HOST") or "default"
     where = hashlib.sha256(daemon.encode()).hexdigest()[:12]
     return paths.STATE_DIR / "contexts" / f"{image.local_name}-{where}"

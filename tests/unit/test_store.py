@@ -168,6 +168,7 @@ def test_a_source_whose_certificate_the_bundle_cannot_verify_is_one_line_at_once
     assert str(e.value).startswith(f"a.deb is not in the store, and {host}'s certificate could not be verified with the CA "
                                    "bundle in use: pass the CA that signs it with --ca-bundle"), str(e.value)
     assert waits == [] and not store.has(a)
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(other))  # the environment's bundle never replaces the one given
     fetch.fetch([a], str(cert), lambda line: None, "the row", store)
     assert store.has(a)
 
