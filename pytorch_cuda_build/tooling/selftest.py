@@ -39,16 +39,34 @@ def run(root: Path, pytest_args: list[str]) -> int:
 
     pytest's exit code is returned as it is: 5 (no tests ran) is a failure, not a pass. Every run
     ends with its slowest tests (--durations): CI's budget is watched from the run's own output.
-    With arguments for pytest (after `--`), one pytest over tests/ gets them; without, the whole
-    suite runs as three pytest processes side by side (whole_suite).
+    With arguments for pytest (after `--`), one pytest gets them, over tests/ unless they name
+    files or tests of their own; without, the whole suite runs as three pytest processes side by
+    side (whole_suite).
     """
     proc = subprocess.run(["bash", str(docker_env.ENGINE_SCRIPT), "--with-registry"])
     if proc.returncode != 0:
         raise EnvironmentProblem("could not set up Docker Engine for the test suite (see the engine: lines above)")
     extra = [a for a in pytest_args if a != "--"]
-    if extra:  # the caller's selection applies to the whole tree, as they wrote it
-        return subprocess.run(pytest_argv([root / "tests"], extra), cwd=root).returncode
+    if extra:  # a -k or -m selection applies to the whole tree; named files or tests are the run
+        paths = [] if names_paths(root, extra) else [root / "tests"]
+        return subprocess.run(pytest_argv(paths, extra), cwd=root).returncode
     return whole_suite(root)
+
+
+# pytest's options that take the next argument as their value: that value is never a path to test.
+_TAKES_VALUE = frozenset({"-k", "-m", "-p", "-c", "-o", "-W", "-r", "--deselect", "--ignore", "--ignore-glob", "--rootdir",
+                          "--basetemp", "--durations", "--maxfail", "--junitxml", "--confcutdir", "--override-ini"})
+
+
+def names_paths(root: Path, extra: list[str]) -> bool:
+    """Whether the caller's pytest arguments name files or tests (tests/x.py, tests/x.py::test_y):
+    pytest runs what it is given, so tests/ beside them would run the whole tree as well."""
+    previous = None
+    for arg in extra:
+        if not arg.startswith("-") and previous not in _TAKES_VALUE and (root / arg.split("::")[0]).exists():
+            return True
+        previous = arg
+    return False
 
 
 def pytest_argv(paths: list[Path], extra: list[str]) -> list[str]:

@@ -91,6 +91,30 @@ def test_pytest_runs_over_tests_with_the_slowest_listed_and_the_callers_argument
     assert pytest_argv[-3:] == ["-k", "cuda13", "--durations=0"] and "--" not in pytest_argv
 
 
+@pytest.mark.parametrize("args", [
+    ["tests/integration/test_x.py"],
+    ["tests/integration/test_x.py::test_y", "-ra"],
+    ["-k", "y", "tests/integration"],
+])
+def test_named_files_or_tests_are_the_run_not_added_to_the_whole_tree(monkeypatch, repo, args):
+    """The weekly workflow's tier jobs run `selftest -- tests/integration/test_x.py -ra`: over
+    tests/ as well, pytest would run the whole suite beside the tier."""
+    calls, run = fake_run([0, 0])
+    monkeypatch.setattr(selftest.subprocess, "run", run)
+    assert selftest.run(repo, ["--", *args]) == 0
+    argv = calls[1]
+    assert str(repo / "tests") not in argv and argv[-len(args):] == args
+
+
+@pytest.mark.parametrize("args", [["-k", "tests"], ["-m", "integration"], ["-k", "nosuch.py"]])
+def test_a_selection_whose_value_looks_like_a_path_still_runs_over_tests(monkeypatch, repo, args):
+    (repo / "integration").mkdir()  # a -m value that happens to name a folder is still a marker
+    calls, run = fake_run([0, 0])
+    monkeypatch.setattr(selftest.subprocess, "run", run)
+    selftest.run(repo, ["--", *args])
+    assert calls[1][3] == str(repo / "tests")
+
+
 def whole_suite(monkeypatch, lanes: Lanes, repo: Path) -> int:
     calls, run = fake_run([0])
     monkeypatch.setattr(selftest.subprocess, "run", run)
