@@ -8,6 +8,7 @@ import hashlib
 import http.server
 import io
 import json
+import lzma
 import os
 import shutil
 import signal
@@ -699,3 +700,19 @@ def sources_gone():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def debian_suite(mirror: str, name: str, stanzas: list[str], arch: str = "amd64"):
+    """A suite as apt keeps it in its lists, from Packages stanzas: an InRelease (clearsigned in
+    form; apt checks the signature only when it downloads one) naming the index by its hash and size."""
+    from pytorch_cuda_build.resolve import debian
+
+    text = "\n".join(stanzas)
+    data = lzma.compress(text.encode())
+    release = (f"Origin: Debian\nLabel: Debian\nSuite: {name}\nCodename: {name}\nDate: Sat, 11 Jul 2026 10:16:37 UTC\n"
+               f"Architectures: {arch}\nComponents: main\nSHA256:\n"
+               f" {hashlib.sha256(text.encode()).hexdigest()} {len(text.encode())} main/binary-{arch}/Packages\n"
+               f" {hashlib.sha256(data).hexdigest()} {len(data)} main/binary-{arch}/Packages.xz\n")
+    signed = ("-----BEGIN PGP SIGNED MESSAGE-----\nHash: SHA512\n\n" + release +
+              "-----BEGIN PGP SIGNATURE-----\n\niQ==\n-----END PGP SIGNATURE-----\n").encode()
+    return debian.Suite(mirror, name, arch, signed, data, hashlib.sha256(data).hexdigest())

@@ -3,16 +3,16 @@ and debs.lock's format (pytorch_cuda_runtime/lockfile.py). Offline: small indexe
 the host's apt-get (Debian's) run with --simulate in a throwaway tree."""
 from __future__ import annotations
 
-import hashlib
-import lzma
 import shutil
 from pathlib import Path
 
 import pytest
 
 from pytorch_cuda_build.errors import ResolveError
-from pytorch_cuda_build.resolve import apt, debian
+from pytorch_cuda_build.resolve import apt
 from pytorch_cuda_runtime import lockfile
+
+from helpers import debian_suite as suite
 
 pytestmark = pytest.mark.skipif(not shutil.which("apt-get"), reason="resolving needs apt-get (Debian or Ubuntu)")
 
@@ -30,20 +30,6 @@ def stanza(name: str, version: str, *, depends: str = "", essential: bool = Fals
     lines += ["Essential: yes"] if essential else []
     lines += [f"Provides: {provides}"] if provides else []
     return "\n".join(lines) + "\n"
-
-
-def suite(mirror: str, name: str, stanzas: list[str]) -> debian.Suite:
-    """A suite as apt keeps it in its lists: an InRelease (clearsigned in form; apt checks the
-    signature only when it downloads one) naming the index by its hash and size."""
-    text = "\n".join(stanzas)
-    data = lzma.compress(text.encode())
-    release = (f"Origin: Debian\nLabel: Debian\nSuite: {name}\nCodename: {name}\nDate: Sat, 11 Jul 2026 10:16:37 UTC\n"
-               f"Architectures: amd64\nComponents: main\nSHA256:\n"
-               f" {hashlib.sha256(text.encode()).hexdigest()} {len(text.encode())} main/binary-amd64/Packages\n"
-               f" {hashlib.sha256(data).hexdigest()} {len(data)} main/binary-amd64/Packages.xz\n")
-    signed = ("-----BEGIN PGP SIGNED MESSAGE-----\nHash: SHA512\n\n" + release +
-              "-----BEGIN PGP SIGNATURE-----\n\niQ==\n-----END PGP SIGNATURE-----\n").encode()
-    return debian.Suite(mirror, name, "amd64", signed, data, hashlib.sha256(data).hexdigest())
 
 
 RELEASE = [
