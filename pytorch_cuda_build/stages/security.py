@@ -106,6 +106,9 @@ class Online:
             r = self.session.get(url, timeout=30)
         except (requests.ConnectionError, requests.Timeout) as e:
             raise Transient(f"{url} unreachable ({type(e).__name__})") from None
+        except (requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError) as e:
+            # the answer cut short or garbled on the way (a proxy or the connection dropped it): ask again
+            raise Transient(f"{url} answered in part ({type(e).__name__})") from None
         if r.status_code == 404:  # not on PyPI, or not this version: unchecked, not clean
             return None
         if r.status_code == 429 or r.status_code >= 500:

@@ -126,6 +126,16 @@ def test_pypi_answers_are_retried_on_transient_errors_and_asked_once():
     assert session.calls.count("https://pypi.org/pypi/jinja2/3.1.6/json") == 3  # two failures, one answer, then the cache
 
 
+def test_an_answer_cut_short_is_asked_again_then_one_lookup_error():
+    url = "https://pypi.org/pypi/jinja2/3.1.6/json"
+    cut = requests.exceptions.ChunkedEncodingError("Connection broken: IncompleteRead(10 bytes read)")
+    ok = FakeResponse(200, {"vulnerabilities": []})
+    assert security.Online(None, attempts=2, backoff=0, session=FakeSession({url: [cut, ok]})).answer("jinja2", "3.1.6") == []
+    with pytest.raises(AdvisoryLookupError) as e:
+        security.Online(None, attempts=2, backoff=0, session=FakeSession({url: [cut]})).answer("jinja2", "3.1.6")
+    assert str(e.value) == f"{url} answered in part (ChunkedEncodingError) (2 attempts)"
+
+
 def test_pypi_failing_every_attempt_is_one_lookup_error():
     session = FakeSession({"https://pypi.org/pypi/jinja2/3.1.6/json": [FakeResponse(502)]})
     with pytest.raises(AdvisoryLookupError) as e:
