@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import errno
 import hashlib
 import http.server
 import os
@@ -32,7 +33,7 @@ from filelock import FileLock
 from pytorch_cuda_runtime.lockfile import Input
 
 from .. import ca, paths
-from ..errors import BadFile, InputUnavailable
+from ..errors import BadFile, EnvironmentProblem, InputUnavailable
 
 DOWNLOADS_AT_ONCE = 4
 ATTEMPTS = 3  # per file, for a connection that breaks or a server error; a 404 is final
@@ -207,13 +208,22 @@ def fetch(items: list[Input], ca_bundle: str | None, log: Callable[[str], None],
         try:
             for f in concurrent.futures.as_completed(futures):
                 f.result()
-        except BaseException:
+        except BaseException as e:
             stop.set()  # what was received stays in partial/, for the next run to resume
             for f in futures:
                 f.cancel()
+            if _no_space(e):
+                raise EnvironmentProblem(f"no space left on device for the store {s.root} ({size_text(need)} to download, "
+                                         f"{size_text(shutil.disk_usage(s.root).free)} free); free some, or point "
+                                         f"${paths.STORE_ENV} at a larger disk; what arrived waits in partial/ for the "
+                                         "next run") from None
             raise
     log(f"fetch: {what}: {len(missing)} files, {size_text(need)} in {time.monotonic() - start:.0f} s")
     return need
+
+
+def _no_space(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def fill_from(items: list[Input], folder: Path, log: Callable[[str], None], s: Store | None = None) -> int:

@@ -24,6 +24,7 @@ workflow's weekly schedule runs it (job `fault-injection`).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -44,7 +45,7 @@ import requests
 from conftest import STATE_DIR
 from test_faults import FAULT_REPO, built, error_lines, fault_copy, fault_tags, our_daemon, public_tags  # noqa: F401 (built: a fixture)
 
-from pytorch_cuda_build import ca
+from pytorch_cuda_build import ca, paths
 from pytorch_cuda_build.engine import containers
 from pytorch_cuda_build.stages import fetch, tag
 
@@ -64,24 +65,32 @@ ROW = ("--torch", "2.7", "--cuda", "12.1")
 
 class Run:
     """build.py in its own process group (as a terminal or a CI runner starts it), its stderr read as
-    it comes, so that a scenario can wait for the line that says a stage is under way."""
+    it comes, so that a scenario can wait for the line that says a stage is under way. One thread
+    reads each pipe to its end: nothing else may read them (communicate() would take the last
+    lines, the error line among them, from under the stderr reader)."""
 
     def __init__(self, root: Path, *args: str, env: dict[str, str] | None = None):
-        self.root, self.lines, self.out = root, [], ""
+        self.root, self.lines, self._out = root, [], []
         self.proc = subprocess.Popen([sys.executable, str(root / "build.py"), *args], cwd=root, text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                                      env={**os.environ, **(env or {})})  # no terminal: the CI console's lines
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
+        self.readers = [threading.Thread(target=self._read, args=(self.proc.stderr, self.lines), daemon=True),
+                        threading.Thread(target=self._read, args=(self.proc.stdout, self._out), daemon=True)]
+        for reader in self.readers:
+            reader.start()
 
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append(line.rstrip("\n"))
+    @staticmethod
+    def _read(pipe, into: list[str]) -> None:
+        for line in pipe:
+            into.append(line.rstrip("\n"))
 
     @property
     def err(self) -> str:
         return "\n".join(self.lines)
+
+    @property
+    def out(self) -> str:
+        return "\n".join(self._out)
 
     def wait_for(self, pattern: str, where: Path | None = None, timeout: float = 1800) -> None:
         """Until pattern (a regular expression) matches a line of stderr, or of the file `where`."""
@@ -92,7 +101,7 @@ class Run:
             if found.search(text):
                 return
             if self.proc.poll() is not None:
-                self.reader.join(5)
+                self._drained(5)
                 pytest.fail(f"build.py ended (exit {self.proc.returncode}) before {pattern!r} showed up:\n{self.err[-4000:]}")
             time.sleep(0.05)
         self.kill()
@@ -105,9 +114,13 @@ class Run:
         self.finish(timeout=120)
 
     def finish(self, timeout: float = 3600) -> int:
-        self.out = self.proc.communicate(timeout=timeout)[0]
-        self.reader.join(30)
+        self.proc.wait(timeout=timeout)
+        self._drained(30)
         return self.proc.returncode
+
+    def _drained(self, timeout: float) -> None:
+        for reader in self.readers:
+            reader.join(timeout)
 
 
 def build_py(root: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 3600) -> Run:
@@ -233,7 +246,7 @@ def empty_registry(tmp_path):
 def prepared(kill: Kill, tmp: Path, client, reg: LocalRegistry) -> tuple[Path, tuple[str, ...], str]:
     """The project copy for a scenario, its command with this run's values, and this run's token."""
     token = uuid.uuid4().hex
-    root = fault_copy(tmp / "p", client, kill.steps.format(token=token))
+    root = fault_copy(tmp / "p", client, kill.steps.format(token=token), commit=kill.registry)
     if kill.ops:
         tpl = root / "templates" / "ops_builder.j2"
         text = tpl.read_text()
@@ -282,7 +295,7 @@ def test_sigkill_at_each_stage_leaves_nothing_untested_or_half_written_and_the_r
         said = [ln for ln in again.lines if "of runs whose process is gone" in ln]
         assert len(said) == 1 and f"pid {run.proc.pid} " in said[0] and all(c.name in said[0] for c in left), again.err[-3000:]
     if stage == "lock":
-        check = build_py(root, "lock", "--check")
+        check = build_py(root, "lock", "--check", *ROW)  # the row's: matrix.yaml's one index line moved every row's inputs
         assert check.proc.returncode == 0, check.err
 
 
@@ -338,7 +351,9 @@ def test_the_state_disk_filling_during_the_build_and_the_export_is_one_line_and_
     images_before, public_before, tags_before = tree_snapshot(root / "images"), public_tags(docker_client), fault_tags(docker_client)
     # Room for the ops export once the filler is gone; 1 GiB of RAM while it is there.
     with tmpfs(tmp_path / "small", "1g") as mnt:
-        env = {"PYTORCH_CUDA_STATE": str(mnt / "state")}
+        # The store stays where the session's build filled it: a store on the small disk would fill at
+        # the fetch (one line too: tests/unit/test_store.py), before the build this scenario is about.
+        env = {"PYTORCH_CUDA_STATE": str(mnt / "state"), paths.STORE_ENV: str(paths.STORE_DIR)}
         run = Run(root, *ROW, "--no-test", env=env)
         run.wait_for(rf"RUN sleep 20 # {token}", where=root / "build-results" / "2.7.1-cuda12.1-runtime" / "build.log")
         fill(mnt / "filler")
@@ -361,7 +376,7 @@ def test_the_state_disk_filling_during_the_build_and_the_export_is_one_line_and_
 
 
 def test_the_registry_stopped_in_the_middle_of_a_push_leaves_its_tags_on_tested_images(docker_client, empty_registry, tmp_path):
-    root = fault_copy(tmp_path / "p", docker_client)
+    root = fault_copy(tmp_path / "p", docker_client, commit=True)
     first = build_py(root, *ROW, "--quiet")
     assert first.proc.returncode == 0, first.err[-3000:]
     images_before, public_before = tree_snapshot(root / "images"), public_tags(docker_client)
@@ -396,9 +411,22 @@ class Relay(BaseHTTPRequestHandler):
     cut = threading.Event()
     verify: str | bool = True
 
+    def _upstream(self) -> str:
+        return (self.files + self.path.removeprefix("/files")) if self.path.startswith("/files/") else self.upstream + self.path
+
+    def do_HEAD(self) -> None:  # noqa: N802 (http.server's name)
+        """uv asks a file's size first (to read a wheel's metadata by ranges): the answer with no
+        Accept-Ranges, so that it downloads each file whole, through do_GET."""
+        r = requests.head(self._upstream(), headers={"Accept": self.headers.get("Accept", "*/*")}, verify=self.verify, timeout=60,
+                          allow_redirects=True)
+        self.send_response(r.status_code)
+        for name in ("Content-Type", "Content-Length"):
+            if name in r.headers:
+                self.send_header(name, r.headers[name])
+        self.end_headers()
+
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        url = (self.files + self.path.removeprefix("/files")) if self.path.startswith("/files/") else self.upstream + self.path
-        r = requests.get(url, headers={"Accept": self.headers.get("Accept", "*/*")}, verify=self.verify, timeout=60)
+        r = requests.get(self._upstream(), headers={"Accept": self.headers.get("Accept", "*/*")}, verify=self.verify, timeout=60)
         body = r.content.replace(self.files.encode(), f"http://{self.server.server_address[0]}:{self.server.server_address[1]}/files".encode())
         self.send_response(r.status_code)
         self.send_header("Content-Type", r.headers.get("Content-Type", "application/octet-stream"))
@@ -411,7 +439,8 @@ class Relay(BaseHTTPRequestHandler):
                 type(self).cut.set()
                 self.close_connection = True
                 return
-        self.wfile.write(body)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # uv gave up on this relay: nothing to answer
+            self.wfile.write(body)
 
     def log_message(self, *args) -> None:
         pass
@@ -448,7 +477,7 @@ def test_the_index_unreachable_in_the_middle_of_a_download_changes_no_lock(docke
     try:
         again = build_py(root, "lock", "--upgrade", *ROW)
         assert again.proc.returncode == 0, again.err[-3000:]
-        check = build_py(root, "lock", "--check")
+        check = build_py(root, "lock", "--check", *ROW)  # the row's: matrix.yaml's one index line moved every row's inputs
         assert check.proc.returncode == 0, check.err
         assert not list((root / "images").rglob("*.tmp"))
     finally:

@@ -49,11 +49,14 @@ def built(docker_client, default_build):
     for img in docker_client.images.list():
         for t in img.tags:
             if t.startswith(FAULT_REPO):
-                docker_client.images.remove(t, noprune=False)
+                # force: a scenario that failed may have left a container of it, which it reports itself
+                docker_client.images.remove(t, noprune=False, force=True)
 
 
-def fault_copy(tmp: Path, client, runtime_steps: str = "") -> Path:
-    """A project copy publishing as pytorch-cuda-fault, with extra RUN steps near the end."""
+def fault_copy(tmp: Path, client, runtime_steps: str = "", commit: bool = False) -> Path:
+    """A project copy publishing as pytorch-cuda-fault, with extra RUN steps near the end.
+    commit: the copy made a git checkout of one commit (at this checkout's commit time), as
+    publish needs: it refuses an image without a commit time, which a copy outside git builds."""
     root = project_copy(tmp)
     mp = root / "matrix.yaml"
     mp.write_text(mp.read_text().replace("repository: pytorch-cuda\n", f"repository: {FAULT_REPO}\n", 1))
@@ -64,6 +67,12 @@ def fault_copy(tmp: Path, client, runtime_steps: str = "") -> Path:
     # Same base image under the copy's name, so the layer cache carries over.
     ours, theirs = render.base_ref(DEFAULT), render.base_ref(m.select("2.7", "12.1"))
     client.images.get(ours).tag(*theirs.rsplit(":", 1))
+    if commit:
+        when = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%ct"], capture_output=True, text=True, check=True).stdout.strip()
+        git = ["git", "-C", str(root), "-c", "user.name=fault", "-c", "user.email=fault@localhost"]
+        env = {**os.environ, "GIT_AUTHOR_DATE": f"@{when}", "GIT_COMMITTER_DATE": f"@{when}"}
+        for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "fault copy"]):
+            subprocess.run([*git, *args], env=env, check=True, capture_output=True)
     return root
 
 

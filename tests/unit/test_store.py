@@ -12,7 +12,7 @@ import urllib.parse
 import pytest
 import requests
 
-from pytorch_cuda_build.errors import InputUnavailable
+from pytorch_cuda_build.errors import EnvironmentProblem, InputUnavailable
 from pytorch_cuda_build.stages import fetch
 from pytorch_cuda_runtime.lockfile import Input
 
@@ -111,6 +111,19 @@ def test_other_bytes_than_the_locks_never_enter_the_store(mirror, tmp_path):
     assert str(e.value).startswith(f"{a.url} served other bytes than the lock's sha256 {a.sha256[:16]}... for a_1.deb: "
                                    "the mirror replaced it; fill the store from a folder")
     assert not store.blob(a.sha256).exists() and list((store.root / "partial").iterdir()) == []
+
+
+def test_a_store_on_a_full_disk_is_one_line_naming_it_and_nothing_enters_it(mirror, tmp_path):
+    """Found by the fault tier: a store on a disk that fills mid-download ended in a traceback."""
+    store = fetch.Store(tmp_path / "store")
+    a = item(mirror, "/pool/a_1.deb", b"a" * 3000)
+    (store.root / "partial").mkdir(parents=True)
+    (store.root / "partial" / f"{a.sha256}.part").symlink_to("/dev/full")  # each write: ENOSPC, as on a full disk
+    with pytest.raises(EnvironmentProblem) as e:
+        fetch.fetch([a], None, lambda line: None, "the row", store)
+    assert str(e.value).startswith(f"no space left on device for the store {store.root} (0.0 MB to download, ")
+    assert "free some, or point $PYTORCH_CUDA_STORE at a larger disk" in str(e.value) and e.value.exit_code == 2
+    assert not store.blob(a.sha256).exists()
 
 
 def test_a_file_the_mirror_dropped_is_one_line_naming_it_and_the_ways_on(mirror, tmp_path):
