@@ -12,8 +12,7 @@ from typing import Protocol
 STATE_DIR = Path(os.environ.get("PYTORCH_CUDA_STATE") or Path.home() / ".cache" / "pytorch-cuda").expanduser()
 # The content-addressed store of every locked file builds read (stages/fetch.py): in the state
 # directory unless set apart, e.g. on a larger disk, or shared by several checkouts and state dirs.
-STORE_ENV = "PYTORCH_CUDA_STORE"
-STORE_DIR = Path(os.environ.get(STORE_ENV) or STATE_DIR / "store").expanduser()
+STORE_DIR = Path(os.environ.get("PYTORCH_CUDA_STORE") or STATE_DIR / "store").expanduser()
 
 
 def results_dir(root: Path, image: Row) -> Path:

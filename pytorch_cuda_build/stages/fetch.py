@@ -215,7 +215,7 @@ def fetch(items: list[Input], ca_bundle: str | None, log: Callable[[str], None],
             if _no_space(e):
                 raise EnvironmentProblem(f"no space left on device for the store {s.root} ({size_text(need)} to download, "
                                          f"{size_text(shutil.disk_usage(s.root).free)} free); free some, or point "
-                                         f"${paths.STORE_ENV} at a larger disk; what arrived waits in partial/ for the "
+                                         "$PYTORCH_CUDA_STORE at a larger disk; what arrived waits in partial/ for the "
                                          "next run") from None
             raise
     log(f"fetch: {what}: {len(missing)} files, {size_text(need)} in {time.monotonic() - start:.0f} s")

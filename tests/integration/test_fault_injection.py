@@ -353,7 +353,7 @@ def test_the_state_disk_filling_during_the_build_and_the_export_is_one_line_and_
     with tmpfs(tmp_path / "small", "1g") as mnt:
         # The store stays where the session's build filled it: a store on the small disk would fill at
         # the fetch (one line too: tests/unit/test_store.py), before the build this scenario is about.
-        env = {"PYTORCH_CUDA_STATE": str(mnt / "state"), paths.STORE_ENV: str(paths.STORE_DIR)}
+        env = {"PYTORCH_CUDA_STATE": str(mnt / "state"), "PYTORCH_CUDA_STORE": str(paths.STORE_DIR)}
         run = Run(root, *ROW, "--no-test", env=env)
         run.wait_for(rf"RUN sleep 20 # {token}", where=root / "build-results" / "2.7.1-cuda12.1-runtime" / "build.log")
         fill(mnt / "filler")
