@@ -131,10 +131,12 @@ def context_dir(image: Image, bc: BuildClient) -> Path:
     it, kept between builds. BuildKit keys its copy of a context by the folder's path and then
     sends only what changed; that copy holds every locked file (4.29 GB for the default row), so a
     folder per checkout would keep one such copy per checkout in the build cache. Builds of one
-    row on one daemon take turns at it (context_lock)."""
+    row on one daemon take turns at it (context_lock). In the store's folder: its files are hard
+    links to the store's, which only one filesystem allows; a store set apart on another disk
+    ($PYTORCH_CUDA_STORE) beside contexts in the state directory would cost a copy of every file."""
     daemon = bc.env.get("DOCKER_HOST") or os.environ.get("DOCKER_HOST") or "default"
     where = hashlib.sha256(daemon.encode()).hexdigest()[:12]
-    return paths.STATE_DIR / "contexts" / f"{image.local_name}-{where}"
+    return paths.STORE_DIR / "contexts" / f"{image.local_name}-{where}"
 
 
 def context_lock(context: Path) -> FileLock:

@@ -226,3 +226,21 @@ def test_staging_links_the_stored_file(mirror, tmp_path):
     store.stage(a, tmp_path / "ctx" / "inputs" / "apt" / "a.deb")
     staged = tmp_path / "ctx" / "inputs" / "apt" / "a.deb"
     assert staged.read_bytes() == b"aaa" and staged.stat().st_ino == store.blob(a.sha256).stat().st_ino  # no copy
+
+
+def test_a_rows_context_is_in_the_stores_folder_so_its_links_need_no_copy(monkeypatch, tmp_path):
+    """A store set apart on another disk ($PYTORCH_CUDA_STORE) with the contexts in the state
+    directory would make every staged file a copy (a hard link cannot cross filesystems): found by
+    the fault tier, whose small state disk filled with the context before the build began."""
+    from pathlib import Path
+
+    from pytorch_cuda_build import matrix, paths
+    from pytorch_cuda_build.engine.docker_env import BuildClient
+    from pytorch_cuda_build.stages import build
+
+    monkeypatch.setattr(paths, "STORE_DIR", tmp_path / "big-disk" / "store")
+    row = matrix.load(Path(__file__).resolve().parents[2] / "matrix.yaml").select("2.7", "12.1")
+    bc = BuildClient(("docker", "buildx", "build", "--load"), {"DOCKER_HOST": "unix:///a.sock"}, "docker buildx", "plain")
+    here, other = build.context_dir(row, bc), build.context_dir(row, BuildClient(bc.argv, {"DOCKER_HOST": "unix:///b.sock"}, "", ""))
+    assert here.parent == tmp_path / "big-disk" / "store" / "contexts" and here != other  # one per daemon
+    assert here.name.startswith(row.local_name)
