@@ -145,7 +145,14 @@ class Store:
         try:
             os.link(self.blob(item.sha256), dest)
         except OSError:
-            shutil.copyfile(self.blob(item.sha256), dest)
+            try:
+                shutil.copyfile(self.blob(item.sha256), dest)
+            except OSError as e:
+                if _no_space(e):
+                    dest.unlink(missing_ok=True)
+                    raise EnvironmentProblem(f"no space left on device copying {item.file} from the store {self.root} to "
+                                             f"{dest.parent}: free some there") from None
+                raise
 
 
 class _ServerError(Exception):

@@ -228,6 +228,19 @@ def test_staging_links_the_stored_file(mirror, tmp_path):
     assert staged.read_bytes() == b"aaa" and staged.stat().st_ino == store.blob(a.sha256).stat().st_ino  # no copy
 
 
+def test_a_copy_into_a_full_disk_is_one_line(mirror, tmp_path, monkeypatch):
+    """Where a link cannot be made (another filesystem) the file is copied; a full disk there is one line."""
+    store = fetch.Store(tmp_path / "store")
+    a = item(mirror, "/pool/a.deb", b"aaa")
+    fetch.fetch([a], None, lambda line: None, "the row", store)
+    monkeypatch.setattr(fetch.os, "link", lambda src, dst: (_ for _ in ()).throw(OSError(18, "Invalid cross-device link")))
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx" / "a.deb").symlink_to("/dev/full")  # each write: ENOSPC, as on a full disk
+    with pytest.raises(EnvironmentProblem) as e:
+        store.stage(a, tmp_path / "ctx" / "a.deb")
+    assert str(e.value) == f"no space left on device copying a.deb from the store {store.root} to {tmp_path / 'ctx'}: free some there"
+
+
 def test_a_rows_context_is_in_the_stores_folder_so_its_links_need_no_copy(monkeypatch, tmp_path):
     """A store set apart on another disk ($PYTORCH_CUDA_STORE) with the contexts in the state
     directory would make every staged file a copy (a hard link cannot cross filesystems): found by
