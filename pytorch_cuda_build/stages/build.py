@@ -212,13 +212,23 @@ def export_ops(bc: BuildClient, root: Path, image: Image, context: Path, env: di
     dest = opsseed.export_dir()
     try:
         if _stream(export_command(bc, root, image, context, dest, ca_bundle, cache_args), env, log_path, False) != 0:
-            if "no space left on device" in log_path.read_text(errors="replace").lower():
+            # 20.10's BuildKit says so in the log; buildx on the containerd store only that its receiver
+            # (this client, writing dest) gave up: then the disk under dest tells.
+            if "no space left on device" in log_path.read_text(errors="replace").lower() or _no_room(dest):
                 raise EnvironmentProblem(f"no space left on device exporting the compiled ops to {opsseed.store()} (log: {log_path}); "
                                          "free some there and run the same command again: no tag was moved")
             raise BuildError(f"exporting the compiled ops ({opsseed.TARGET}) to {opsseed.store()}", str(log_path), progress.log_tail(log_path))
         return opsseed.save(dest, image)
     finally:
         shutil.rmtree(dest, ignore_errors=True)
+
+
+EXPORT_ROOM_BYTES = 64 * 1024**2
+
+
+def _no_room(dest: Path) -> bool:
+    where = dest if dest.exists() else opsseed.store()
+    return where.exists() and shutil.disk_usage(where).free < EXPORT_ROOM_BYTES
 
 
 def check_cache_options(bc: BuildClient, cache_from: tuple[str, ...], cache_to: tuple[str, ...]) -> None:

@@ -228,3 +228,25 @@ def test_a_full_disk_during_the_ops_export_is_one_line(monkeypatch, tmp_path):
     with pytest.raises(EnvironmentProblem, match="no space left on device exporting the compiled ops .* no tag was moved"):
         build.export_ops(bc, ROOT, ROW, tmp_path, {}, None, (), tmp_path / "ops-export.log")
     assert not list(opsseed.store().glob(".export-*"))  # the half export removed
+
+
+def test_a_full_disk_during_the_ops_export_on_buildx_is_one_line_too(monkeypatch, tmp_path):
+    """buildx on the containerd store logs only `error from receiver: context canceled` when the
+    client's write fails: the fault tier's disk scenario on Docker 26 met it as exit 1."""
+    import collections
+
+    from pytorch_cuda_build.errors import EnvironmentProblem
+
+    def export(cmd, env, log_path, echo):
+        log_path.write_text("#41 exporting to client directory\n#41 CANCELED\nERROR: failed to solve: error from receiver: context canceled\n")
+        return 1
+    monkeypatch.setattr(build, "_stream", export)
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(build.shutil, "disk_usage", lambda p: usage(10**9, 10**9, 4096))
+    bc = type("B", (), {"argv": ("docker", "buildx", "build"), "env": {}, "network": None})()
+    with pytest.raises(EnvironmentProblem, match="no space left on device exporting the compiled ops .* no tag was moved"):
+        build.export_ops(bc, ROOT, ROW, tmp_path, {}, None, (), tmp_path / "ops-export.log")
+    monkeypatch.setattr(build.shutil, "disk_usage", lambda p: usage(10**12, 0, 10**12))
+    with pytest.raises(BuildError):  # room enough: a failed export, not a full disk
+        build.export_ops(bc, ROOT, ROW, tmp_path, {}, None, (), tmp_path / "ops-export.log")
+
