@@ -46,6 +46,7 @@ from conftest import STATE_DIR
 from test_faults import FAULT_REPO, built, error_lines, fault_copy, fault_tags, our_daemon, public_tags  # noqa: F401 (built: a fixture)
 
 from pytorch_cuda_build import ca, paths
+from pytorch_cuda_build.buildkit import opsseed
 from pytorch_cuda_build.engine import containers
 from pytorch_cuda_build.stages import fetch, tag
 
@@ -147,7 +148,18 @@ def registry_tags(reg: LocalRegistry, repo: str) -> dict[str, tuple[str, str]]:
             return {}
         raise
     found = {t: reg.manifest(repo, t) for t in names}
-    return {t: (m[0], m[1].get("config", {}).get("digest", "")) for t, m in found.items() if m}
+    return {t: vouched_for(reg, repo, t, *m) for t, m in found.items() if m}
+
+
+def vouched_for(reg: LocalRegistry, repo: str, tag: str, digest: str, manifest: dict) -> tuple[str, str]:
+    """(manifest digest, config digest) of the image a tag stands for: its own, or, for an artifact
+    attached to an image (the inputs', under the referrers tag schema `sha256-<hex>.inputs`), its
+    subject's, which must be in the registry too."""
+    if "subject" in manifest:
+        subject = reg.manifest(repo, manifest["subject"]["digest"])
+        assert subject is not None, f"{tag} is attached to {manifest['subject']['digest']}, which {reg.host}/{repo} does not hold"
+        digest, manifest = subject
+    return digest, manifest.get("config", {}).get("digest", "")
 
 
 def after_fault(client, root: Path, images_before: dict[str, bytes], public_before: dict, reg: LocalRegistry | None = None) -> None:
@@ -167,9 +179,14 @@ def assert_state_whole() -> None:
     """Every record of the state directory reads whole: each JSON parses, each ops-seed pointer is a key."""
     for path in STATE_DIR.rglob("*.json"):
         json.loads(path.read_text())
-    for pointer in (STATE_DIR / "ops-seed").glob("pointers*/*"):
-        if not pointer.name.startswith("."):
-            assert re.fullmatch(r"[0-9a-f]{64}\n", pointer.read_text()), pointer
+    for pointer in ops_pointers(STATE_DIR):
+        assert re.fullmatch(r"[0-9a-f]{64}\n", pointer.read_text()), pointer
+
+
+def ops_pointers(state: Path) -> list[Path]:
+    """The ops seed's pointers (an image's name -> the key of its entry) in a state directory, of every kind."""
+    seed = state / opsseed.CONTEXT_DIR
+    return [p for kind in opsseed.KINDS.values() for p in (seed / kind[1]).glob("*") if p.is_file() and not p.name.startswith(".")]
 
 
 def left_by(client, pid: int) -> list[str]:
@@ -367,8 +384,8 @@ def test_the_state_disk_filling_during_the_build_and_the_export_is_one_line_and_
         (mnt / "filler").unlink()
         again = build_py(root, *ROW, "--no-test", env=env)
         assert again.proc.returncode == 0, again.err[-3000:]
-        pointers = [p for p in (mnt / "state" / "ops-seed").rglob("*") if p.is_file() and p.parent.name.startswith("pointer")]
-        assert pointers and all(re.fullmatch(r"[0-9a-f]{64}\n", p.read_text()) for p in pointers)
+        pointers = ops_pointers(mnt / "state")
+        assert pointers and all(re.fullmatch(r"[0-9a-f]{64}\n", p.read_text()) for p in pointers), pointers
         assert not list((mnt / "state").rglob(".export-*"))
 
 
