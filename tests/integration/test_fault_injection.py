@@ -151,15 +151,24 @@ def registry_tags(reg: LocalRegistry, repo: str) -> dict[str, tuple[str, str]]:
     return {t: vouched_for(reg, repo, t, *m) for t, m in found.items() if m}
 
 
+# The referrers tag schema (OCI distribution 1.1), for a registry without the referrers API:
+# `sha256-<hex>` is the index of what is attached to the image sha256:<hex>, `sha256-<hex>.sbom` and
+# `sha256-<hex>.inputs` are publish's attachments to it (registry/attach.py).
+REFERRERS_TAG = re.compile(r"sha256-([0-9a-f]{64})(\.[a-z]+)?")
+
+
 def vouched_for(reg: LocalRegistry, repo: str, tag: str, digest: str, manifest: dict) -> tuple[str, str]:
-    """(manifest digest, config digest) of the image a tag stands for: its own, or, for an artifact
-    attached to an image (the inputs', under the referrers tag schema `sha256-<hex>.inputs`), its
-    subject's, which must be in the registry too."""
-    if "subject" in manifest:
-        subject = reg.manifest(repo, manifest["subject"]["digest"])
-        assert subject is not None, f"{tag} is attached to {manifest['subject']['digest']}, which {reg.host}/{repo} does not hold"
-        digest, manifest = subject
-    return digest, manifest.get("config", {}).get("digest", "")
+    """(manifest digest, config digest) of the image a tag stands for: its own, or, for a tag of the
+    referrers tag schema, its subject's, which must be in the registry too (and be the one an
+    attachment's own `subject` names)."""
+    schema = REFERRERS_TAG.fullmatch(tag)
+    if schema is None and "subject" not in manifest:
+        return digest, manifest.get("config", {}).get("digest", "")
+    subject_digest = manifest["subject"]["digest"] if "subject" in manifest else f"sha256:{schema[1]}"
+    assert schema is None or subject_digest == f"sha256:{schema[1]}", f"{tag} is attached to {subject_digest}"
+    subject = reg.manifest(repo, subject_digest)
+    assert subject is not None, f"{tag} stands for {subject_digest}, which {reg.host}/{repo} does not hold"
+    return subject[0], subject[1].get("config", {}).get("digest", "")
 
 
 def after_fault(client, root: Path, images_before: dict[str, bytes], public_before: dict, reg: LocalRegistry | None = None) -> None:
