@@ -44,13 +44,20 @@ def fault_tags(client) -> list[str]:
 
 @pytest.fixture(scope="module")
 def built(docker_client, default_build):
-    """The default row built and tested (the session's build): its layers are the cache every scenario reuses."""
+    """The default row built and tested (the session's build): its layers are the cache every scenario
+    reuses. The fault images go before and after: a session killed mid-scenario leaves its tags, which
+    name images that passed in that session's state directory, never in this one's."""
+    remove_fault_images(docker_client)
     yield
-    for img in docker_client.images.list():
+    remove_fault_images(docker_client)
+
+
+def remove_fault_images(client) -> None:
+    for img in client.images.list():
         for t in img.tags:
             if t.startswith(FAULT_REPO):
                 # force: a scenario that failed may have left a container of it, which it reports itself
-                docker_client.images.remove(t, noprune=False, force=True)
+                client.images.remove(t, noprune=False, force=True)
 
 
 def fault_copy(tmp: Path, client, runtime_steps: str = "", commit: bool = False) -> Path:
