@@ -249,4 +249,3 @@ def test_a_full_disk_during_the_ops_export_on_buildx_is_one_line_too(monkeypatch
     monkeypatch.setattr(build.shutil, "disk_usage", lambda p: usage(10**12, 0, 10**12))
     with pytest.raises(BuildError):  # room enough: a failed export, not a full disk
         build.export_ops(bc, ROOT, ROW, tmp_path, {}, None, (), tmp_path / "ops-export.log")
-

@@ -8,12 +8,15 @@ import ssl
 import subprocess
 import threading
 import urllib.parse
+from pathlib import Path
 
 import pytest
 import requests
 
+from pytorch_cuda_build import matrix, paths
+from pytorch_cuda_build.engine.docker_env import BuildClient
 from pytorch_cuda_build.errors import EnvironmentProblem, InputUnavailable
-from pytorch_cuda_build.stages import fetch
+from pytorch_cuda_build.stages import build, fetch
 from pytorch_cuda_runtime.lockfile import Input
 
 
@@ -245,12 +248,6 @@ def test_a_rows_context_is_in_the_stores_folder_so_its_links_need_no_copy(monkey
     """A store set apart on another disk ($PYTORCH_CUDA_STORE) with the contexts in the state
     directory would make every staged file a copy (a hard link cannot cross filesystems): found by
     the fault tier, whose small state disk filled with the context before the build began."""
-    from pathlib import Path
-
-    from pytorch_cuda_build import matrix, paths
-    from pytorch_cuda_build.engine.docker_env import BuildClient
-    from pytorch_cuda_build.stages import build
-
     monkeypatch.setattr(paths, "STORE_DIR", tmp_path / "big-disk" / "store")
     row = matrix.load(Path(__file__).resolve().parents[2] / "matrix.yaml").select("2.7", "12.1")
     bc = BuildClient(("docker", "buildx", "build", "--load"), {"DOCKER_HOST": "unix:///a.sock"}, "docker buildx", "plain")
