@@ -252,7 +252,7 @@ def cmd_job(m: matrix.Matrix, args: job_options.JobOptions) -> int:
 
 
 def cmd_selftest(m: matrix.Matrix, args: a.SelftestOptions) -> int:
-    return selftest.run(ROOT, list(args.pytest_args))
+    return selftest.run(ROOT, list(args.pytest_args), m.repository)
 
 
 def _terminated(signum: int, frame: Any) -> None:

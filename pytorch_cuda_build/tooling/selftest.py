@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Callable
 
 from ..engine import docker_env
 from ..errors import EnvironmentProblem
+from ..stages import build
 
 SLOWEST = 25  # tests listed with their times at the end of each run
 # The tiers that need no daemon, root or Docker (docs/testing.md): the whole suite runs them in a
@@ -32,16 +34,21 @@ LANE_ENV, BUILT_ENV, DAEMON_LOCK_ENV = "PYTORCH_CUDA_TEST_LANE", "PYTORCH_CUDA_T
 # pr-build sets it to `root`, on a runner whose user is not root (docs/testing.md).
 LEAVE_OUT_ENV = "PYTORCH_CUDA_TEST_LEAVE_OUT"
 POLL_S = 2.0
+# What the whole suite takes of the engine's disk at its most, over what it finds there: the layer
+# records and context copies of its builds, its registries, Docker 26's store, its temporary
+# folders (one filesystem on this project's CI machine). 25.9 GiB in a run with the caches warm
+# (docs/measurements/ci-time.md, 2026-11-29), rounded up: the lanes' peaks move with their timing.
+SUITE_TAKES_BYTES = 30 * 1024**3
 
 
-def run(root: Path, pytest_args: list[str]) -> int:
+def run(root: Path, pytest_args: list[str], repository: str) -> int:
     """Docker Engine, mmdebstrap and a registry first (engine.sh), then pytest over tests/.
 
     pytest's exit code is returned as it is: 5 (no tests ran) is a failure, not a pass. Every run
     ends with its slowest tests (--durations): CI's budget is watched from the run's own output.
     With arguments for pytest (after `--`), one pytest gets them, over tests/ unless they name
     files or tests of their own; without, the whole suite runs as three pytest processes side by
-    side (whole_suite).
+    side (whole_suite), in the room make_room leaves on the engine's disk.
     """
     proc = subprocess.run(["bash", str(docker_env.ENGINE_SCRIPT), "--with-registry"])
     if proc.returncode != 0:
@@ -50,7 +57,44 @@ def run(root: Path, pytest_args: list[str]) -> int:
     if extra:  # a -k or -m selection applies to the whole tree; named files or tests are the run
         paths = [] if names_paths(root, extra) else [root / "tests"]
         return subprocess.run(pytest_argv(paths, extra), cwd=root).returncode
+    if not only_collects():
+        make_room(repository)
     return whole_suite(root)
+
+
+def only_collects() -> bool:
+    """Whether pytest is told to collect only (PYTEST_ADDOPTS, as the workflow replay tells a nested
+    suite): such a run builds nothing and needs no room."""
+    return bool({"--collect-only", "--co"} & set(shlex.split(os.environ.get("PYTEST_ADDOPTS", ""))))
+
+
+def make_room(repository: str, log: Callable[[str], None] = print) -> None:
+    """Room on the engine's disk for what the whole suite takes and, after that, for a build, which
+    refuses to start with less (build.MIN_FREE_BYTES). Where there is less, the build cache gives
+    it, least recently used first, as `build.py prune` bounds it (its cache mounts stay: the
+    compiled ops); then a shortfall that remains is said in one line and the run goes on, its
+    figure being one machine's: a build that meets it is refused in a line of its own."""
+    c = docker_env.client()
+    try:
+        need = build.MIN_FREE_BYTES + SUITE_TAKES_BYTES
+        free, probe = build.free_bytes(docker_env.root_dir(c))
+        if free >= need:
+            return
+        cache = sum(r["Size"] for r in c.df().get("BuildCache") or [] if not r.get("Shared"))
+        keep = max(0, cache - (need - free))
+        log(f"selftest: {_gib(free)} GiB free under {probe}, the whole suite needs {_gib(need)} GiB: "
+            f"bounding the build cache to {_gib(keep)} GiB, its cache mounts kept (build.py prune)")
+        build.prune(docker_env.build_client(None), c, repository, str(keep))
+        free, _ = build.free_bytes(docker_env.root_dir(c))
+        if free < need:
+            log(f"selftest: {_gib(free)} GiB free under {probe} with the build cache bounded, {_gib(need)} GiB needed: "
+                "a build late in the run may be refused; free some space on that disk")
+    finally:
+        c.close()
+
+
+def _gib(n: int) -> str:
+    return f"{n / 1024**3:.1f}"
 
 
 # pytest's options that take the next argument as their value: that value is never a path to test.

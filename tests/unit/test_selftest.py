@@ -83,7 +83,7 @@ def repo(tmp_path):
 def test_pytest_runs_over_tests_with_the_slowest_listed_and_the_callers_arguments_last(monkeypatch):
     calls, run = fake_run([0, 0])
     monkeypatch.setattr(selftest.subprocess, "run", run)
-    assert selftest.run(Path("/repo"), ["--", "-k", "cuda13", "--durations=0"]) == 0
+    assert selftest.run(Path("/repo"), ["--", "-k", "cuda13", "--durations=0"], "pytorch-cuda") == 0
     engine, pytest_argv = calls
     assert engine[0] == "bash" and engine[-1] == "--with-registry"
     assert pytest_argv[:4] == [sys.executable, "-m", "pytest", "/repo/tests"]
@@ -101,7 +101,7 @@ def test_named_files_or_tests_are_the_run_not_added_to_the_whole_tree(monkeypatc
     tests/ as well, pytest would run the whole suite beside the tier."""
     calls, run = fake_run([0, 0])
     monkeypatch.setattr(selftest.subprocess, "run", run)
-    assert selftest.run(repo, ["--", *args]) == 0
+    assert selftest.run(repo, ["--", *args], "pytorch-cuda") == 0
     argv = calls[1]
     assert str(repo / "tests") not in argv and argv[-len(args):] == args
 
@@ -111,7 +111,7 @@ def test_a_selection_whose_value_looks_like_a_path_still_runs_over_tests(monkeyp
     (repo / "integration").mkdir()  # a -m value that happens to name a folder is still a marker
     calls, run = fake_run([0, 0])
     monkeypatch.setattr(selftest.subprocess, "run", run)
-    selftest.run(repo, ["--", *args])
+    selftest.run(repo, ["--", *args], "pytorch-cuda")
     assert calls[1][3] == str(repo / "tests")
 
 
@@ -120,8 +120,12 @@ def whole_suite(monkeypatch, lanes: Lanes, repo: Path) -> int:
     monkeypatch.setattr(selftest.subprocess, "run", run)
     monkeypatch.setattr(selftest.subprocess, "Popen", lanes)
     monkeypatch.setattr(selftest, "POLL_S", 0)
-    code = selftest.run(repo, [])
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+    rooms = []
+    monkeypatch.setattr(selftest, "make_room", lambda repository: rooms.append((repository, len(lanes.started))))
+    code = selftest.run(repo, [], "pytorch-cuda")
     assert len(calls) == 1  # the engine only: every pytest is a lane of its own
+    assert rooms == [("pytorch-cuda", 0)]  # room made once, before any lane starts
     return code
 
 
@@ -167,7 +171,7 @@ def test_an_engine_that_cannot_be_set_up_stops_before_pytest(monkeypatch):
     calls, run = fake_run([1])
     monkeypatch.setattr(selftest.subprocess, "run", run)
     with pytest.raises(EnvironmentProblem, match="could not set up Docker Engine"):
-        selftest.run(Path("/repo"), [])
+        selftest.run(Path("/repo"), [], "pytorch-cuda")
     assert len(calls) == 1
 
 
@@ -189,3 +193,92 @@ def test_the_second_lane_takes_the_main_lanes_build_record_and_fails_on_a_build_
         main_lane_build()
     built.unlink()
     assert main_lane_build() is None  # the main lane ended before its build: this lane builds it
+
+
+def test_a_passed_tests_temporary_folder_goes_as_it_ends_and_a_failed_ones_stays(tmp_path):
+    """The suite's own pytest settings (pyproject.toml), not each command's flag: the registries and
+    stores a test leaves in its folder would otherwise stay on the engine's disk to the session's end."""
+    (tmp_path / "test_two.py").write_text(
+        "def test_passes(tmp_path):\n    (tmp_path / 'held').write_bytes(b'x')\n\n"
+        "def test_fails(tmp_path):\n    (tmp_path / 'held').write_bytes(b'x')\n    assert False\n")
+    base = tmp_path / "base"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-c", str(Path(selftest.__file__).parents[2] / "pyproject.toml"),
+                           "--rootdir", str(tmp_path), "--basetemp", str(base), "-p", "no:cacheprovider", "-q",
+                           str(tmp_path / "test_two.py")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "1 failed, 1 passed" in proc.stdout, proc.stdout[-2000:]
+    assert (base / "test_fails0" / "held").exists() and not (base / "test_passes0").exists(), sorted(base.iterdir())
+
+
+GIB = 1024**3
+
+
+class Engine:
+    """The engine make_room reads: the disk's free bytes in turn, a build cache (a cache mount and a
+    layer record shared with another, which pruning frees nothing of), and the prunes it is asked for."""
+
+    def __init__(self, free_gib, cache_gib):
+        self.free = [int(f * GIB) for f in free_gib]
+        self.cache = [{"Type": "exec.cachemount", "Size": int(cache_gib[0] * GIB), "Shared": False},
+                      {"Type": "regular", "Size": int(cache_gib[1] * GIB), "Shared": False},
+                      {"Type": "regular", "Size": 7 * GIB, "Shared": True}]
+        self.pruned, self.closed = [], False
+
+    def install(self, monkeypatch):
+        monkeypatch.setattr(selftest.docker_env, "client", lambda: self)
+        monkeypatch.setattr(selftest.docker_env, "root_dir", lambda c: "/var/lib/docker")
+        monkeypatch.setattr(selftest.docker_env, "build_client", lambda override: "bc")
+        monkeypatch.setattr(selftest.build, "free_bytes", lambda root: (self.free.pop(0), Path(root)))
+        monkeypatch.setattr(selftest.build, "prune", lambda bc, c, repository, keep: self.pruned.append((repository, int(keep))))
+
+    def df(self):
+        return {"BuildCache": self.cache}
+
+    def close(self):
+        self.closed = True
+
+
+def make_room(monkeypatch, engine):
+    engine.install(monkeypatch)
+    said = []
+    selftest.make_room("pytorch-cuda", log=said.append)
+    assert engine.closed
+    return said
+
+
+NEED_GIB = (selftest.build.MIN_FREE_BYTES + selftest.SUITE_TAKES_BYTES) / GIB
+
+
+def test_a_disk_with_room_for_the_suite_and_a_build_after_it_is_left_alone(monkeypatch):
+    engine = Engine([NEED_GIB], (3, 20))
+    assert make_room(monkeypatch, engine) == [] and engine.pruned == []
+
+
+def test_a_short_disk_gets_its_room_from_the_build_cache_least_recently_used_first_in_one_line(monkeypatch):
+    engine = Engine([NEED_GIB - 8, NEED_GIB], (3, 20))
+    said = make_room(monkeypatch, engine)
+    # 23 GiB of cache pruning can free (a shared record frees nothing), 8 of it given back
+    assert engine.pruned == [("pytorch-cuda", 15 * GIB)]
+    assert said == [f"selftest: {NEED_GIB - 8:.1f} GiB free under /var/lib/docker, the whole suite needs {NEED_GIB:.1f} GiB: "
+                    "bounding the build cache to 15.0 GiB, its cache mounts kept (build.py prune)"]
+
+
+def test_a_shortfall_the_build_cache_cannot_give_is_said_and_the_run_goes_on(monkeypatch):
+    engine = Engine([NEED_GIB - 30, NEED_GIB - 28], (3, 20))
+    said = make_room(monkeypatch, engine)
+    assert engine.pruned == [("pytorch-cuda", 0)]  # all it can give
+    assert len(said) == 2 and said[1] == (
+        f"selftest: {NEED_GIB - 28:.1f} GiB free under /var/lib/docker with the build cache bounded, {NEED_GIB:.1f} GiB needed: "
+        "a build late in the run may be refused; free some space on that disk")
+
+
+@pytest.mark.parametrize("addopts, makes_room", [("--collect-only -q", False), ("--co", False), ("-x -q", True), ("", True)])
+def test_a_run_that_only_collects_makes_no_room(monkeypatch, repo, addopts, makes_room):
+    """The workflow replay runs pr-build's test step collecting only, beside the suite that replays it:
+    it builds nothing, and its engine's build cache stays as it is."""
+    monkeypatch.setenv("PYTEST_ADDOPTS", addopts)
+    rooms = []
+    monkeypatch.setattr(selftest, "make_room", rooms.append)
+    monkeypatch.setattr(selftest, "whole_suite", lambda root: 0)
+    monkeypatch.setattr(selftest.subprocess, "run", fake_run([0])[1])
+    assert selftest.run(repo, [], "pytorch-cuda") == 0
+    assert rooms == (["pytorch-cuda"] if makes_room else [])

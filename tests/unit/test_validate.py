@@ -42,9 +42,10 @@ def paths(tmp_path):
 
 
 @pytest.fixture
-def untouched(monkeypatch, paths):
+def untouched(paths, monkeypatch):
     """Docker, processes, sockets, locks and writes all fail the test (and are recorded, in case
-    a caller swallows the AssertionError). paths is made first: its files are the test's own."""
+    a caller swallows the AssertionError). paths is made first: its files are the test's own, and
+    monkeypatch, set up after it, is undone before pytest removes them (a passed test's folder goes)."""
     calls = []
 
     def refuse(what):
