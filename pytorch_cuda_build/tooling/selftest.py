@@ -76,16 +76,18 @@ def make_room(repository: str, log: Callable[[str], None] = print) -> None:
     figure being one machine's: a build that meets it is refused in a line of its own."""
     c = docker_env.client()
     try:
-        need = build.MIN_FREE_BYTES + SUITE_TAKES_BYTES
-        free, probe = build.free_bytes(docker_env.root_dir(c))
-        if free >= need:
-            return
-        cache = sum(r["Size"] for r in c.df().get("BuildCache") or [] if not r.get("Shared"))
-        keep = max(0, cache - (need - free))
-        log(f"selftest: {_gib(free)} GiB free under {probe}, the whole suite needs {_gib(need)} GiB: "
-            f"bounding the build cache to {_gib(keep)} GiB, its cache mounts kept (build.py prune)")
-        build.prune(docker_env.build_client(None), c, repository, str(keep))
-        free, _ = build.free_bytes(docker_env.root_dir(c))
+        with docker_env.calls("the suite's disk check", "no test has run"):
+            need = build.MIN_FREE_BYTES + SUITE_TAKES_BYTES
+            root = docker_env.root_dir(c)
+            free, probe = build.free_bytes(root)
+            if free >= need:
+                return
+            cache = sum(r["Size"] for r in c.df().get("BuildCache") or [] if not r.get("Shared"))
+            keep = max(0, cache - (need - free))
+            log(f"selftest: {_gib(free)} GiB free under {probe}, the whole suite needs {_gib(need)} GiB: "
+                f"bounding the build cache to {_gib(keep)} GiB, its cache mounts kept (build.py prune)")
+            build.prune(docker_env.build_client(None), c, repository, str(keep))
+        free, _ = build.free_bytes(root)
         if free < need:
             log(f"selftest: {_gib(free)} GiB free under {probe} with the build cache bounded, {_gib(need)} GiB needed: "
                 "a build late in the run may be refused; free some space on that disk")

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import requests
 
 from pytorch_cuda_build.errors import EnvironmentProblem
 from pytorch_cuda_build.tooling import selftest
@@ -231,6 +232,8 @@ class Engine:
         monkeypatch.setattr(selftest.build, "prune", lambda bc, c, repository, keep: self.pruned.append((repository, int(keep))))
 
     def df(self):
+        if self.cache is None:
+            raise requests.exceptions.ConnectionError("Connection aborted: RemoteDisconnected")
         return {"BuildCache": self.cache}
 
     def close(self):
@@ -282,3 +285,14 @@ def test_a_run_that_only_collects_makes_no_room(monkeypatch, repo, addopts, make
     monkeypatch.setattr(selftest.subprocess, "run", fake_run([0])[1])
     assert selftest.run(repo, [], "pytorch-cuda") == 0
     assert rooms == (["pytorch-cuda"] if makes_room else [])
+
+
+def test_a_daemon_lost_while_room_is_made_is_one_line_and_no_test_runs(monkeypatch):
+    engine = Engine([NEED_GIB - 8], (3, 20))
+    engine.cache = None  # the daemon goes away as its build cache is read
+    engine.install(monkeypatch)
+    monkeypatch.setattr(selftest.docker_env, "answers", lambda c: False)
+    with pytest.raises(EnvironmentProblem) as e:
+        selftest.make_room("pytorch-cuda", log=lambda line: None)
+    assert "the suite's disk check" in str(e.value) and "no test has run" in str(e.value)
+    assert "\n" not in str(e.value) and engine.pruned == [] and engine.closed
